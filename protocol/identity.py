@@ -1,0 +1,157 @@
+"""Ethereum identities: keys, encrypted keystores, EIP-191 and EIP-712 signatures.
+
+Every role (node, validator, trainer, relay operator) is a secp256k1 key. Keys live on disk only as
+standard Web3 secret-storage JSON (scrypt-encrypted), read through eth-account.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eth_account import Account
+from eth_account.messages import SignableMessage, encode_defunct, encode_typed_data
+from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
+
+from protocol.errors import KeystoreError, SignatureError
+
+SIGNATURE_BYTES = 65
+
+
+def checksum(address: str) -> str:
+    """The EIP-55 checksum form of `address`; raises `SignatureError` if it is not an address."""
+    try:
+        return str(to_checksum_address(address))
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(f"not an Ethereum address: {address!r}") from exc
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A private key held in memory, with the signing operations the protocol uses."""
+
+    account: LocalAccount
+
+    @property
+    def address(self) -> str:
+        """The checksummed Ethereum address of this identity."""
+        return str(self.account.address)
+
+    @classmethod
+    def create(cls) -> Identity:
+        """A fresh random key (from the OS's CSPRNG)."""
+        return cls(Account.create())
+
+    @classmethod
+    def from_key(cls, private_key: str | bytes) -> Identity:
+        """An identity from a raw private key (hex string or 32 bytes)."""
+        try:
+            return cls(Account.from_key(private_key))
+        except (ValueError, TypeError) as exc:
+            raise KeystoreError("invalid private key") from exc
+
+    # -- keystores -------------------------------------------------------------------------
+
+    def to_keystore(self, password: str) -> dict[str, Any]:
+        """The key encrypted as Web3 secret-storage JSON (scrypt KDF)."""
+        return dict(Account.encrypt(self.account.key, password, kdf="scrypt"))
+
+    def save_keystore(self, path: str | Path, password: str) -> Path:
+        """Write the encrypted keystore to `path` (mode 0600, atomically); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.to_keystore(password), fh)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load_keystore(cls, path: str | Path, password: str) -> Identity:
+        """Decrypt a keystore file; `KeystoreError` on a missing file, bad JSON or wrong password."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise KeystoreError(f"keystore not found: {path}") from exc
+        except (OSError, json.JSONDecodeError) as exc:
+            raise KeystoreError(f"keystore unreadable: {path}: {exc}") from exc
+        try:
+            key = Account.decrypt(data, password)
+        except ValueError as exc:  # eth-keyfile raises ValueError("MAC mismatch") on a wrong password
+            raise KeystoreError(f"cannot decrypt keystore {path}: wrong password or corrupt file") from exc
+        except (KeyError, TypeError) as exc:
+            raise KeystoreError(f"keystore {path} is not Web3 secret-storage JSON") from exc
+        return cls(Account.from_key(key))
+
+    # -- signing ---------------------------------------------------------------------------
+
+    def sign_message(self, data: bytes) -> bytes:
+        """EIP-191 (personal_sign) signature over `data`: 65 bytes r||s||v."""
+        return bytes(self.account.sign_message(encode_defunct(primitive=data)).signature)
+
+    def sign_typed_data(self, full_message: dict[str, Any]) -> bytes:
+        """EIP-712 signature over a full typed-data message (types, primaryType, domain, message)."""
+        return bytes(self.account.sign_message(encode_typed_data(full_message=full_message)).signature)
+
+
+def _recover(signable: SignableMessage, signature: bytes) -> str:
+    if len(signature) != SIGNATURE_BYTES:
+        raise SignatureError(f"signature must be {SIGNATURE_BYTES} bytes, got {len(signature)}")
+    try:
+        return str(Account.recover_message(signable, signature=signature))
+    except Exception as exc:  # eth-keys raises several unrelated types for malformed signatures
+        raise SignatureError(f"signature does not recover: {exc}") from exc
+
+
+def recover_message(data: bytes, signature: bytes) -> str:
+    """The address that made an EIP-191 `signature` over `data`."""
+    return _recover(encode_defunct(primitive=data), signature)
+
+
+def recover_typed_data(full_message: dict[str, Any], signature: bytes) -> str:
+    """The address that made an EIP-712 `signature` over `full_message`."""
+    try:
+        signable = encode_typed_data(full_message=full_message)
+    except Exception as exc:
+        raise SignatureError(f"malformed typed data: {exc}") from exc
+    return _recover(signable, signature)
+
+
+def verify_message(data: bytes, signature: bytes, expected_signer: str) -> None:
+    """Raise `SignatureError` unless `signature` over `data` was made by `expected_signer`."""
+    signer = recover_message(data, signature)
+    if signer != checksum(expected_signer):
+        raise SignatureError(f"signed by {signer}, expected {checksum(expected_signer)}")
+
+
+def verify_typed_data(full_message: dict[str, Any], signature: bytes, expected_signer: str) -> None:
+    """Raise `SignatureError` unless the EIP-712 `signature` was made by `expected_signer`."""
+    signer = recover_typed_data(full_message, signature)
+    if signer != checksum(expected_signer):
+        raise SignatureError(f"signed by {signer}, expected {checksum(expected_signer)}")
+
+
+def read_password(*, env: str | None = None, file: str | Path | None = None, prompt: str | None = None) -> str:
+    """A keystore password from, in order: the env var `env`, the file `file`, or an interactive prompt.
+
+    `KeystoreError` when no source yields one (e.g. no TTY and nothing configured).
+    """
+    if env and (value := os.environ.get(env)) is not None:
+        return value
+    if file is not None:
+        try:
+            return Path(file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise KeystoreError(f"cannot read password file {file}: {exc}") from exc
+    if prompt is not None:
+        try:
+            return getpass.getpass(prompt)
+        except (EOFError, OSError) as exc:
+            raise KeystoreError("no password: no env var, no file, and no terminal to prompt on") from exc
+    raise KeystoreError("no password source configured (env var, file or prompt)")
