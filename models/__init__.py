@@ -1,0 +1,1 @@
+"""What the network runs: model loading, forward pass with hidden states, generation engine, sampler."""
