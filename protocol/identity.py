@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from eth_utils import to_checksum_address
 from protocol.errors import KeystoreError, SignatureError
 
 SIGNATURE_BYTES = 65
+# secp256k1 group order; signatures with s above half of it are the malleable twin of a low-s one.
+_SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
 
 def checksum(address: str) -> str:
@@ -57,19 +60,32 @@ class Identity:
 
     # -- keystores -------------------------------------------------------------------------
 
-    def to_keystore(self, password: str) -> dict[str, Any]:
-        """The key encrypted as Web3 secret-storage JSON (scrypt KDF)."""
-        return dict(Account.encrypt(self.account.key, password, kdf="scrypt"))
+    def to_keystore(self, password: str, *, scrypt_n: int | None = None) -> dict[str, Any]:
+        """The key encrypted as Web3 secret-storage JSON (scrypt KDF).
 
-    def save_keystore(self, path: str | Path, password: str) -> Path:
+        `scrypt_n` is the scrypt cost (a power of two); the default is eth-account's 2**18 (~1 s to
+        encrypt or decrypt on one core). Lower it only for throwaway keys (tests, dev networks).
+        """
+        return dict(Account.encrypt(self.account.key, password, kdf="scrypt", iterations=scrypt_n))
+
+    def save_keystore(self, path: str | Path, password: str, *, scrypt_n: int | None = None) -> Path:
         """Write the encrypted keystore to `path` (mode 0600, atomically); returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        keystore = self.to_keystore(password, scrypt_n=scrypt_n)
         tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(self.to_keystore(password), fh)
-        os.replace(tmp, path)
+        # A stale temp file from a crash may carry looser permissions; O_CREAT would keep them.
+        tmp.unlink(missing_ok=True)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(keystore, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise KeystoreError(f"cannot write keystore {path}: {exc}") from exc
         return path
 
     @classmethod
@@ -81,12 +97,14 @@ class Identity:
             raise KeystoreError(f"keystore not found: {path}") from exc
         except (OSError, json.JSONDecodeError) as exc:
             raise KeystoreError(f"keystore unreadable: {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise KeystoreError(f"keystore {path} is not Web3 secret-storage JSON")
         try:
             key = Account.decrypt(data, password)
         except ValueError as exc:  # eth-keyfile raises ValueError("MAC mismatch") on a wrong password
             raise KeystoreError(f"cannot decrypt keystore {path}: wrong password or corrupt file") from exc
-        except (KeyError, TypeError) as exc:
-            raise KeystoreError(f"keystore {path} is not Web3 secret-storage JSON") from exc
+        except (KeyError, TypeError, AttributeError, NotImplementedError) as exc:
+            raise KeystoreError(f"keystore {path} is not Web3 secret-storage JSON: {exc!r}") from exc
         return cls(Account.from_key(key))
 
     # -- signing ---------------------------------------------------------------------------
@@ -101,8 +119,13 @@ class Identity:
 
 
 def _recover(signable: SignableMessage, signature: bytes) -> str:
+    if not isinstance(signature, bytes | bytearray):
+        raise SignatureError(f"signature must be bytes, got {type(signature).__name__}")
     if len(signature) != SIGNATURE_BYTES:
         raise SignatureError(f"signature must be {SIGNATURE_BYTES} bytes, got {len(signature)}")
+    # Reject the high-s twin (EIP-2) so each message has exactly one valid signature encoding.
+    if int.from_bytes(signature[32:64], "big") > _SECP256K1_N // 2:
+        raise SignatureError("signature is not in canonical low-s form")
     try:
         return str(Account.recover_message(signable, signature=signature))
     except Exception as exc:  # eth-keys raises several unrelated types for malformed signatures
@@ -150,8 +173,12 @@ def read_password(*, env: str | None = None, file: str | Path | None = None, pro
         except OSError as exc:
             raise KeystoreError(f"cannot read password file {file}: {exc}") from exc
     if prompt is not None:
-        try:
-            return getpass.getpass(prompt)
-        except (EOFError, OSError) as exc:
-            raise KeystoreError("no password: no env var, no file, and no terminal to prompt on") from exc
+        # Without a terminal, getpass would warn and read the password from stdin in clear text
+        # (echoed, possibly from a pipe nobody meant as a secret); treat that as "no source".
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", getpass.GetPassWarning)
+            try:
+                return getpass.getpass(prompt)
+            except (EOFError, OSError, getpass.GetPassWarning) as exc:
+                raise KeystoreError("no password: no env var, no file, and no terminal to prompt on") from exc
     raise KeystoreError("no password source configured (env var, file or prompt)")
