@@ -1,0 +1,430 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.37;
+
+import {AccessControl} from "@openzeppelin/contracts/access/AccessControl.sol";
+import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
+import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
+import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+import {Pausable} from "@openzeppelin/contracts/utils/Pausable.sol";
+import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+
+/// @title ComputePool: stake, accepted work, invalidation, slashing and rewards for one training run.
+/// @notice One pool per training run. Nodes stake the pool token, validators record accepted work per
+/// node under a unique work key (the submission hash), and may invalidate it within a window: a hard
+/// invalidation removes the work, slashes a penalty from the node's stake to the treasury (never to
+/// the slasher) and ejects the node; a soft invalidation only removes the work. Each accepted work unit
+/// earns a reward that stays locked (and removable by invalidation) for a period, then is claimable.
+contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
+    using SafeERC20 for IERC20;
+
+    bytes32 public constant VALIDATOR_ROLE = keccak256("VALIDATOR_ROLE");
+    bytes32 public constant TRAINER_ROLE = keccak256("TRAINER_ROLE");
+    bytes32 public constant REGISTRATION_TYPEHASH =
+        keccak256("Registration(address node,address operator,uint256 nonce,uint256 deadline)");
+
+    enum NodeStatus {
+        None, // never registered, or withdrawn after leaving
+        Active,
+        Leaving, // left voluntarily, stake unbonding
+        Ejected // hard-invalidated, stake unbonding, key banned from this pool
+    }
+
+    enum WorkStatus {
+        None,
+        Accepted,
+        Claimed,
+        SoftInvalidated,
+        HardInvalidated
+    }
+
+    struct Node {
+        address operator;
+        NodeStatus status;
+        uint64 unbondingEnd; // when the stake becomes withdrawable (Leaving or Ejected)
+        uint256 stake;
+        uint256 nonce; // registration nonce: each signature registers once
+        uint256 acceptedUnits; // currently accepted (not invalidated) work units
+    }
+
+    struct Work {
+        address node;
+        WorkStatus status;
+        uint64 recordedAt;
+        uint64 units;
+        uint256 reward;
+    }
+
+    IERC20 public immutable token;
+    uint64 public immutable unbondingPeriod;
+    uint64 public immutable invalidationWindow;
+    uint64 public immutable rewardLockPeriod;
+
+    address public treasury;
+    uint256 public minStake;
+    uint256 public rewardPerUnit;
+    uint256 public slashPenalty;
+
+    /// Reward tokens funded but not yet promised to any work.
+    uint256 public rewardBudget;
+    /// Reward tokens promised to accepted, unclaimed work.
+    uint256 public rewardsReserved;
+    /// Stake held for all nodes (so the two pots never mix).
+    uint256 public totalStake;
+
+    uint64 public policyVersion;
+    bytes32 public policyManifestHash;
+
+    mapping(address node => Node) private _nodes;
+    mapping(bytes32 workKey => Work) private _work;
+
+    // ---- events (OZ adds RoleGranted/RoleRevoked/RoleAdminChanged, Paused/Unpaused) ----
+    event NodeRegistered(address indexed node, address indexed operator, uint256 stake, uint256 nonce);
+    event StakeAdded(address indexed node, address indexed operator, uint256 amount, uint256 total);
+    event LeaveStarted(address indexed node, address indexed operator, uint64 unbondingEnd);
+    event StakeWithdrawn(address indexed node, address indexed operator, uint256 amount);
+    event WorkRecorded(
+        address indexed node, bytes32 indexed workKey, address indexed validator, uint64 units, uint256 reward
+    );
+    event WorkInvalidated(
+        address indexed node,
+        bytes32 indexed workKey,
+        address indexed validator,
+        bool hard,
+        uint16 reasonCode,
+        bytes32 evidenceHash
+    );
+    event StakeSlashed(address indexed node, bytes32 indexed workKey, address indexed treasury, uint256 amount);
+    event NodeEjected(address indexed node, bytes32 indexed workKey, uint64 unbondingEnd);
+    event RewardsClaimed(address indexed node, address indexed operator, uint256 amount, uint256 workCount);
+    event RewardsFunded(address indexed from, uint256 amount, uint256 budget);
+    event RewardsDefunded(address indexed to, uint256 amount, uint256 budget);
+    event PolicyPublished(uint64 indexed version, bytes32 manifestHash, address indexed trainer);
+    event TreasuryChanged(address treasury);
+    event MinStakeChanged(uint256 minStake);
+    event RewardPerUnitChanged(uint256 rewardPerUnit);
+    event SlashPenaltyChanged(uint256 slashPenalty);
+
+    // ---- errors ----
+    error ZeroAddress();
+    error BadParameters();
+    error TreasuryIsValidator(address account);
+    error StakeBelowMinimum(uint256 stake, uint256 minimum);
+    error SignatureExpired(uint256 deadline);
+    error InvalidNodeSignature(address node, address signer);
+    error NodeAlreadyRegistered(address node);
+    error NodeIsEjected(address node);
+    error NodeNotActive(address node);
+    error NotOperator(address node, address caller);
+    error NotUnbonding(address node);
+    error StillUnbonding(uint64 unbondingEnd);
+    error NothingToWithdraw(address node);
+    error ZeroUnits();
+    error DuplicateWorkKey(bytes32 workKey);
+    error UnknownWorkKey(bytes32 workKey);
+    error WorkNotAccepted(bytes32 workKey, WorkStatus status);
+    error InvalidationWindowClosed(bytes32 workKey, uint64 closedAt);
+    error RewardLocked(bytes32 workKey, uint64 unlockAt);
+    error WorkOfOtherNode(bytes32 workKey, address node);
+    error InsufficientRewardBudget(uint256 needed, uint256 available);
+    error PolicyVersionNotIncreasing(uint64 current, uint64 proposed);
+
+    constructor(
+        IERC20 token_,
+        address admin,
+        address treasury_,
+        uint256 minStake_,
+        uint64 unbondingPeriod_,
+        uint64 invalidationWindow_,
+        uint64 rewardLockPeriod_,
+        uint256 rewardPerUnit_,
+        uint256 slashPenalty_
+    ) EIP712("PrimeComputePool", "1") {
+        if (address(token_) == address(0) || admin == address(0) || treasury_ == address(0)) revert ZeroAddress();
+        // A reward must stay locked, and stake bonded, for as long as the work behind it can be invalidated:
+        // otherwise a cheater claims or withdraws before the validator's verdict lands.
+        if (minStake_ == 0 || rewardLockPeriod_ < invalidationWindow_ || unbondingPeriod_ < invalidationWindow_) {
+            revert BadParameters();
+        }
+        token = token_;
+        treasury = treasury_;
+        minStake = minStake_;
+        unbondingPeriod = unbondingPeriod_;
+        invalidationWindow = invalidationWindow_;
+        rewardLockPeriod = rewardLockPeriod_;
+        rewardPerUnit = rewardPerUnit_;
+        slashPenalty = slashPenalty_;
+        _grantRole(DEFAULT_ADMIN_ROLE, admin);
+    }
+
+    // ------------------------------------------------------------------ nodes
+
+    /// @notice Register `node` under the caller (its operator) with `amount` stake. `signature` is the
+    /// node key's EIP-712 signature over Registration(node, operator=msg.sender, nonce, deadline), so
+    /// nobody can claim someone else's node key, and the pool (verifyingContract) and chain are bound.
+    function register(address node, uint256 amount, uint256 deadline, bytes calldata signature)
+        external
+        whenNotPaused
+        nonReentrant
+    {
+        if (node == address(0)) revert ZeroAddress();
+        Node storage n = _nodes[node];
+        if (n.status == NodeStatus.Ejected) revert NodeIsEjected(node);
+        if (n.status != NodeStatus.None) revert NodeAlreadyRegistered(node);
+        if (block.timestamp > deadline) revert SignatureExpired(deadline);
+        if (amount < minStake) revert StakeBelowMinimum(amount, minStake);
+        uint256 nonce = n.nonce;
+        bytes32 digest =
+            _hashTypedDataV4(keccak256(abi.encode(REGISTRATION_TYPEHASH, node, msg.sender, nonce, deadline)));
+        (address signer, ECDSA.RecoverError err,) = ECDSA.tryRecover(digest, signature);
+        if (err != ECDSA.RecoverError.NoError || signer != node) revert InvalidNodeSignature(node, signer);
+
+        n.operator = msg.sender;
+        n.status = NodeStatus.Active;
+        n.unbondingEnd = 0;
+        n.stake = amount;
+        n.nonce = nonce + 1;
+        totalStake += amount;
+        emit NodeRegistered(node, msg.sender, amount, nonce);
+        token.safeTransferFrom(msg.sender, address(this), amount);
+    }
+
+    /// @notice Top up an active node's stake.
+    function addStake(address node, uint256 amount) external whenNotPaused nonReentrant {
+        Node storage n = _onlyOperator(node);
+        if (n.status != NodeStatus.Active) revert NodeNotActive(node);
+        if (amount == 0) revert BadParameters();
+        n.stake += amount;
+        totalStake += amount;
+        emit StakeAdded(node, msg.sender, amount, n.stake);
+        token.safeTransferFrom(msg.sender, address(this), amount);
+    }
+
+    /// @notice Leave voluntarily: the node stops taking work and its stake unbonds (still slashable).
+    function leavePool(address node) external whenNotPaused nonReentrant {
+        Node storage n = _onlyOperator(node);
+        if (n.status != NodeStatus.Active) revert NodeNotActive(node);
+        uint64 end = uint64(block.timestamp) + unbondingPeriod;
+        n.status = NodeStatus.Leaving;
+        n.unbondingEnd = end;
+        emit LeaveStarted(node, msg.sender, end);
+    }
+
+    /// @notice Withdraw the remaining stake of a node that left or was ejected, once unbonding has ended.
+    function withdraw(address node) external whenNotPaused nonReentrant {
+        Node storage n = _onlyOperator(node);
+        if (n.status != NodeStatus.Leaving && n.status != NodeStatus.Ejected) revert NotUnbonding(node);
+        if (block.timestamp < n.unbondingEnd) revert StillUnbonding(n.unbondingEnd);
+        uint256 amount = n.stake;
+        if (amount == 0) revert NothingToWithdraw(node);
+        // Effects before the transfer: a token with receive hooks finds nothing left to take.
+        n.stake = 0;
+        totalStake -= amount;
+        // The key may register again (with a fresh signature: the nonce moved on). The operator stays so it
+        // can still claim rewards that unlock later.
+        if (n.status == NodeStatus.Leaving) n.status = NodeStatus.None;
+        emit StakeWithdrawn(node, msg.sender, amount);
+        token.safeTransfer(msg.sender, amount);
+    }
+
+    // ------------------------------------------------------------------ work
+
+    /// @notice Record accepted work of `node` under `workKey` (the submission hash). Reserves its reward.
+    function recordWork(address node, bytes32 workKey, uint64 units)
+        external
+        onlyRole(VALIDATOR_ROLE)
+        whenNotPaused
+        nonReentrant
+    {
+        Node storage n = _nodes[node];
+        if (n.status != NodeStatus.Active) revert NodeNotActive(node);
+        if (units == 0) revert ZeroUnits();
+        if (_work[workKey].status != WorkStatus.None) revert DuplicateWorkKey(workKey);
+        uint256 reward = uint256(units) * rewardPerUnit;
+        if (reward > rewardBudget) revert InsufficientRewardBudget(reward, rewardBudget);
+        rewardBudget -= reward;
+        rewardsReserved += reward;
+        n.acceptedUnits += units;
+        _work[workKey] = Work({
+            node: node,
+            status: WorkStatus.Accepted,
+            recordedAt: uint64(block.timestamp),
+            units: units,
+            reward: reward
+        });
+        emit WorkRecorded(node, workKey, msg.sender, units, reward);
+    }
+
+    /// @notice Hard invalidation: remove the work, slash `slashPenalty` (at most the remaining stake) to the
+    /// treasury, and eject the node (its stake starts unbonding; the key is banned from this pool).
+    function invalidateHard(bytes32 workKey, uint16 reasonCode, bytes32 evidenceHash)
+        external
+        onlyRole(VALIDATOR_ROLE)
+        whenNotPaused
+        nonReentrant
+    {
+        Work storage w = _removableWork(workKey);
+        address node = w.node;
+        _removeWork(w, WorkStatus.HardInvalidated);
+        emit WorkInvalidated(node, workKey, msg.sender, true, reasonCode, evidenceHash);
+
+        Node storage n = _nodes[node];
+        uint256 penalty = slashPenalty < n.stake ? slashPenalty : n.stake;
+        n.stake -= penalty;
+        totalStake -= penalty;
+        if (n.status == NodeStatus.Active || n.status == NodeStatus.Leaving) {
+            uint64 end = uint64(block.timestamp) + unbondingPeriod;
+            n.status = NodeStatus.Ejected;
+            n.unbondingEnd = end;
+            emit NodeEjected(node, workKey, end);
+        }
+        if (penalty > 0) {
+            emit StakeSlashed(node, workKey, treasury, penalty);
+            token.safeTransfer(treasury, penalty);
+        }
+    }
+
+    /// @notice Soft invalidation: remove the work and its reward, nothing else (honest but unusable work).
+    function invalidateSoft(bytes32 workKey, uint16 reasonCode)
+        external
+        onlyRole(VALIDATOR_ROLE)
+        whenNotPaused
+        nonReentrant
+    {
+        Work storage w = _removableWork(workKey);
+        address node = w.node;
+        _removeWork(w, WorkStatus.SoftInvalidated);
+        emit WorkInvalidated(node, workKey, msg.sender, false, reasonCode, bytes32(0));
+    }
+
+    /// @notice Claim the unlocked rewards of `node`'s accepted work `workKeys`; paid to its operator.
+    function claimRewards(address node, bytes32[] calldata workKeys) external whenNotPaused nonReentrant {
+        _onlyOperator(node);
+        uint256 total;
+        for (uint256 i = 0; i < workKeys.length; ++i) {
+            bytes32 key = workKeys[i];
+            Work storage w = _work[key];
+            if (w.status == WorkStatus.None) revert UnknownWorkKey(key);
+            if (w.node != node) revert WorkOfOtherNode(key, w.node);
+            if (w.status != WorkStatus.Accepted) revert WorkNotAccepted(key, w.status);
+            uint64 unlockAt = w.recordedAt + rewardLockPeriod;
+            if (block.timestamp < unlockAt) revert RewardLocked(key, unlockAt);
+            w.status = WorkStatus.Claimed;
+            total += w.reward;
+        }
+        if (total == 0) revert BadParameters();
+        rewardsReserved -= total;
+        emit RewardsClaimed(node, msg.sender, total, workKeys.length);
+        token.safeTransfer(msg.sender, total);
+    }
+
+    // ------------------------------------------------------------------ trainer
+
+    /// @notice Announce policy `version` (the trainer step) and the hash of its signed SHARDCAST manifest.
+    function publishPolicy(uint64 version, bytes32 manifestHash) external onlyRole(TRAINER_ROLE) whenNotPaused {
+        if (version <= policyVersion && policyManifestHash != bytes32(0)) {
+            revert PolicyVersionNotIncreasing(policyVersion, version);
+        }
+        policyVersion = version;
+        policyManifestHash = manifestHash;
+        emit PolicyPublished(version, manifestHash, msg.sender);
+    }
+
+    // ------------------------------------------------------------------ rewards budget
+
+    /// @notice Add reward tokens to the budget (anyone may fund a run).
+    function fundRewards(uint256 amount) external whenNotPaused nonReentrant {
+        if (amount == 0) revert BadParameters();
+        rewardBudget += amount;
+        emit RewardsFunded(msg.sender, amount, rewardBudget);
+        token.safeTransferFrom(msg.sender, address(this), amount);
+    }
+
+    /// @notice Take back budget not yet promised to any work (e.g. at the end of a run).
+    function defundRewards(address to, uint256 amount) external onlyRole(DEFAULT_ADMIN_ROLE) nonReentrant {
+        if (to == address(0)) revert ZeroAddress();
+        if (amount == 0 || amount > rewardBudget) revert InsufficientRewardBudget(amount, rewardBudget);
+        rewardBudget -= amount;
+        emit RewardsDefunded(to, amount, rewardBudget);
+        token.safeTransfer(to, amount);
+    }
+
+    // ------------------------------------------------------------------ admin
+
+    function setTreasury(address treasury_) external onlyRole(DEFAULT_ADMIN_ROLE) {
+        if (treasury_ == address(0)) revert ZeroAddress();
+        if (hasRole(VALIDATOR_ROLE, treasury_)) revert TreasuryIsValidator(treasury_);
+        treasury = treasury_;
+        emit TreasuryChanged(treasury_);
+    }
+
+    function setMinStake(uint256 minStake_) external onlyRole(DEFAULT_ADMIN_ROLE) {
+        if (minStake_ == 0) revert BadParameters();
+        minStake = minStake_;
+        emit MinStakeChanged(minStake_);
+    }
+
+    function setRewardPerUnit(uint256 rewardPerUnit_) external onlyRole(DEFAULT_ADMIN_ROLE) {
+        rewardPerUnit = rewardPerUnit_;
+        emit RewardPerUnitChanged(rewardPerUnit_);
+    }
+
+    function setSlashPenalty(uint256 slashPenalty_) external onlyRole(DEFAULT_ADMIN_ROLE) {
+        slashPenalty = slashPenalty_;
+        emit SlashPenaltyChanged(slashPenalty_);
+    }
+
+    function pause() external onlyRole(DEFAULT_ADMIN_ROLE) {
+        _pause();
+    }
+
+    function unpause() external onlyRole(DEFAULT_ADMIN_ROLE) {
+        _unpause();
+    }
+
+    // ------------------------------------------------------------------ views
+
+    function getNode(address node) external view returns (Node memory) {
+        return _nodes[node];
+    }
+
+    function getWork(bytes32 workKey) external view returns (Work memory) {
+        return _work[workKey];
+    }
+
+    function isActive(address node) external view returns (bool) {
+        return _nodes[node].status == NodeStatus.Active;
+    }
+
+    function domainSeparator() external view returns (bytes32) {
+        return _domainSeparatorV4();
+    }
+
+    // ------------------------------------------------------------------ internals
+
+    /// A validator may never receive slashed stake, so the treasury can never hold the validator role.
+    function _grantRole(bytes32 role, address account) internal override returns (bool) {
+        if (role == VALIDATOR_ROLE && account == treasury) revert TreasuryIsValidator(account);
+        return super._grantRole(role, account);
+    }
+
+    function _onlyOperator(address node) private view returns (Node storage n) {
+        n = _nodes[node];
+        if (n.operator != msg.sender) revert NotOperator(node, msg.sender);
+    }
+
+    function _removableWork(bytes32 workKey) private view returns (Work storage w) {
+        w = _work[workKey];
+        if (w.status == WorkStatus.None) revert UnknownWorkKey(workKey);
+        if (w.status != WorkStatus.Accepted) revert WorkNotAccepted(workKey, w.status);
+        uint64 closedAt = w.recordedAt + invalidationWindow;
+        if (block.timestamp > closedAt) revert InvalidationWindowClosed(workKey, closedAt);
+    }
+
+    function _removeWork(Work storage w, WorkStatus status) private {
+        w.status = status;
+        rewardsReserved -= w.reward;
+        rewardBudget += w.reward; // the reward was never earned: back to the run's budget
+        _nodes[w.node].acceptedUnits -= w.units;
+    }
+}
