@@ -1,0 +1,60 @@
+"""torch.distributed setup: one process per device under `torchrun`, FSDP2 sharding of the policy."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device) -> DistInfo:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1); gloo on CPU, nccl on GPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistInfo(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shard_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """FSDP2: shard every decoder layer, then the root (embeddings, final norm, head)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    for layer in layers or []:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,159 @@
+"""Sequence packing: several samples share one fixed-length row without attending to each other.
+
+Each row carries per-token segment ids and position ids that restart at 0 for every sample. The
+attention mask handed to the model is a 4D additive block-diagonal causal mask, built from the segment
+ids, so packing works with every attention implementation (eager, sdpa) on CPU as on GPU; Hugging Face
+models use a 4D mask as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trainer.rollouts import Sample
+
+
+@dataclass
+class PackedRows:
+    """Tensors of shape [rows, seq_len]; weights are 0 on prompt and padding tokens."""
+
+    input_ids: torch.Tensor  # [R, L] int64
+    position_ids: torch.Tensor  # [R, L] int64
+    segment_ids: torch.Tensor  # [R, L] int64, padding gets -1
+    sampling_logprobs: torch.Tensor  # [R, L] float32, logprob of token t under the behaviour policy
+    advantages: torch.Tensor  # [R, L] float32
+    weights: torch.Tensor  # [R, L] float32, normalization weight of each loss token
+
+    @property
+    def useful_tokens(self) -> int:
+        return int((self.segment_ids >= 0).sum())
+
+    @property
+    def processed_tokens(self) -> int:
+        return int(self.segment_ids.numel())
+
+    def select(self, rows: Sequence[int]) -> PackedRows:
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        return PackedRows(*(t.index_select(0, idx) for t in self._tensors()))
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (
+            self.input_ids,
+            self.position_ids,
+            self.segment_ids,
+            self.sampling_logprobs,
+            self.advantages,
+            self.weights,
+        )
+
+
+def plan_rows(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
+    """First-fit decreasing bin packing of sample lengths into rows of `seq_len` tokens.
+
+    Deterministic: ties are broken by sample index, so the same batch always packs the same way (exact
+    resume depends on it).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        n = lengths[i]
+        if n > seq_len:
+            raise ValueError(f"sample of {n} tokens does not fit seq_len {seq_len}")
+        for r, f in enumerate(free):
+            if n <= f:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(seq_len - n)
+    return rows
+
+
+def pack(
+    samples: Sequence[Sample],
+    advantages: Sequence[float],
+    weights: Sequence[float],
+    seq_len: int,
+    pad_token_id: int = 0,
+) -> PackedRows:
+    """Pack samples into rows; `advantages` and `weights` are per sample, spread over its loss tokens."""
+    plan = plan_rows([len(s.tokens) for s in samples], seq_len)
+    shape = (len(plan), seq_len)
+    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros(shape, dtype=torch.long)
+    segment_ids = torch.full(shape, -1, dtype=torch.long)
+    slp = torch.zeros(shape, dtype=torch.float32)
+    adv = torch.zeros(shape, dtype=torch.float32)
+    w = torch.zeros(shape, dtype=torch.float32)
+    for r, members in enumerate(plan):
+        off = 0
+        for seg, i in enumerate(members):
+            s = samples[i]
+            n = len(s.tokens)
+            sl = slice(off, off + n)
+            input_ids[r, sl] = torch.tensor(s.tokens, dtype=torch.long)
+            position_ids[r, sl] = torch.arange(n)
+            segment_ids[r, sl] = seg
+            mask = torch.tensor(s.loss_mask, dtype=torch.bool)
+            slp[r, sl] = torch.tensor(s.sampling_logprobs, dtype=torch.float32) * mask
+            adv[r, sl] = float(advantages[i]) * mask
+            w[r, sl] = float(weights[i]) * mask
+            off += n
+        # Padding continues the position count so every query row has at least itself to attend to.
+        position_ids[r, off:] = torch.arange(seq_len - off)
+    return PackedRows(input_ids, position_ids, segment_ids, slp, adv, w)
+
+
+def block_causal_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [R, 1, L, L]: 0 where query i may see key j (same segment, j <= i), else -inf-ish."""
+    L = segment_ids.shape[1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    causal = torch.ones(L, L, dtype=torch.bool, device=segment_ids.device).tril()
+    allowed = same & causal
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None, :, :]
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    segment_ids: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of every token given its own sample's prefix, aligned with `input_ids` (0 at position 0).
+
+    Returns (logprobs [R, L], entropy [R, L] or None); the entropy at t is that of the distribution that
+    produced token t.
+    """
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", "eager")
+    if impl == "sdpa":
+        # SDPA takes a boolean mask (True = attend), which is also dtype-proof under autocast.
+        L = segment_ids.shape[1]
+        causal = torch.ones(L, L, dtype=torch.bool, device=segment_ids.device).tril()
+        mask = ((segment_ids[:, :, None] == segment_ids[:, None, :]) & causal)[:, None]
+    else:
+        mask = block_causal_mask(segment_ids, next(model.parameters()).dtype)
+    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits
+    logits = logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    lp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    lp = torch.cat([lp[:, :1], picked - lse], dim=1)
+    ent: torch.Tensor | None = None
+    if with_entropy:
+        src, src_lse = (logits, lse) if entropy_grad else (logits.detach(), lse.detach())
+        p = torch.softmax(src, dim=-1)
+        e = src_lse - (p * src).sum(-1)
+        ent = torch.cat([torch.zeros_like(e[:, :1]), e], dim=1)
+    return lp, ent

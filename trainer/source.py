@@ -1,0 +1,180 @@
+"""Where a step's samples come from, and the async window that decides which ones are still usable.
+
+A source hands out whole GRPO groups (all samples of one prompt). Step n accepts a group only if every
+sample's policy version is in [n - async_level, n]; older ones are stale (dropped and counted, as a
+validator would soft-reject them), newer ones cannot exist honestly (dropped and counted as `future`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.errors import PrimeError
+from trainer.rollouts import RolloutError, Sample, read_rollouts
+
+log = logging.getLogger(__name__)
+
+Group = list[Sample]
+
+
+class DataStarvedError(PrimeError):
+    """The source could not supply enough fresh groups for a step in the allowed time."""
+
+    code = "data_starved"
+
+
+@dataclass
+class WindowCounts:
+    """What the async window did for one step (sample counts)."""
+
+    accepted: int = 0
+    stale: int = 0
+    future: int = 0
+    rejected_files: int = 0
+
+    def add(self, other: WindowCounts) -> None:
+        self.accepted += other.accepted
+        self.stale += other.stale
+        self.future += other.future
+        self.rejected_files += other.rejected_files
+
+
+def window_verdict(group: Sequence[Sample], step: int, async_level: int) -> str:
+    """'ok', 'stale' or 'future' for a group at `step` (the policy version being trained)."""
+    versions = [s.policy_version for s in group]
+    if min(versions) < step - async_level:
+        return "stale"
+    if max(versions) > step:
+        return "future"
+    return "ok"
+
+
+@dataclass
+class Batch:
+    """A step's groups plus the window accounting that produced them."""
+
+    groups: list[Group]
+    counts: WindowCounts = field(default_factory=WindowCounts)
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for g in self.groups for s in g]
+
+
+class RolloutSource(ABC):
+    """Supplies groups for step n; its position is checkpointed so a resumed run sees the same data."""
+
+    @abstractmethod
+    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+        """Exactly `n_groups` groups, all inside the async window of `step`."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serializable position."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position from `state_dict()`."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most sources hold nothing
+        """Release resources."""
+
+
+def split_groups(samples: Sequence[Sample]) -> list[list[int]]:
+    """Row indices per group, groups in order of first appearance."""
+    order: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        order.setdefault(s.group_id, []).append(i)
+    return list(order.values())
+
+
+class DirectorySource(RolloutSource):
+    """Rollout files in a directory, consumed in file-name order; a group lives within one file.
+
+    A malformed file is rejected whole (logged, counted, never retried) instead of stopping training.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        poll_interval_s: float = 0.5,
+        wait_timeout_s: float = 600.0,
+        vocab_size: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.poll_interval_s = poll_interval_s
+        self.wait_timeout_s = wait_timeout_s
+        self.vocab_size = vocab_size
+        self._consumed: list[str] = []
+        self._consumed_set: set[str] = set()
+        self._pending: list[tuple[str, list[int]]] = []  # (file, rows) per group, arrival order
+        self._cache: dict[str, list[Sample]] = {}
+
+    def _rows(self, name: str) -> list[Sample]:
+        if name not in self._cache:
+            self._cache[name] = read_rollouts(self.path / name, self.vocab_size)
+        return self._cache[name]
+
+    def _scan(self) -> int:
+        rejected = 0
+        if not self.path.is_dir():
+            return 0
+        for p in sorted(self.path.glob("*.parquet")):
+            if p.name in self._consumed_set:
+                continue
+            self._consumed.append(p.name)
+            self._consumed_set.add(p.name)
+            try:
+                rows = self._rows(p.name)
+            except RolloutError as exc:
+                log.warning("rejected rollout file %s: %s", p.name, exc)
+                rejected += 1
+                continue
+            self._pending.extend((p.name, idx) for idx in split_groups(rows))
+        return rejected
+
+    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+        batch = Batch(groups=[])
+        deadline = time.monotonic() + self.wait_timeout_s
+        while True:
+            batch.counts.rejected_files += self._scan()
+            while self._pending and len(batch.groups) < n_groups:
+                name, idx = self._pending.pop(0)
+                group = [self._rows(name)[i] for i in idx]
+                verdict = window_verdict(group, step, async_level)
+                if verdict == "ok":
+                    batch.groups.append(group)
+                    batch.counts.accepted += len(group)
+                elif verdict == "stale":
+                    batch.counts.stale += len(group)
+                else:
+                    batch.counts.future += len(group)
+            if len(batch.groups) == n_groups:
+                self._evict()
+                return batch
+            if time.monotonic() > deadline:
+                raise DataStarvedError(
+                    f"step {step}: {len(batch.groups)}/{n_groups} fresh groups after {self.wait_timeout_s:.0f} s"
+                )
+            time.sleep(self.poll_interval_s)
+
+    def _evict(self) -> None:
+        live = {name for name, _ in self._pending}
+        for name in list(self._cache):
+            if name not in live:
+                del self._cache[name]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed": list(self._consumed), "pending": [[n, list(i)] for n, i in self._pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._consumed = list(state["consumed"])
+        self._consumed_set = set(self._consumed)
+        self._pending = [(str(n), [int(x) for x in i]) for n, i in state["pending"]]
+        self._cache.clear()
