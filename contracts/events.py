@@ -1,0 +1,73 @@
+"""Reading a contract's events from a block onward, decoded by its ABI, in chain order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eth_utils import event_abi_to_log_topic
+from hexbytes import HexBytes
+from web3._utils.events import get_event_data
+
+from contracts.transactor import Transactor
+from protocol.errors import ChainError
+
+
+@dataclass(frozen=True)
+class ChainEvent:
+    """One decoded log."""
+
+    name: str
+    args: dict[str, Any]
+    block_number: int
+    tx_hash: str
+    log_index: int
+
+
+def read_events(
+    tx: Transactor,
+    address: str,
+    abi: list[dict[str, Any]],
+    from_block: int,
+    to_block: int | None = None,
+    *,
+    names: set[str] | None = None,
+    chunk: int = 5000,
+) -> list[ChainEvent]:
+    """Events of `address` in [from_block, to_block], queried in `chunk`-block ranges (RPCs cap ranges)."""
+    if from_block < 0 or chunk < 1:
+        raise ChainError(f"bad event range: from {from_block}, chunk {chunk}")
+    by_topic = {
+        HexBytes(event_abi_to_log_topic(item)): item
+        for item in abi
+        if item["type"] == "event" and (names is None or item["name"] in names)
+    }
+    if names is not None and len(by_topic) != len(names):
+        unknown = names - {item["name"] for item in by_topic.values()}
+        raise ChainError(f"unknown event names: {sorted(unknown)}")
+    w3 = tx.w3
+    last = to_block if to_block is not None else int(tx.rpc("block number", lambda: w3.eth.block_number))
+    events: list[ChainEvent] = []
+    start = from_block
+    while start <= last:
+        end = min(start + chunk - 1, last)
+        query: dict[str, Any] = {"address": address, "fromBlock": start, "toBlock": end}
+        if names is not None:
+            query["topics"] = [[t.to_0x_hex() for t in by_topic]]
+        logs = tx.rpc("get_logs", lambda q=query: w3.eth.get_logs(q))  # type: ignore[misc]
+        for log in logs:
+            item = by_topic.get(HexBytes(log["topics"][0])) if log["topics"] else None
+            if item is None:
+                continue
+            data = get_event_data(w3.codec, item, log)
+            events.append(
+                ChainEvent(
+                    name=str(data["event"]),
+                    args=dict(data["args"]),
+                    block_number=int(data["blockNumber"]),
+                    tx_hash=HexBytes(data["transactionHash"]).to_0x_hex(),
+                    log_index=int(data["logIndex"]),
+                )
+            )
+        start = end + 1
+    return events

@@ -1,0 +1,335 @@
+"""Typed Python client of ComputePool (and of its ERC-20 token): one method per contract function.
+
+    pool = PoolClient(connect(url), deployment.pool, operator_identity)
+    pool.register(node_identity, stake)                 # approve + signed registration
+    receipt = pool.record_work(node, work_key, units)   # as a validator
+
+Reverts raise `ChainError` with `.reason` = the contract's custom error name (e.g. "DuplicateWorkKey").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from eth_utils import keccak
+from web3 import Web3
+
+from contracts.artifacts import load_artifact
+from contracts.events import ChainEvent, read_events
+from contracts.transactor import Receipt, Transactor
+from protocol.errors import ChainError
+from protocol.identity import Identity, checksum
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ADMIN_ROLE = b"\x00" * 32
+VALIDATOR_ROLE = keccak(text="VALIDATOR_ROLE")
+TRAINER_ROLE = keccak(text="TRAINER_ROLE")
+ROLES = {"admin": DEFAULT_ADMIN_ROLE, "validator": VALIDATOR_ROLE, "trainer": TRAINER_ROLE}
+EIP712_NAME = "PrimeComputePool"
+EIP712_VERSION = "1"
+REGISTRATION_TTL_S = 3600
+
+
+class NodeStatus(IntEnum):
+    NONE = 0
+    ACTIVE = 1
+    LEAVING = 2
+    EJECTED = 3
+
+
+class WorkStatus(IntEnum):
+    NONE = 0
+    ACCEPTED = 1
+    CLAIMED = 2
+    SOFT_INVALIDATED = 3
+    HARD_INVALIDATED = 4
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node's record in the pool."""
+
+    address: str
+    operator: str
+    status: NodeStatus
+    unbonding_end: int
+    stake: int
+    nonce: int
+    accepted_units: int
+
+
+@dataclass(frozen=True)
+class WorkInfo:
+    """One recorded piece of work (a submission) and its reward."""
+
+    work_key: bytes
+    node: str
+    status: WorkStatus
+    recorded_at: int
+    units: int
+    reward: int
+
+
+@dataclass(frozen=True)
+class PoolParams:
+    """The pool's configuration as it stands on chain."""
+
+    token: str
+    treasury: str
+    min_stake: int
+    unbonding_period: int
+    invalidation_window: int
+    reward_lock_period: int
+    reward_per_unit: int
+    slash_penalty: int
+
+
+def registration_typed_data(
+    *, chain_id: int, pool: str, node: str, operator: str, nonce: int, deadline: int
+) -> dict[str, Any]:
+    """The EIP-712 message a node key signs to be registered under `operator` in `pool`."""
+    return {
+        "types": {
+            "EIP712Domain": [
+                {"name": "name", "type": "string"},
+                {"name": "version", "type": "string"},
+                {"name": "chainId", "type": "uint256"},
+                {"name": "verifyingContract", "type": "address"},
+            ],
+            "Registration": [
+                {"name": "node", "type": "address"},
+                {"name": "operator", "type": "address"},
+                {"name": "nonce", "type": "uint256"},
+                {"name": "deadline", "type": "uint256"},
+            ],
+        },
+        "primaryType": "Registration",
+        "domain": {"name": EIP712_NAME, "version": EIP712_VERSION, "chainId": chain_id, "verifyingContract": pool},
+        "message": {"node": node, "operator": operator, "nonce": nonce, "deadline": deadline},
+    }
+
+
+def _key32(value: bytes | str) -> bytes:
+    raw = bytes.fromhex(value.removeprefix("0x")) if isinstance(value, str) else bytes(value)
+    if len(raw) != 32:
+        raise ChainError(f"a work key / hash must be 32 bytes, got {len(raw)}")
+    return raw
+
+
+class TokenClient:
+    """The pool's ERC-20 (PoolToken on a dev chain; any ERC-20 in production)."""
+
+    def __init__(self, w3: Web3, address: str, identity: Identity, transactor: Transactor | None = None) -> None:
+        self.address = checksum(address)
+        self.tx = transactor or Transactor(w3, identity)
+        self.contract = w3.eth.contract(address=self.address, abi=load_artifact("PoolToken").abi)  # type: ignore[call-overload]
+
+    def balance_of(self, account: str) -> int:
+        return int(self.tx.call("balanceOf", self.contract.functions.balanceOf(checksum(account)).call))
+
+    def allowance(self, owner: str, spender: str) -> int:
+        fn = self.contract.functions.allowance(checksum(owner), checksum(spender))
+        return int(self.tx.call("allowance", fn.call))
+
+    def total_supply(self) -> int:
+        return int(self.tx.call("totalSupply", self.contract.functions.totalSupply().call))
+
+    def approve(self, spender: str, amount: int) -> Receipt:
+        return self._send("approve", self.contract.functions.approve(checksum(spender), amount))
+
+    def transfer(self, to: str, amount: int) -> Receipt:
+        return self._send("transfer", self.contract.functions.transfer(checksum(to), amount))
+
+    def mint(self, to: str, amount: int) -> Receipt:
+        """PoolToken only (owner mints on a dev chain)."""
+        return self._send("mint", self.contract.functions.mint(checksum(to), amount))
+
+    def _send(self, what: str, fn: Any) -> Receipt:
+        return self.tx.send(what, {"to": self.address, "data": fn._encode_transaction_data(), "value": 0})
+
+
+class PoolClient:
+    """One identity's view of one ComputePool: typed calls, transactions and event reading."""
+
+    def __init__(self, w3: Web3, address: str, identity: Identity, transactor: Transactor | None = None) -> None:
+        self.w3 = w3
+        self.address = checksum(address)
+        self.identity = identity
+        self.tx = transactor or Transactor(w3, identity)
+        self.abi = load_artifact("ComputePool").abi
+        self.contract = w3.eth.contract(address=self.address, abi=self.abi)  # type: ignore[call-overload]
+        self._token: TokenClient | None = None
+
+    @property
+    def token(self) -> TokenClient:
+        """The pool's token, sending from the same identity (and nonce sequence)."""
+        if self._token is None:
+            self._token = TokenClient(self.w3, self.params().token, self.identity, self.tx)
+        return self._token
+
+    def _send(self, what: str, fn: Any, gas: int | None = None) -> Receipt:
+        return self.tx.send(what, {"to": self.address, "data": fn._encode_transaction_data(), "value": 0}, gas)
+
+    def _call(self, what: str, fn: Any) -> Any:
+        return self.tx.call(what, fn.call)
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def registration_signature(self, node: Identity, operator: str, deadline: int, nonce: int | None = None) -> bytes:
+        """The node key's EIP-712 signature allowing `operator` to register it in this pool."""
+        if nonce is None:
+            nonce = self.get_node(node.address).nonce
+        message = registration_typed_data(
+            chain_id=self.tx.chain_id(), pool=self.address, node=node.address,
+            operator=checksum(operator), nonce=nonce, deadline=deadline,
+        )
+        return node.sign_typed_data(message)
+
+    def register_signed(self, node: str, amount: int, deadline: int, signature: bytes) -> Receipt:
+        """register(node, amount, deadline, signature): the raw contract call (token allowance must exist)."""
+        fn = self.contract.functions.register(checksum(node), amount, deadline, signature)
+        return self._send("register", fn)
+
+    def register(self, node: Identity, amount: int, *, deadline: int | None = None, approve: bool = True) -> Receipt:
+        """Register `node` under this client's identity with `amount` stake (approving the pool if needed)."""
+        if deadline is None:
+            deadline = int(time.time()) + REGISTRATION_TTL_S
+        signature = self.registration_signature(node, self.identity.address, deadline)
+        if approve and self.token.allowance(self.identity.address, self.address) < amount:
+            self.token.approve(self.address, amount)
+        return self.register_signed(node.address, amount, deadline, signature)
+
+    def add_stake(self, node: str, amount: int, *, approve: bool = True) -> Receipt:
+        if approve and self.token.allowance(self.identity.address, self.address) < amount:
+            self.token.approve(self.address, amount)
+        return self._send("addStake", self.contract.functions.addStake(checksum(node), amount))
+
+    def leave_pool(self, node: str) -> Receipt:
+        return self._send("leavePool", self.contract.functions.leavePool(checksum(node)))
+
+    def withdraw(self, node: str) -> Receipt:
+        return self._send("withdraw", self.contract.functions.withdraw(checksum(node)))
+
+    # -- work -----------------------------------------------------------------------------
+
+    def record_work(self, node: str, work_key: bytes | str, units: int) -> Receipt:
+        fn = self.contract.functions.recordWork(checksum(node), _key32(work_key), units)
+        return self._send("recordWork", fn)
+
+    def invalidate_hard(self, work_key: bytes | str, reason_code: int, evidence_hash: bytes | str) -> Receipt:
+        fn = self.contract.functions.invalidateHard(_key32(work_key), reason_code, _key32(evidence_hash))
+        return self._send("invalidateHard", fn)
+
+    def invalidate_soft(self, work_key: bytes | str, reason_code: int) -> Receipt:
+        return self._send("invalidateSoft", self.contract.functions.invalidateSoft(_key32(work_key), reason_code))
+
+    def claim_rewards(self, node: str, work_keys: list[bytes | str]) -> Receipt:
+        keys = [_key32(k) for k in work_keys]
+        return self._send("claimRewards", self.contract.functions.claimRewards(checksum(node), keys))
+
+    # -- trainer and budget ---------------------------------------------------------------
+
+    def publish_policy(self, version: int, manifest_hash: bytes | str) -> Receipt:
+        return self._send("publishPolicy", self.contract.functions.publishPolicy(version, _key32(manifest_hash)))
+
+    def fund_rewards(self, amount: int, *, approve: bool = True) -> Receipt:
+        if approve and self.token.allowance(self.identity.address, self.address) < amount:
+            self.token.approve(self.address, amount)
+        return self._send("fundRewards", self.contract.functions.fundRewards(amount))
+
+    def defund_rewards(self, to: str, amount: int) -> Receipt:
+        return self._send("defundRewards", self.contract.functions.defundRewards(checksum(to), amount))
+
+    # -- admin ----------------------------------------------------------------------------
+
+    def grant_role(self, role: str, account: str) -> Receipt:
+        return self._send("grantRole", self.contract.functions.grantRole(ROLES[role], checksum(account)))
+
+    def revoke_role(self, role: str, account: str) -> Receipt:
+        return self._send("revokeRole", self.contract.functions.revokeRole(ROLES[role], checksum(account)))
+
+    def renounce_role(self, role: str) -> Receipt:
+        fn = self.contract.functions.renounceRole(ROLES[role], self.identity.address)
+        return self._send("renounceRole", fn)
+
+    def set_treasury(self, treasury: str) -> Receipt:
+        return self._send("setTreasury", self.contract.functions.setTreasury(checksum(treasury)))
+
+    def set_min_stake(self, amount: int) -> Receipt:
+        return self._send("setMinStake", self.contract.functions.setMinStake(amount))
+
+    def set_reward_per_unit(self, amount: int) -> Receipt:
+        return self._send("setRewardPerUnit", self.contract.functions.setRewardPerUnit(amount))
+
+    def set_slash_penalty(self, amount: int) -> Receipt:
+        return self._send("setSlashPenalty", self.contract.functions.setSlashPenalty(amount))
+
+    def pause(self) -> Receipt:
+        return self._send("pause", self.contract.functions.pause())
+
+    def unpause(self) -> Receipt:
+        return self._send("unpause", self.contract.functions.unpause())
+
+    # -- views ----------------------------------------------------------------------------
+
+    def get_node(self, node: str) -> NodeInfo:
+        r = self._call("getNode", self.contract.functions.getNode(checksum(node)))
+        return NodeInfo(checksum(node), checksum(r[0]), NodeStatus(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
+
+    def get_work(self, work_key: bytes | str) -> WorkInfo:
+        key = _key32(work_key)
+        r = self._call("getWork", self.contract.functions.getWork(key))
+        return WorkInfo(key, checksum(r[0]), WorkStatus(r[1]), int(r[2]), int(r[3]), int(r[4]))
+
+    def is_active(self, node: str) -> bool:
+        return bool(self._call("isActive", self.contract.functions.isActive(checksum(node))))
+
+    def has_role(self, role: str, account: str) -> bool:
+        return bool(self._call("hasRole", self.contract.functions.hasRole(ROLES[role], checksum(account))))
+
+    def paused(self) -> bool:
+        return bool(self._call("paused", self.contract.functions.paused()))
+
+    def params(self) -> PoolParams:
+        f = self.contract.functions
+        return PoolParams(
+            token=checksum(self._call("token", f.token())),
+            treasury=checksum(self._call("treasury", f.treasury())),
+            min_stake=int(self._call("minStake", f.minStake())),
+            unbonding_period=int(self._call("unbondingPeriod", f.unbondingPeriod())),
+            invalidation_window=int(self._call("invalidationWindow", f.invalidationWindow())),
+            reward_lock_period=int(self._call("rewardLockPeriod", f.rewardLockPeriod())),
+            reward_per_unit=int(self._call("rewardPerUnit", f.rewardPerUnit())),
+            slash_penalty=int(self._call("slashPenalty", f.slashPenalty())),
+        )
+
+    def reward_budget(self) -> int:
+        return int(self._call("rewardBudget", self.contract.functions.rewardBudget()))
+
+    def rewards_reserved(self) -> int:
+        return int(self._call("rewardsReserved", self.contract.functions.rewardsReserved()))
+
+    def total_stake(self) -> int:
+        return int(self._call("totalStake", self.contract.functions.totalStake()))
+
+    def policy(self) -> tuple[int, bytes]:
+        """(latest published policy version, its manifest hash)."""
+        version = int(self._call("policyVersion", self.contract.functions.policyVersion()))
+        manifest = bytes(self._call("policyManifestHash", self.contract.functions.policyManifestHash()))
+        return version, manifest
+
+    def domain_separator(self) -> bytes:
+        return bytes(self._call("domainSeparator", self.contract.functions.domainSeparator()))
+
+    # -- events ---------------------------------------------------------------------------
+
+    def events(
+        self, from_block: int, to_block: int | None = None, names: set[str] | None = None, chunk: int = 5000
+    ) -> list[ChainEvent]:
+        """The pool's events from `from_block` onward (to `to_block`, default the latest), oldest first."""
+        return read_events(self.tx, self.address, self.abi, from_block, to_block, names=names, chunk=chunk)
