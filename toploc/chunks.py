@@ -1,0 +1,98 @@
+"""Chunking of activations and top-k selection, with the reference's semantics.
+
+`activations` is a 2-D tensor (rows = positions) or a list of tensors. Without `skip_prefill` the
+first element (`activations[0]`: the whole prefill when a list, the first row when a tensor) is its
+own chunk; the rest is grouped `decode_batching_size` elements at a time, each group flattened in
+order. The top-k is taken over |values| of the flattened chunk with `torch.topk` (same call as the
+reference, so ties at the k-th value break the same way on the same torch build).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from protocol.errors import ProofError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+Activations = "torch.Tensor | Sequence[torch.Tensor]"
+
+
+def _check_args(decode_batching_size: int, topk: int) -> None:
+    if not isinstance(decode_batching_size, int) or decode_batching_size < 1:
+        raise ProofError(f"decode_batching_size must be a positive int, got {decode_batching_size!r}")
+    if not isinstance(topk, int) or topk < 1:
+        raise ProofError(f"topk must be a positive int, got {topk!r}")
+
+
+def split_chunks(
+    activations: torch.Tensor | Sequence[torch.Tensor], decode_batching_size: int, skip_prefill: bool
+) -> list[torch.Tensor]:
+    """Flattened bf16 chunks, in proof order (see the module docstring)."""
+    import torch
+
+    if isinstance(activations, torch.Tensor):
+        if activations.dim() < 1 or activations.shape[0] == 0:
+            raise ProofError(f"activations tensor must have at least one row, got shape {tuple(activations.shape)}")
+        items: Sequence[torch.Tensor] = activations
+        as_tensor = True
+    elif isinstance(activations, (list, tuple)):
+        if not activations:
+            raise ProofError("activations list is empty")
+        for i, a in enumerate(activations):
+            if not isinstance(a, torch.Tensor):
+                raise ProofError(f"activations[{i}] must be a tensor, got {type(a).__name__}")
+        items = activations
+        as_tensor = False
+    else:
+        raise ProofError(f"activations must be a tensor or a list of tensors, got {type(activations).__name__}")
+    dtypes = {a.dtype for a in ([activations] if as_tensor else items)}  # type: ignore[list-item]
+    if dtypes != {torch.bfloat16}:
+        raise ProofError(f"activations must be bfloat16, got {sorted(map(str, dtypes))}")
+
+    chunks: list[torch.Tensor] = []
+    start = 0
+    if not skip_prefill:
+        chunks.append(items[0].reshape(-1))
+        start = 1
+    n = len(items)
+    for i in range(start, n, decode_batching_size):
+        if as_tensor:
+            chunks.append(items[i : i + decode_batching_size].reshape(-1))  # type: ignore[union-attr]
+        else:
+            chunks.append(torch.cat([a.reshape(-1) for a in items[i : i + decode_batching_size]]))
+    return chunks
+
+
+def topk_points(chunks: Sequence[torch.Tensor], topk: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Top-k of |values| per chunk -> (flat indices (n, k) int64, bf16 bit patterns (n, k) int64).
+
+    Chunks of equal length are stacked and selected with one batched `topk` call.
+    """
+    import torch
+
+    n = len(chunks)
+    indices = np.empty((n, topk), dtype=np.int64)
+    bits = np.empty((n, topk), dtype=np.int64)
+    by_size: dict[int, list[int]] = {}
+    for i, c in enumerate(chunks):
+        if c.numel() < topk:
+            raise ProofError(f"chunk {i} has {c.numel()} values, fewer than topk={topk}")
+        by_size.setdefault(c.numel(), []).append(i)
+    for _, members in by_size.items():
+        stacked = chunks[members[0]].unsqueeze(0) if len(members) == 1 else torch.stack([chunks[i] for i in members])
+        idx = stacked.abs().topk(topk, dim=-1).indices
+        vals = stacked.gather(-1, idx)
+        idx_np = idx.cpu().numpy()
+        bits_np = vals.cpu().view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+        indices[members] = idx_np
+        bits[members] = bits_np
+    return indices, bits

@@ -1,0 +1,176 @@
+"""Sampling check: replay the seeded Gumbel-max draw of every submitted token.
+
+A node samples token t of a sequence as `argmax(process_logits(logits_t) + gumbel(seed, t))`
+(`models.sampling`), with a seed the protocol derives (`protocol.seeds.sampling_seed`), never one
+the node picks. The validator recomputes the logits with one prefill and replays the draw; for
+each position it measures the *margin* by which the submitted token lost to the replayed winner
+(0 when it won). Positions whose margin exceeds the tolerance are reported. Float differences
+between the node's decode and the validator's prefill move scores by far less than the tolerance;
+a token chosen any other way (another model, a hand edit, a cherry-picked sample) loses by a lot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from protocol.errors import ProtocolError
+
+if TYPE_CHECKING:
+    import torch
+
+    from models.sampling import SamplingParams
+
+_ROWS_PER_BLOCK = 256  # bounds the [rows, vocab] float32 score buffer (256 x 50k = 50 MB)
+
+
+@dataclass(frozen=True)
+class SamplingCheck:
+    """Per-sequence replay measurements."""
+
+    margins: tuple[float, ...]
+    """Per generated position: winner's score minus the submitted token's (0 if it won; inf when the
+    token was outside the top-k/top-p set)."""
+    winners: tuple[int, ...]
+    """Per position: the token the replayed draw picks."""
+    mismatch_positions: tuple[int, ...]
+    """Positions whose margin exceeds `tolerance`."""
+    tolerance: float
+    """The tolerance these positions were measured with."""
+
+    @property
+    def max_margin(self) -> float:
+        return max(self.margins, default=0.0)
+
+
+def _as_token_list(tokens: torch.Tensor | Sequence[int], vocab: int) -> list[int]:
+    import torch
+
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dim() != 1 or tokens.is_floating_point():
+            raise ProtocolError(f"tokens must be a 1-D integer tensor, got {tokens.dtype} {tuple(tokens.shape)}")
+        values = [int(t) for t in tokens.tolist()]
+    else:
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
+            raise ProtocolError("tokens must be integers")
+        values = list(tokens)
+    bad = [t for t in values if not 0 <= t < vocab]
+    if bad:
+        raise ProtocolError(f"token id {bad[0]} outside the vocabulary [0, {vocab})")
+    return values
+
+
+def check_sampling(
+    logits: torch.Tensor,
+    tokens: torch.Tensor | Sequence[int],
+    params: SamplingParams,
+    seed: int,
+    *,
+    tolerance: float,
+    first_step: int = 0,
+) -> SamplingCheck:
+    """Replay the draws of `tokens` (T,) from the validator's `logits` (T, V).
+
+    Row t of `logits` is the distribution the t-th generated token was drawn from (the prefill
+    output at the position before it); its sampler step is `first_step + t`.
+    """
+    import torch
+
+    from models.sampling import scores
+
+    if logits.dim() != 2:
+        raise ProtocolError(f"logits must be (T, V), got shape {tuple(logits.shape)}")
+    seq, vocab = logits.shape
+    ids = _as_token_list(tokens, vocab)
+    if len(ids) != seq:
+        raise ProtocolError(f"{len(ids)} tokens for {seq} logit rows")
+    if not 0 <= seed < 2**63:
+        raise ProtocolError(f"seed must be in [0, 2**63), got {seed}")
+    margins: list[float] = []
+    winners: list[int] = []
+    token_tensor = torch.tensor(ids, dtype=torch.int64, device=logits.device)
+    for start in range(0, seq, _ROWS_PER_BLOCK):
+        end = min(seq, start + _ROWS_PER_BLOCK)
+        steps = torch.arange(first_step + start, first_step + end, dtype=torch.int64)
+        seeds = torch.full((end - start,), seed, dtype=torch.int64)
+        s = scores(logits[start:end], params, seeds, steps)
+        best, arg = s.max(dim=-1)
+        chosen = s.gather(-1, token_tensor[start:end, None])[:, 0]
+        margin = (best - chosen).double()
+        margin = torch.where(torch.isfinite(chosen), margin, torch.full_like(margin, math.inf))
+        margins.extend(float(m) for m in margin.tolist())
+        winners.extend(int(w) for w in arg.tolist())
+    bad = tuple(i for i, m in enumerate(margins) if m > tolerance)
+    return SamplingCheck(tuple(margins), tuple(winners), bad, tolerance)
+
+
+@dataclass(frozen=True)
+class TerminationCheck:
+    """How a sequence ended, against the EOS rule and the length limit."""
+
+    length: int
+    """Generated tokens."""
+    max_tokens: int
+    """The length limit the task allowed."""
+    ends_with_eos: bool
+    """The last token is an EOS token (the sampling check says whether EOS won that draw)."""
+    eos_before_end: tuple[int, ...]
+    """Positions of EOS tokens before the last one: generation must stop at the first EOS."""
+    stopped_early: bool
+    """No EOS at the end and shorter than `max_tokens`: the node cut the sequence short."""
+    over_limit: bool
+    """Longer than `max_tokens`."""
+    missed_eos: tuple[int, ...]
+    """Positions where the replayed draw picks EOS but another token was submitted (beyond the
+    sampling tolerance): the node should have stopped there. Empty without a sampling check."""
+
+    @property
+    def violations(self) -> tuple[str, ...]:
+        """Names of the rules this sequence breaks (for logs and verdict reasons)."""
+        out = []
+        if self.eos_before_end:
+            out.append("eos_before_end")
+        if self.stopped_early:
+            out.append("stopped_early")
+        if self.over_limit:
+            out.append("over_limit")
+        if self.missed_eos:
+            out.append("missed_eos")
+        return tuple(out)
+
+
+def check_termination(
+    tokens: torch.Tensor | Sequence[int],
+    eos_token_ids: Sequence[int],
+    max_tokens: int,
+    sampling: SamplingCheck | None = None,
+) -> TerminationCheck:
+    """Measure how `tokens` ended: EOS where EOS wins the draw, or exactly at the length limit."""
+    import torch
+
+    if max_tokens < 1:
+        raise ProtocolError(f"max_tokens must be >= 1, got {max_tokens}")
+    ids = [int(t) for t in tokens.tolist()] if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
+    eos = set(int(e) for e in eos_token_ids)
+    if not eos:
+        raise ProtocolError("eos_token_ids is empty")
+    n = len(ids)
+    ends = n > 0 and ids[-1] in eos
+    early_eos = tuple(i for i, t in enumerate(ids[:-1]) if t in eos)
+    missed: tuple[int, ...] = ()
+    if sampling is not None:
+        if len(sampling.winners) != n:
+            raise ProtocolError(f"sampling check covers {len(sampling.winners)} tokens, sequence has {n}")
+        bad = set(sampling.mismatch_positions)
+        missed = tuple(i for i, w in enumerate(sampling.winners) if w in eos and ids[i] not in eos and i in bad)
+    return TerminationCheck(
+        length=n,
+        max_tokens=max_tokens,
+        ends_with_eos=ends,
+        eos_before_end=early_eos,
+        stopped_early=(not ends) and n < max_tokens,
+        over_limit=n > max_tokens,
+        missed_eos=missed,
+    )
