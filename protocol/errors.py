@@ -98,3 +98,9 @@ class EnvironmentError_(PrimeError):
 # Public name without the trailing underscore would shadow the builtin `EnvironmentError`
 # (an alias of OSError) in modules that star-import; callers import it as `TaskEnvironmentError`.
 TaskEnvironmentError = EnvironmentError_
+
+
+class DomainError(ProtocolError):
+    """A signed message belongs to another network or run (its domain is not the receiver's)."""
+
+    code = "wrong_domain"
