@@ -18,25 +18,13 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.errors import ConfigError
+from protocol.model_spec import ModelSpec, TinyModelSpec
 
 ENV_PREFIX = "PRIME_TRAINER__"
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class ModelSettings(Section):
-    type: Literal["tiny", "smollm2", "hf"] = "tiny"
-    """Which model: a tiny random LLaMA built from `seed`, the packaged SmolLM2-135M-Instruct, or any Hugging Face id/path."""
-    name_or_path: str | None = None
-    """Hugging Face id or local path (type = "hf" only)."""
-    seed: int = 0
-    """Seed of the tiny model's random weights (type = "tiny" only)."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Training dtype; auto = float32 on CPU, bfloat16 on GPU."""
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    """Attention kernel; both honour the block-diagonal packing mask."""
 
 
 class LossSettings(Section):
@@ -134,8 +122,10 @@ class CheckpointSettings(Section):
 
 
 class TrainerConfig(Section):
-    model: ModelSettings = ModelSettings()
-    """The policy model."""
+    model: ModelSpec = TinyModelSpec()
+    """The policy model: type = "tiny" (seed, sizes), "smollm2", or "hf" (name_or_path, revision)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype; auto = float32 on CPU, bfloat16 autocast on GPU (parameters stay float32)."""
     loss: LossSettings = LossSettings()
     """The GRPO objective."""
     optim: OptimSettings = OptimSettings()
@@ -238,7 +228,7 @@ def resolve_config(args: argparse.Namespace, environ: typing.Mapping[str, str] |
         if dest.startswith("set:") and value is not None:
             _deep_set(tree, dest[4:].split("."), _parse_scalar(value))
     # A union section given without its `type` keeps the default member's type.
-    for section in ("data", "publish"):
+    for section in ("model", "data", "publish"):
         if isinstance(tree.get(section), dict) and "type" not in tree[section]:
             tree[section]["type"] = getattr(TrainerConfig.model_fields[section].default, "type")
     try:

@@ -56,7 +56,7 @@ class Trainer:
         self.metrics = metrics
         self.pad_token_id = pad_token_id
         # Parameters stay fp32 (the optimizer's master copy); GPUs compute the forward in bf16 via autocast.
-        model = model.to(device=device, dtype=torch.float32)
+        model = model.to(device=device, dtype=torch.float32).requires_grad_(True)
         self.ref_model: torch.nn.Module | None = None
         if cfg.loss.kl_coef > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -85,7 +85,7 @@ class Trainer:
         self.autocast_dtype = self._autocast_dtype()
 
     def _autocast_dtype(self) -> torch.dtype | None:
-        want = self.cfg.model.dtype
+        want = self.cfg.dtype
         if want == "bfloat16" or (want == "auto" and self.device.type == "cuda"):
             return torch.bfloat16
         return None
@@ -242,13 +242,15 @@ class Trainer:
             "staleness_mean": sum(step - s.policy_version for s in samples) / len(samples) if samples else 0.0,
             "publish_failures": self.publish_hook.failures if self.publish_hook else 0,
         }
+        # Metrics before the checkpoint: a crash in between re-runs the step and logs it again (with
+        # identical values, resume being exact) instead of leaving a hole in the metrics.
+        if self.metrics is not None and self.dist.is_main:
+            self.metrics.record(metrics)
         ckpt = None
         if self.step % cfg.checkpoint.interval == 0 or self.step >= cfg.max_steps:
             ckpt = self.save()
             if ckpt is not None and self.publish_hook is not None:
                 self.publish_hook.submit(self.step, ckpt)
-        if self.metrics is not None and self.dist.is_main:
-            self.metrics.record(metrics)
         return StepResult(metrics, ckpt)
 
     def _forward_backward(self, mb: PackedRows) -> Any:

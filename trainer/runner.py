@@ -1,0 +1,82 @@
+"""Assemble a trainer from its config: device, model, rollout source, publisher, metrics."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import torch
+
+from trainer.config import TrainerConfig
+from trainer.distributed import DistInfo, init_distributed
+from trainer.grpo import Trainer
+from trainer.metrics import MetricsSink
+from trainer.publish import LocalDirectoryPublisher, PublishHook
+from trainer.source import DirectorySource, RolloutSource
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(cfg: TrainerConfig) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def build_source(cfg: TrainerConfig, loaded: object, trainer_model: torch.nn.Module | None = None) -> RolloutSource:
+    vocab = int(loaded.model.config.vocab_size)  # type: ignore[attr-defined]
+    if cfg.data.type == "directory":
+        return DirectorySource(cfg.data.path, cfg.data.poll_interval_s, cfg.data.wait_timeout_s, vocab)
+    from trainer.local import LocalSource
+
+    return LocalSource(cfg, loaded)
+
+
+def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
+    from models import load
+
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    device = pick_device(cfg)
+    dist_info = init_distributed(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(dist_info.local_rank)
+        device = torch.device("cuda", dist_info.local_rank)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    loaded = load(cfg.model, dtype="float32", device="cpu")
+    source = build_source(cfg, loaded)
+    hook = None
+    if cfg.publish.type == "local" and dist_info.is_main:
+        hook = PublishHook(LocalDirectoryPublisher(cfg.publish.path))
+    metrics = None
+    if dist_info.is_main:
+        metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps)
+    pad = loaded.tokenizer.pad_token_id
+    trainer = Trainer(cfg, loaded.model, source, device, dist_info, hook, metrics,
+                      pad_token_id=int(pad) if pad is not None else 0)
+    if hasattr(source, "attach"):
+        source.attach(trainer.model)
+    return trainer, dist_info
+
+
+def run(cfg: TrainerConfig) -> None:
+    trainer, dist_info = build_trainer(cfg)
+    try:
+        if cfg.checkpoint.resume:
+            trainer.resume()
+        if trainer.step >= cfg.max_steps:
+            log.info("already at step %d >= max_steps %d: nothing to do", trainer.step, cfg.max_steps)
+        trainer.run()
+    finally:
+        if trainer.publish_hook is not None:
+            trainer.publish_hook.close()
+        if trainer.metrics is not None:
+            trainer.metrics.close()
+        trainer.source.close()
+        if dist_info.enabled:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
