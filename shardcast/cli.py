@@ -1,0 +1,177 @@
+"""`prime-relay`: run an origin or relay, publish a checkpoint, pull a version, list versions.
+
+Parses arguments before importing aiohttp, eth-account or pydantic, so `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+log = logging.getLogger("shardcast.cli")
+
+DEFAULT_ORIGIN_PORT = 8600
+DEFAULT_RELAY_PORT = 8601
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prime-relay", description="SHARDCAST: signed, verified, pipelined checkpoint broadcast over HTTP relays."
+    )
+    parser.add_argument("--log-level", default=os.environ.get("PRIME_LOG_LEVEL", "INFO"), help="logging level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def serving(p: argparse.ArgumentParser, port: int) -> None:
+        p.add_argument("--store", required=True, help="directory holding the versions this server serves")
+        p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 to expose)")
+        p.add_argument("--port", type=int, default=port, help=f"TCP port (default {port})")
+        p.add_argument("--retention", type=int, default=3, help="versions kept (older ones are deleted)")
+
+    def keyed(p: argparse.ArgumentParser) -> None:
+        key = p.add_mutually_exclusive_group(required=True)
+        key.add_argument("--keystore", help="trainer keystore (password: $PRIME_KEYSTORE_PASSWORD, --password-file or prompt)")
+        key.add_argument("--key-env", metavar="VAR", help="DEV ONLY: name of an env var holding the raw private key")
+        p.add_argument("--password-file", help="file holding the keystore password")
+
+    origin = sub.add_parser("origin", help="serve a store that `publish` writes into")
+    serving(origin, DEFAULT_ORIGIN_PORT)
+    origin.add_argument("--run-id", required=True, help="training run id")
+
+    publish = sub.add_parser("publish", help="shard, hash and sign PATH (file or directory) as a new version")
+    publish.add_argument("path", help="checkpoint file or directory")
+    publish.add_argument("--store", required=True, help="the origin's store directory")
+    publish.add_argument("--run-id", required=True, help="training run id")
+    publish.add_argument("--version", type=int, help="version number (default: newest + 1)")
+    publish.add_argument("--shard-mib", type=int, default=32, help="shard size in MiB (default 32)")
+    publish.add_argument("--retention", type=int, default=3, help="versions kept in the store")
+    keyed(publish)
+
+    relay = sub.add_parser("relay", help="follow upstreams and re-serve verified shards")
+    serving(relay, DEFAULT_RELAY_PORT)
+    relay.add_argument("--upstream", nargs="+", action="extend", required=True, metavar="URL", help="origin or relay URLs")
+    relay.add_argument("--trainer", required=True, help="trainer address that must have signed every manifest")
+    relay.add_argument("--run-id", help="training run id (default: the first manifest's)")
+    relay.add_argument("--concurrency", type=int, default=4, help="shards fetched at once")
+
+    pull = sub.add_parser("pull", help="download, verify and install a version")
+    pull.add_argument("--from", dest="sources", nargs="+", action="extend", required=True, metavar="URL", help="relay URLs")
+    pull.add_argument("--trainer", required=True, help="trainer address that must have signed the manifest")
+    pull.add_argument("--out", required=True, help="directory receiving v<N>/ and the `current` symlink")
+    pull.add_argument("--version", default="latest", help="N or 'latest' (default)")
+    pull.add_argument("--run-id", help="training run id (default: that of the installed version, if any)")
+    pull.add_argument("--concurrency", type=int, default=8, help="shards fetched at once")
+    pull.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the version to appear")
+    pull.add_argument("--keep", type=int, default=2, help="installed versions kept")
+    pull.add_argument("--fsync", action="store_true", help="fsync files before the swap")
+    pull.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    pull.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    ls = sub.add_parser("ls", help="list the versions a server holds")
+    ls.add_argument("url")
+    return parser
+
+
+def _identity(args: argparse.Namespace) -> Any:
+    from protocol.identity import Identity, read_password
+
+    if args.key_env:
+        value = os.environ.get(args.key_env)
+        if not value:
+            raise SystemExit(f"prime-relay: ${args.key_env} is empty")
+        return Identity.from_key(value)
+    password = read_password(env="PRIME_KEYSTORE_PASSWORD", file=args.password_file,
+                             prompt="Keystore password: " if sys.stdin.isatty() else None)
+    return Identity.load_keystore(args.keystore, password)
+
+
+async def _serve(server: Any) -> None:
+    import asyncio
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(f"{type(server).__name__.lower()} listening on {server.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    if args.command == "origin":
+        from shardcast.origin import Origin
+
+        asyncio.run(_serve(Origin(args.store, run_id=args.run_id, host=args.host, port=args.port, retention=args.retention)))
+        return 0
+    if args.command == "publish":
+        from pathlib import Path
+
+        from shardcast.publisher import publish_blocking
+        from shardcast.store import Store
+
+        signed = publish_blocking(Path(args.path), Path(args.store), identity=_identity(args), run_id=args.run_id,
+                                  version=args.version, shard_size=args.shard_mib << 20)
+        Store(Path(args.store), retention=args.retention).scan()  # applies retention
+        m = signed.manifest
+        print(json.dumps({"version": m.version, "shards": len(m.shards), "bytes": m.total_bytes, "signer": signed.signer}))
+        return 0
+    if args.command == "relay":
+        from shardcast.relay import Relay
+
+        asyncio.run(_serve(Relay(args.upstream, trainer=args.trainer, store_root=args.store, run_id=args.run_id,
+                                 host=args.host, port=args.port, retention=args.retention, concurrency=args.concurrency)))
+        return 0
+    if args.command == "pull":
+        from shardcast.client import Client
+
+        version = None if args.version == "latest" else int(args.version)
+        client = Client(args.sources, trainer=args.trainer, out_dir=args.out, run_id=args.run_id,
+                        concurrency=args.concurrency, keep=args.keep, fsync=args.fsync, wait_s=args.wait,
+                        progress=False if args.no_progress else None)
+        result = asyncio.run(client.pull(version))
+        if args.json:
+            print(json.dumps(result.as_dict()))
+        else:
+            print(f"v{result.version} installed at {result.path} ({result.fetched_shards} shards fetched, "
+                  f"{result.reused_shards} reused, {result.seconds:.2f} s)")
+        return 0
+    if args.command == "ls":
+        from shardcast.transfer import fetch_index, new_session
+
+        async def ls() -> Any:
+            async with new_session() as session:
+                return await fetch_index(session, args.url)
+
+        index = asyncio.run(ls())
+        print(f"run {index.run_id}  latest {index.latest}")
+        for v in index.versions:
+            print(f"  v{v.version:<8} {'complete' if v.complete else 'arriving':9} {v.shards:6} shards {v.bytes:>14} bytes")
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from protocol.errors import PrimeError
+
+    try:
+        return _run(args)
+    except PrimeError as exc:
+        print(f"prime-relay: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

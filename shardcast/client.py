@@ -1,0 +1,344 @@
+"""The pulling side (nodes, validators, `prime-relay pull`): get a version, verified, swapped in atomically.
+
+Layout of `out_dir`:
+
+    current -> v<N>            symlink, replaced atomically (rename of a fresh link) after a pull
+    v<N>/...                   the checkpoint's files, exactly as the trainer published them
+    manifests/<N>.json         the signed manifest each installed version was checked against
+    .partial/<N>/              a pull in progress: the files (written in place at shard offsets),
+                               `manifest.json` and `journal` (indices of verified shards)
+
+A pull killed half-way resumes from `.partial/<N>/`: shards in the journal are re-hashed locally (cheap)
+and kept, the rest are fetched. Replay guard: a `latest` pull never moves `current` backwards and
+refuses manifests of another run; a pull of an explicit version must get a manifest of that version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import blake3
+
+from protocol.identity import checksum
+from shardcast.errors import ManifestError, RelayError, SourceError
+from shardcast.manifest import Manifest, ShardEntry, SignedManifest
+from shardcast.sources import SourceBoard
+from shardcast.transfer import Downloader, fetch_index, fetch_manifest, new_session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PullResult:
+    """What a pull did."""
+
+    version: int
+    path: Path
+    manifest: Manifest
+    fetched_shards: int
+    reused_shards: int
+    bytes_fetched: int
+    seconds: float
+    sources: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version, "path": str(self.path), "fetched_shards": self.fetched_shards,
+            "reused_shards": self.reused_shards, "bytes_fetched": self.bytes_fetched,
+            "seconds": round(self.seconds, 3), "sources": self.sources,
+        }
+
+
+class _StagedVersion:
+    """The files of a version being pulled, written in place; implements `ShardSink`."""
+
+    def __init__(self, directory: Path, signed: SignedManifest) -> None:
+        self.directory = directory
+        self.manifest = signed.manifest
+        directory.mkdir(parents=True, exist_ok=True)
+        self._fds: list[int] = []
+        for entry in self.manifest.files:
+            path = directory / entry.path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if os.fstat(fd).st_size != entry.size:
+                os.ftruncate(fd, entry.size)
+            self._fds.append(fd)
+        self._journal = open(directory / ".journal", "a")  # noqa: SIM115 (closed in close())
+
+    def verified_on_disk(self) -> set[int]:
+        """Shards listed in the journal whose bytes still hash right (a crash may have lost writes)."""
+        try:
+            listed = {int(line) for line in (self.directory / ".journal").read_text().split() if line.isdigit()}
+        except OSError:
+            return set()
+        good = set()
+        for index in listed:
+            if index < len(self.manifest.shards) and self._hash_matches(self.manifest.shards[index]):
+                good.add(index)
+        return good
+
+    def _hash_matches(self, shard: ShardEntry) -> bool:
+        hasher = blake3.blake3()
+        fd = self._fds[shard.file]
+        pos = 0
+        while pos < shard.size:
+            chunk = os.pread(fd, min(8 << 20, shard.size - pos), shard.offset + pos)
+            if not chunk:
+                return False
+            hasher.update(chunk)
+            pos += len(chunk)
+        return hasher.hexdigest() == shard.hash
+
+    def open(self, shard: ShardEntry) -> tuple[int, int]:
+        return self._fds[shard.file], shard.offset
+
+    def commit(self, shard: ShardEntry, fd: int) -> None:
+        self._journal.write(f"{shard.index}\n")
+        self._journal.flush()
+
+    def discard(self, shard: ShardEntry, fd: int) -> None:
+        """Nothing to undo: unjournaled bytes are simply overwritten by the next attempt."""
+
+    def close(self, *, fsync: bool = False) -> None:
+        for fd in self._fds:
+            if fsync:
+                os.fsync(fd)
+            os.close(fd)
+        self._fds = []
+        self._journal.close()
+
+
+class Client:
+    """Pulls checkpoint versions of one run from a set of relays."""
+
+    def __init__(
+        self,
+        sources: list[str],
+        *,
+        trainer: str,
+        out_dir: str | Path,
+        run_id: str | None = None,
+        concurrency: int = 8,
+        keep: int = 2,
+        progress: bool | None = None,
+        fsync: bool = False,
+        wait_s: float = 0.0,
+    ) -> None:
+        if not sources:
+            raise RelayError("at least one source URL is needed")
+        self.sources = [s.rstrip("/") for s in sources]
+        self.trainer = checksum(trainer)
+        self.out_dir = Path(out_dir)
+        self.run_id = run_id
+        self.concurrency = concurrency
+        self.keep = max(1, keep)
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.fsync = fsync
+        self.wait_s = wait_s
+        self.board = SourceBoard(self.sources)
+        self.on_shard: Any = None  # test/observer hook: called with each verified ShardEntry
+
+    # -- local state -------------------------------------------------------------------------------
+
+    def installed_version(self) -> int | None:
+        """The version `current` points at, or None."""
+        link = self.out_dir / "current"
+        try:
+            target = os.readlink(link)
+        except OSError:
+            return None
+        name = Path(target).name
+        return int(name[1:]) if name.startswith("v") and name[1:].isdigit() else None
+
+    def _installed_run_id(self) -> str | None:
+        version = self.installed_version()
+        if version is None:
+            return None
+        try:
+            return SignedManifest.parse((self.out_dir / "manifests" / f"{version}.json").read_bytes()).manifest.run_id
+        except (OSError, ManifestError):
+            return None
+
+    # -- finding a version -------------------------------------------------------------------------
+
+    async def latest_available(self, session: aiohttp.ClientSession) -> dict[str, int | None]:
+        """Each source's newest version (None where unreachable)."""
+        async def one(url: str) -> int | None:
+            try:
+                return (await fetch_index(session, url)).latest
+            except RelayError as exc:
+                log.info("index of %s: %s", url, exc)
+                self.board.failure(self.board.sources[url])
+                return None
+        results = await asyncio.gather(*(one(u) for u in self.sources))
+        return dict(zip(self.sources, results, strict=True))
+
+    async def wait_for_version(self, after: int, timeout: float) -> int | None:
+        """Long-poll every source until one advertises a version newer than `after` (None on timeout)."""
+        async with new_session() as session:
+            tasks = [asyncio.ensure_future(fetch_index(session, u, after=after, wait=timeout)) for u in self.sources]
+            deadline = time.monotonic() + timeout + 1
+            try:
+                while tasks and time.monotonic() < deadline:
+                    done, pending = await asyncio.wait(tasks, timeout=deadline - time.monotonic(),
+                                                       return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        if task.exception() is None and (task.result().latest or -1) > after:
+                            return task.result().latest
+                    tasks = list(pending)
+            finally:
+                for task in tasks:
+                    task.cancel()
+        return None
+
+    async def _resolve(self, session: aiohttp.ClientSession, version: int | None) -> tuple[SignedManifest, list[str]]:
+        """A verified manifest for `version` (None: the newest anyone has) and the sources holding it."""
+        run_id = self.run_id or self._installed_run_id()
+        installed = self.installed_version()
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            latest = await self.latest_available(session)
+            if version is None:
+                candidates = sorted({v for v in latest.values() if v is not None}, reverse=True)
+            else:
+                candidates = [version]
+            for candidate in candidates:
+                if version is None and installed is not None and candidate < installed:
+                    break  # never go backwards on `latest`
+                holders = [u for u, v in latest.items() if v is not None and v >= candidate
+                           and not self.board.sources[u].banned]
+                holders.sort(key=lambda u: -self.board.sources[u].score())
+                for url in holders:
+                    source = self.board.sources[url]
+                    try:
+                        signed = await fetch_manifest(session, url, candidate)
+                        signed.verify(self.trainer, run_id=run_id, version=candidate,
+                                      min_version=installed if version is None else None)
+                    except ManifestError as exc:
+                        log.warning("banning %s: %s", url, exc)
+                        self.board.ban(source, f"manifest: {exc}")
+                        continue
+                    except SourceError as exc:
+                        log.info("%s: %s", url, exc)
+                        self.board.failure(source)
+                        continue
+                    return signed, holders
+            if time.monotonic() >= deadline:
+                if version is None and installed is not None:
+                    raise _NothingNewer(installed)
+                what = f"version {version}" if version is not None else "any version"
+                raise RelayError(f"no source holds a verifiable {what}: {self.board.summary()}")
+            await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    # -- pulling -----------------------------------------------------------------------------------
+
+    async def pull(self, version: int | None = None) -> PullResult:
+        """Download `version` (None: the newest available), verify it, and install it."""
+        started = time.monotonic()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        async with new_session() as session:
+            try:
+                signed, holders = await self._resolve(session, version)
+            except _NothingNewer as exc:
+                manifest = SignedManifest.parse((self.out_dir / "manifests" / f"{exc.version}.json").read_bytes()).manifest
+                return PullResult(exc.version, self.out_dir / f"v{exc.version}", manifest, 0, len(manifest.shards), 0,
+                                  time.monotonic() - started, self.board.summary())
+            manifest = signed.manifest
+            final = self.out_dir / f"v{manifest.version}"
+            if final.is_dir() and (self.out_dir / "manifests" / f"{manifest.version}.json").exists():
+                self._swap(manifest.version)
+                return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
+                                  time.monotonic() - started, self.board.summary())
+            staging = self.out_dir / ".partial" / str(manifest.version)
+            previous = staging / "manifest.json"
+            if previous.exists() and previous.read_bytes() != signed.to_bytes():
+                shutil.rmtree(staging)  # a different manifest for this version: start over
+            staged = _StagedVersion(staging, signed)
+            try:
+                (staging / "manifest.json").write_bytes(signed.to_bytes())
+                done = staged.verified_on_disk()
+                todo = [s.index for s in manifest.shards if s.index not in done]
+                board = SourceBoard(holders)
+                for url in holders:  # carry scores and bans over from manifest resolution
+                    board.sources[url] = self.board.sources[url]
+                bar = self._progress_bar(manifest, todo)
+                downloader = Downloader(
+                    session, board, manifest, staged, concurrency=self.concurrency,
+                    on_bytes=bar.update if bar is not None else None, on_shard=self.on_shard,
+                )
+                log.info("pulling v%d: %d shards (%d already verified) from %d source(s)",
+                         manifest.version, len(todo), len(done), len(holders))
+                try:
+                    await downloader.run(todo)
+                finally:
+                    if bar is not None:
+                        bar.close()
+            finally:
+                staged.close(fsync=self.fsync)
+        self._install(signed, staging)
+        seconds = time.monotonic() - started
+        log.info("installed v%d in %.2f s (%d shards fetched, %d reused)", manifest.version, seconds,
+                 downloader.stats.shards_fetched, len(done))
+        return PullResult(manifest.version, final, manifest, downloader.stats.shards_fetched, len(done),
+                          downloader.stats.bytes_fetched, seconds, self.board.summary())
+
+    def _progress_bar(self, manifest: Manifest, todo: list[int]) -> Any:
+        if not self.progress:
+            return None
+        from tqdm import tqdm
+
+        total = sum(manifest.shards[i].size for i in todo)
+        return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"v{manifest.version}",
+                    file=sys.stderr, mininterval=0.25)
+
+    def _install(self, signed: SignedManifest, staging: Path) -> None:
+        version = signed.manifest.version
+        manifests = self.out_dir / "manifests"
+        manifests.mkdir(exist_ok=True)
+        tmp = manifests / f".{version}.json.tmp"
+        tmp.write_bytes(signed.to_bytes())
+        os.replace(tmp, manifests / f"{version}.json")
+        (staging / ".journal").unlink(missing_ok=True)
+        (staging / "manifest.json").unlink(missing_ok=True)
+        final = self.out_dir / f"v{version}"
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        self._swap(version)
+
+    def _swap(self, version: int) -> None:
+        """Point `current` at v<version> atomically, unless it already points at something newer."""
+        installed = self.installed_version()
+        if installed is not None and installed > version:
+            return
+        tmp = self.out_dir / f".current.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        os.symlink(f"v{version}", tmp)
+        os.replace(tmp, self.out_dir / "current")
+        self._retain(version)
+
+    def _retain(self, current: int) -> None:
+        versions = sorted(int(p.name[1:]) for p in self.out_dir.glob("v*") if p.name[1:].isdigit())
+        for old in [v for v in versions if v != current][: max(0, len(versions) - self.keep)]:
+            shutil.rmtree(self.out_dir / f"v{old}", ignore_errors=True)
+            (self.out_dir / "manifests" / f"{old}.json").unlink(missing_ok=True)
+
+
+class _NothingNewer(Exception):
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+
+def pull(sources: list[str], *, trainer: str, out_dir: str | Path, version: int | None = None, **kwargs: Any) -> PullResult:
+    """Blocking convenience wrapper around `Client.pull` (for scripts; async code uses `Client`)."""
+    return asyncio.run(Client(sources, trainer=trainer, out_dir=out_dir, **kwargs).pull(version))

@@ -1,0 +1,206 @@
+"""Cutting a checkpoint into hashed shards and signing its manifest (the origin's half of SHARDCAST).
+
+`Publisher.publish()` only allocates the version number and queues the work: sharding, hashing and
+signing run on one background thread (in order, so versions appear in the order they were
+published), and the caller's training step goes on. The checkpoint path must stay unchanged until
+`wait(version)` returns (trainers write each step to a fresh directory, so this costs nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import blake3
+
+from protocol.identity import Identity
+from shardcast.errors import PublishError
+from shardcast.manifest import (
+    FileEntry,
+    Manifest,
+    ShardEntry,
+    SignedManifest,
+    now_ms,
+    sign_manifest,
+    valid_file_name,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHARD_SIZE = 32 * 1024 * 1024
+_COPY_CHUNK = 8 * 1024 * 1024
+
+
+def checkpoint_files(source: Path) -> list[tuple[str, Path]]:
+    """(relative name, path) of every regular file to publish, in a stable order."""
+    source = Path(source)
+    if source.is_file():
+        pairs = [(source.name, source)]
+    elif source.is_dir():
+        pairs = []
+        for path in sorted(source.rglob("*")):
+            if path.is_symlink():
+                raise PublishError(f"refusing to publish symlink {path}")
+            if path.is_file():
+                pairs.append((path.relative_to(source).as_posix(), path))
+    else:
+        raise PublishError(f"nothing to publish at {source}")
+    for name, _ in pairs:
+        if not valid_file_name(name):
+            raise PublishError(f"file name {name!r} is not allowed in a manifest (charset [A-Za-z0-9._-], no leading dot)")
+    if not pairs:
+        raise PublishError(f"{source} holds no files")
+    return pairs
+
+
+def next_version_on_disk(versions_dir: Path) -> int:
+    """One more than the highest version (finished or in progress) under `versions_dir`, or 1."""
+    highest = 0
+    for entry in os.scandir(versions_dir):
+        name = entry.name.removeprefix(".tmp-").split("-")[0]
+        if name.isdigit():
+            highest = max(highest, int(name))
+    return highest + 1
+
+
+def build_version(
+    source: Path,
+    versions_dir: Path,
+    *,
+    identity: Identity,
+    run_id: str,
+    version: int,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+) -> SignedManifest:
+    """Copy `source` into `versions_dir/<version>/shards/`, hashing each shard, and sign the manifest."""
+    final = versions_dir / str(version)
+    if final.exists():
+        raise PublishError(f"version {version} already exists")
+    tmp = versions_dir / f".tmp-{version}-{os.getpid()}"
+    (tmp / "shards").mkdir(parents=True, exist_ok=False)
+    files: list[FileEntry] = []
+    shards: list[ShardEntry] = []
+    buffer = bytearray(min(_COPY_CHUNK, shard_size))
+    view = memoryview(buffer)
+    try:
+        for file_index, (name, path) in enumerate(checkpoint_files(source)):
+            with open(path, "rb") as src:
+                size = os.fstat(src.fileno()).st_size
+                files.append(FileEntry(path=name, size=size))
+                offset = 0
+                while offset < size:
+                    length = min(shard_size, size - offset)
+                    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+                    with open(tmp / "shards" / str(len(shards)), "wb") as out:
+                        remaining = length
+                        while remaining:
+                            n = src.readinto(view[: min(len(buffer), remaining)])
+                            if not n:
+                                raise PublishError(f"{path} shrank while being published")
+                            hasher.update(view[:n])
+                            out.write(view[:n])
+                            remaining -= n
+                    shards.append(
+                        ShardEntry(index=len(shards), file=file_index, offset=offset, size=length, hash=hasher.hexdigest())
+                    )
+                    offset += length
+        manifest = Manifest(
+            run_id=run_id,
+            version=version,
+            created_at_ms=now_ms(),
+            shard_size=shard_size,
+            files=tuple(files),
+            shards=tuple(shards),
+        )
+        signed = sign_manifest(identity, manifest)
+        (tmp / "manifest.json").write_bytes(signed.to_bytes())
+        os.rename(tmp, final)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("published version %d: %d files, %d shards, %d bytes", version, len(files), len(shards), manifest.total_bytes)
+    return signed
+
+
+def publish_blocking(
+    source: Path, store_root: Path, *, identity: Identity, run_id: str, version: int | None = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+) -> SignedManifest:
+    """Publish from another process than the origin server (the CLI): a file lock orders versions."""
+    versions_dir = Path(store_root) / "versions"
+    versions_dir.mkdir(parents=True, exist_ok=True)
+    with open(Path(store_root) / ".publish.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        chosen = next_version_on_disk(versions_dir)
+        if version is not None:
+            if version < chosen:
+                raise PublishError(f"version {version} is not newer than what the store holds ({chosen - 1})")
+            chosen = version
+        return build_version(source, versions_dir, identity=identity, run_id=run_id, version=chosen, shard_size=shard_size)
+
+
+class Publisher:
+    """Non-blocking publishing into a store served by this process's origin."""
+
+    def __init__(
+        self,
+        versions_dir: Path,
+        *,
+        identity: Identity,
+        run_id: str,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        on_published: Callable[[int], None] | None = None,
+    ) -> None:
+        self.versions_dir = versions_dir
+        self.identity = identity
+        self.run_id = run_id
+        self.shard_size = shard_size
+        self._on_published = on_published
+        self._lock = threading.Lock()
+        self._next = next_version_on_disk(versions_dir)
+        self._futures: dict[int, Future[SignedManifest]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardcast-publish")
+
+    def publish(self, source: str | Path, version: int | None = None) -> int:
+        """Queue `source` (a file or directory) as a new version and return its number at once."""
+        source = Path(source)
+        if not source.exists():
+            raise PublishError(f"nothing to publish at {source}")
+        with self._lock:
+            if version is None:
+                version = self._next
+            elif version < self._next:
+                raise PublishError(f"version {version} is not newer than {self._next - 1}")
+            self._next = version + 1
+            future = self._executor.submit(
+                build_version, source, self.versions_dir, identity=self.identity, run_id=self.run_id,
+                version=version, shard_size=self.shard_size,
+            )
+            self._futures[version] = future
+        future.add_done_callback(lambda f, v=version: self._done(v, f))
+        return version
+
+    def _done(self, version: int, future: Future[SignedManifest]) -> None:
+        if future.exception() is not None:
+            log.error("publishing version %d failed: %s", version, future.exception())
+            return
+        if self._on_published is not None:
+            self._on_published(version)
+
+    def wait(self, version: int, timeout: float | None = None) -> SignedManifest:
+        """Block until `version` is published (re-raising its `PublishError`)."""
+        return self._futures[version].result(timeout)
+
+    async def wait_async(self, version: int) -> SignedManifest:
+        return await asyncio.wrap_future(self._futures[version])
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)

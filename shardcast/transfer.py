@@ -1,0 +1,289 @@
+"""Fetching from relays: the version index, manifests, and shards (in parallel, verified, resumable).
+
+Used by the client (writing into the files of a staged version) and by relays (writing one file per
+shard that downstream requests may already be waiting for). Shards stream to disk chunk by chunk
+while being hashed, so memory per transfer stays at the socket buffer size whatever the shard size.
+A transfer cut short resumes with an HTTP Range request, preferably from another relay; when the
+hash then fails nobody can be blamed, so the shard is fetched again whole from one source, and a
+source that alone served bad bytes is banned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+import blake3
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from shardcast.errors import (
+    ManifestError,
+    ManifestTooLargeError,
+    RelayError,
+    ShardHashError,
+    SourceError,
+)
+from shardcast.manifest import MAX_MANIFEST_BYTES, Manifest, ShardEntry, SignedManifest
+from shardcast.sources import SourceBoard, SourceStats
+
+log = logging.getLogger(__name__)
+
+READ_BUFFER = 4 * 1024 * 1024
+MAX_INDEX_BYTES = 1024 * 1024
+
+
+def new_session(*, limit_per_host: int = 32) -> aiohttp.ClientSession:
+    """A client session tuned for bulk transfers (large read buffer, no total timeout)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=256, limit_per_host=limit_per_host),
+        timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=90),
+        read_bufsize=READ_BUFFER,
+        auto_decompress=False,
+    )
+
+
+class VersionInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int
+    complete: bool
+    shards: int
+    bytes: int
+
+
+class VersionIndex(BaseModel):
+    """The answer of `/versions` (unsigned: it only says where to look; manifests carry the trust)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str | None
+    latest: int | None
+    versions: list[VersionInfo]
+
+
+async def _read_limited(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    if response.content_length is not None and response.content_length > limit:
+        raise ManifestTooLargeError(f"{response.url} announced {response.content_length} bytes, limit {limit}")
+    data = bytearray()
+    async for chunk in response.content.iter_any():
+        data += chunk
+        if len(data) > limit:
+            raise ManifestTooLargeError(f"{response.url} sent more than {limit} bytes")
+    return bytes(data)
+
+
+async def fetch_index(
+    session: aiohttp.ClientSession, url: str, *, after: int | None = None, wait: float = 0.0
+) -> VersionIndex:
+    """The version index of `url`; with `wait`, a long-poll for a version newer than `after`."""
+    params = {"after": str(after if after is not None else -1), "wait": str(wait)}
+    try:
+        async with session.get(
+            f"{url.rstrip('/')}/versions", params=params,
+            timeout=aiohttp.ClientTimeout(total=wait + 15, sock_read=wait + 15),
+        ) as response:
+            if response.status != 200:
+                raise SourceError(f"{url}/versions answered {response.status}")
+            data = await _read_limited(response, MAX_INDEX_BYTES)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise SourceError(f"{url}/versions: {exc.__class__.__name__}: {exc}") from exc
+    try:
+        return VersionIndex.model_validate_json(data)
+    except ValidationError as exc:
+        raise ManifestError(f"{url}/versions: malformed index") from exc
+
+
+async def fetch_manifest(
+    session: aiohttp.ClientSession, url: str, version: int, *, max_bytes: int = MAX_MANIFEST_BYTES
+) -> SignedManifest:
+    """The signed manifest of `version` from `url`, parsed (not yet verified)."""
+    try:
+        async with session.get(f"{url.rstrip('/')}/v/{version}/manifest", timeout=aiohttp.ClientTimeout(total=60)) as response:
+            if response.status == 404:
+                raise SourceError(f"{url} does not hold version {version}")
+            if response.status != 200:
+                raise SourceError(f"{url}/v/{version}/manifest answered {response.status}")
+            data = await _read_limited(response, max_bytes)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise SourceError(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+    return SignedManifest.parse(data, max_bytes=max_bytes)
+
+
+class ShardSink(Protocol):
+    """Where verified shard bytes go."""
+
+    def open(self, shard: ShardEntry) -> tuple[int, int]:
+        """A file descriptor and the file offset at which the shard's first byte goes."""
+
+    def commit(self, shard: ShardEntry, fd: int) -> None:
+        """The shard's bytes are complete and match the manifest."""
+
+    def discard(self, shard: ShardEntry, fd: int) -> None:
+        """The partial bytes are useless (hash mismatch or giving up)."""
+
+
+@dataclass
+class _Partial:
+    fd: int
+    base: int
+    pos: int = 0
+    hasher: blake3.blake3 = field(default_factory=blake3.blake3)
+    contributors: set[str] = field(default_factory=set)
+
+
+class _Unavailable(Exception):
+    """The source does not (yet) hold the shard: 404/503, not the source's fault."""
+
+
+@dataclass
+class TransferStats:
+    shards_fetched: int = 0
+    bytes_fetched: int = 0
+    range_resumes: int = 0
+    hash_failures: int = 0
+
+
+class Downloader:
+    """Fetches a set of shards of one version from the sources on `board` into `sink`."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        board: SourceBoard,
+        manifest: Manifest,
+        sink: ShardSink,
+        *,
+        concurrency: int = 8,
+        max_failures_per_shard: int = 8,
+        unavailable_timeout_s: float = 180.0,
+        on_bytes: Callable[[int], None] | None = None,
+        on_shard: Callable[[ShardEntry], None] | None = None,
+    ) -> None:
+        self.session = session
+        self.board = board
+        self.manifest = manifest
+        self.sink = sink
+        self.concurrency = concurrency
+        self.max_failures_per_shard = max_failures_per_shard
+        self.unavailable_timeout_s = unavailable_timeout_s
+        self.on_bytes = on_bytes
+        self.on_shard = on_shard
+        self.stats = TransferStats()
+
+    async def run(self, indices: list[int]) -> None:
+        """Fetch and verify every shard in `indices`; `RelayError` if one cannot be had."""
+        queue = deque(indices)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(min(self.concurrency, len(queue))):
+                    group.create_task(self._worker(queue))
+        except BaseExceptionGroup as group:
+            # Callers get the typed error of the first shard that failed, not a group.
+            raise group.exceptions[0] from None
+
+    async def _worker(self, queue: deque[int]) -> None:
+        while queue:
+            await self._fetch(self.manifest.shards[queue.popleft()])
+
+    async def _fetch(self, shard: ShardEntry) -> None:
+        failed: set[str] = set()
+        failures = 0
+        unavailable_since: float | None = None
+        partial: _Partial | None = None
+        try:
+            while True:
+                pick = self.board.pick(exclude=failed)
+                if isinstance(pick, float):
+                    await asyncio.sleep(pick)
+                    continue
+                source = pick
+                if partial is None:
+                    fd, base = self.sink.open(shard)
+                    partial = _Partial(fd=fd, base=base)
+                source.inflight += 1
+                started = time.monotonic()
+                start_pos = partial.pos
+                try:
+                    await self._attempt(source, shard, partial)
+                except _Unavailable:
+                    self.board.failure(source, soft=True)
+                    failed.add(source.url)
+                    unavailable_since = unavailable_since or time.monotonic()
+                    if time.monotonic() - unavailable_since > self.unavailable_timeout_s:
+                        raise RelayError(
+                            f"shard {shard.index} of v{self.manifest.version} unavailable everywhere for "
+                            f"{self.unavailable_timeout_s:.0f} s"
+                        ) from None
+                    continue
+                except ShardHashError as exc:
+                    self.stats.hash_failures += 1
+                    if partial.contributors == {source.url}:
+                        log.warning("banning %s: %s", source.url, exc)
+                        self.board.ban(source, str(exc))
+                    self.sink.discard(shard, partial.fd)
+                    partial = None
+                    continue
+                except SourceError as exc:
+                    log.info("shard %d from %s failed: %s", shard.index, source.url, exc)
+                    self.board.failure(source)
+                    failed.add(source.url)
+                    failures += 1
+                    if failures >= self.max_failures_per_shard:
+                        raise RelayError(f"shard {shard.index} failed {failures} times; last: {exc}") from exc
+                    continue
+                finally:
+                    source.inflight -= 1
+                self.board.success(source, shard.size - start_pos, time.monotonic() - started)
+                self.sink.commit(shard, partial.fd)
+                partial = None
+                self.stats.shards_fetched += 1
+                if self.on_shard is not None:
+                    self.on_shard(shard)
+                return
+        except BaseException:
+            if partial is not None:
+                self.sink.discard(shard, partial.fd)
+            raise
+
+    async def _attempt(self, source: SourceStats, shard: ShardEntry, partial: _Partial) -> None:
+        url = f"{source.url}/v/{self.manifest.version}/shards/{shard.index}"
+        resuming = partial.pos > 0
+        headers = {"Range": f"bytes={partial.pos}-"} if resuming else {}
+        if resuming:
+            self.stats.range_resumes += 1
+        try:
+            async with self.session.get(url, headers=headers) as response:
+                if response.status in (404, 503):
+                    raise _Unavailable()
+                if response.status != (206 if resuming else 200):
+                    raise SourceError(f"{url} answered {response.status}")
+                remaining = shard.size - partial.pos
+                if response.content_length is not None and response.content_length != remaining:
+                    partial.contributors.add(source.url)
+                    raise ShardHashError(f"{url} announced {response.content_length} bytes, expected {remaining}")
+                partial.contributors.add(source.url)
+                async for chunk in response.content.iter_any():
+                    n = len(chunk)
+                    if partial.pos + n > shard.size:
+                        partial.contributors = {source.url}  # the extra bytes are this source's alone
+                        raise ShardHashError(f"{url} sent more than {shard.size} bytes")
+                    os.pwrite(partial.fd, chunk, partial.base + partial.pos)
+                    partial.hasher.update(chunk)
+                    partial.pos += n
+                    self.stats.bytes_fetched += n
+                    if self.on_bytes is not None:
+                        self.on_bytes(n)
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            raise SourceError(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+        if partial.pos != shard.size:
+            raise SourceError(f"{url} ended after {partial.pos} of {shard.size} bytes")
+        digest = partial.hasher.hexdigest()
+        if digest != shard.hash:
+            raise ShardHashError(f"shard {shard.index} of v{self.manifest.version}: hash {digest[:16]}… != {shard.hash[:16]}…")
