@@ -54,8 +54,9 @@ def _python() -> Path:
 
 
 def _imports_ok(py: Path) -> bool:
+    # Isolated mode and a neutral cwd, or `import toploc` would find this repo's package.
     probe = "import toploc, torch; from toploc import build_proofs_bytes; print(toploc.__version__)"
-    r = subprocess.run([str(py), "-c", probe], capture_output=True, text=True)
+    r = subprocess.run([str(py), "-I", "-c", probe], capture_output=True, text=True, cwd=tempfile.gettempdir())
     if r.returncode != 0:
         logger.info("reference toploc does not import: %s", r.stderr.strip().splitlines()[-1:])
     return r.returncode == 0
@@ -76,7 +77,7 @@ def ensure_reference_venv() -> Path:
         return py
     logger.info("rebuilding the reference extension against torch %s (takes a minute or two)", TORCH_VERSION)
     env = dict(os.environ, MAX_JOBS="2")
-    subprocess.run([str(py), "-c", _REBUILD_SETUP], check=True, env=env)
+    subprocess.run([str(py), "-I", "-c", _REBUILD_SETUP], check=True, env=env, cwd=tempfile.gettempdir())
     if not _imports_ok(py):
         raise RuntimeError("the reference toploc still does not import after the rebuild")
     return py
@@ -90,8 +91,9 @@ def run_worker(command: dict[str, Any], timeout: float = 1800.0) -> dict[str, An
         out_path = Path(tmp) / "result.json"
         cmd_path.write_text(json.dumps(command))
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        subprocess.run([str(py), str(WORKER), str(cmd_path), str(out_path)], check=True, env=env,
-                       timeout=timeout)
+        # -I (isolated): neither the repo (our own `toploc`) nor bench/ (bench/toploc.py) is on sys.path.
+        subprocess.run([str(py), "-I", str(WORKER), str(cmd_path), str(out_path)], check=True, env=env,
+                       timeout=timeout, cwd=tmp)
         result: dict[str, Any] = json.loads(out_path.read_text())
         return result
 
