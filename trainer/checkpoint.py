@@ -82,8 +82,12 @@ def save_checkpoint(
     model_state: dict[str, torch.Tensor],
     optim_state: dict[str, Any],
     trainer_state: dict[str, Any],
+    tokenizer: Any = None,
 ) -> Path:
-    """Write checkpoint `step` atomically; `model_state` is the full (gathered) state dict on CPU."""
+    """Write checkpoint `step` atomically; `model_state` is the full (gathered) state dict on CPU.
+
+    With a tokenizer the directory is a complete model that `models.load(HFModelSpec(path))` opens.
+    """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp-{os.getpid()}"
@@ -92,6 +96,8 @@ def save_checkpoint(
     tmp.mkdir()
     # save_pretrained writes config + safetensors in the HF layout (tied weights written once).
     model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)  # type: ignore[operator]
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
     torch.save(optim_state, tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, sort_keys=True, indent=1))

@@ -47,8 +47,10 @@ class Trainer:
         publish_hook: PublishHook | None = None,
         metrics: MetricsSink | None = None,
         pad_token_id: int = 0,
+        tokenizer: Any = None,
     ) -> None:
         self.cfg = cfg
+        self.tokenizer = tokenizer
         self.device = device
         self.dist = dist_info or DistInfo()
         self.source = source
@@ -110,7 +112,8 @@ class Trainer:
         if self.dist.is_main:
             state = {"step": self.step, "source": self.source.state_dict(), "world": self.dist.world}
             inner = getattr(self.model, "module", self.model)
-            path = save_checkpoint(self.cfg.checkpoint.dir, self.step, inner, model_state, optim_state, state)
+            path = save_checkpoint(self.cfg.checkpoint.dir, self.step, inner, model_state, optim_state, state,
+                                   self.tokenizer)
             protected = self.publish_hook.in_flight() if self.publish_hook else set()
             rotate(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep, protected)
         barrier()

@@ -34,7 +34,11 @@ def build_source(cfg: TrainerConfig, loaded: object, trainer_model: torch.nn.Mod
 
 
 def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
+    from transformers.utils import logging as hf_logging
+
     from models import load
+
+    hf_logging.disable_progress_bar()  # the trainer has its own progress line
 
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -56,7 +60,7 @@ def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
         metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps)
     pad = loaded.tokenizer.pad_token_id
     trainer = Trainer(cfg, loaded.model, source, device, dist_info, hook, metrics,
-                      pad_token_id=int(pad) if pad is not None else 0)
+                      pad_token_id=int(pad) if pad is not None else 0, tokenizer=loaded.tokenizer)
     if hasattr(source, "attach"):
         source.attach(trainer.model)
     return trainer, dist_info

@@ -1,0 +1,72 @@
+"""FSDP2 over 2 CPU processes (gloo, torchrun) trains exactly like 1 process on the same data."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.unit.trainer.rollout_factory import write_step_files
+
+CONFIG = """
+max_steps = 3
+progress = false
+torch_threads = 1
+[model]
+type = "tiny"
+vocab_size = 320
+hidden_size = 32
+intermediate_size = 64
+[optim]
+lr = 0.01
+[batch]
+groups_per_step = 4
+seq_len = 32
+async_level = 1
+[data]
+path = "{rollouts}"
+wait_timeout_s = 5
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(args: list[str], cwd: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    subprocess.run(args, cwd=cwd, env=env, check=True, timeout=150, capture_output=True)
+
+
+@pytest.mark.timeout(200)
+def test_two_process_fsdp2_equals_one_process(tmp_path: Path) -> None:
+    write_step_files(tmp_path / "roll", 3, groups=4, size=4, vocab=320)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.format(rollouts=tmp_path / "roll"))
+    common = ["-m", "trainer.cli", "--config", str(cfg)]
+    _run([sys.executable, *common, "--metrics-file", "one.jsonl", "--checkpoint.dir", "ck1"], tmp_path)
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+          "--master-port", str(_free_port()), *common, "--metrics-file", "two.jsonl", "--checkpoint.dir", "ck2"],
+         tmp_path)
+    one = [json.loads(x) for x in (tmp_path / "one.jsonl").read_text().splitlines()]
+    two = [json.loads(x) for x in (tmp_path / "two.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in two] == [0, 1, 2]
+    for a, b in zip(one, two, strict=True):
+        for key in ("loss", "grad_norm", "clip_low_frac", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    w1 = load_file(tmp_path / "ck1" / "step-3" / "model.safetensors")
+    w2 = load_file(tmp_path / "ck2" / "step-3" / "model.safetensors")
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)
+    w0 = load_file(tmp_path / "ck1" / "step-2" / "model.safetensors")
+    assert any(not torch.equal(w0[k], w1[k]) for k in w1)  # training really moved the weights
