@@ -22,7 +22,8 @@ contract HookToken is ERC20 {
     function _update(address from, address to, uint256 value) internal override {
         super._update(from, to, value);
         if (from != address(0) && to.code.length > 0) {
-            ITokenReceiver(to).onTokenReceived(from, value);
+            // Receivers without the hook (the pool itself) are fine, as with ERC-777's optional hook.
+            try ITokenReceiver(to).onTokenReceived(from, value) {} catch {}
         }
     }
 }
