@@ -25,6 +25,7 @@ from pydantic_core import from_json
 
 from protocol.errors import ProtocolError
 
+
 def to_hex(data: bytes) -> str:
     """`0x`-prefixed lowercase hex."""
     return "0x" + data.hex()

@@ -118,7 +118,9 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"bad command line: {message}")
 
 
-def build_parser(cls: type[PrimeConfig], *, prog: str | None = None) -> CliSettingsSource[PrimeConfig]:
+def build_parser(
+    cls: type[PrimeConfig], *, prog: str | None = None
+) -> CliSettingsSource[argparse.ArgumentParser]:
     """The CLI source for `cls`: an argparse parser with `--config` and one flag per field."""
     parser = _Parser(
         prog=prog,
@@ -158,7 +160,7 @@ def parse_config(
     in `argv` overrides `toml_path`. `--help` prints the help and raises `SystemExit(0)`.
     """
     cli_values: dict[str, Any] | None = None
-    cli: CliSettingsSource[PrimeConfig] | None = None
+    cli: CliSettingsSource[argparse.ArgumentParser] | None = None
     if argv is not None:
         cli = build_parser(cls, prog=prog)
         try:

@@ -273,9 +273,7 @@ def open_envelope(
     # canonical form of the body, so one body has exactly one signed encoding.
     if canonical_bytes(body.model_dump(mode="json")) != canonical_bytes(envelope.body):
         raise ProtocolError(f"{envelope.kind} v{envelope.version} body is not in canonical form")
-    replay_guard.check_and_record(
-        domain, signer, envelope.nonce, expires_at=sent_s + max_age_s + max_skew_s
-    )
+    replay_guard.check_and_record(domain, signer, envelope.nonce, expires_at=sent_s + max_age_s + max_skew_s)
     log.debug("opened %s v%d from %s nonce %d", envelope.kind, envelope.version, signer, envelope.nonce)
     return body
 

@@ -17,7 +17,7 @@ from typing import Any
 from eth_account import Account
 from eth_account.messages import SignableMessage, encode_defunct, encode_typed_data
 from eth_account.signers.local import LocalAccount
-from eth_utils import to_checksum_address
+from eth_utils.address import to_checksum_address
 
 from protocol.errors import KeystoreError, SignatureError
 
@@ -160,7 +160,9 @@ def verify_typed_data(full_message: dict[str, Any], signature: bytes, expected_s
         raise SignatureError(f"signed by {signer}, expected {checksum(expected_signer)}")
 
 
-def read_password(*, env: str | None = None, file: str | Path | None = None, prompt: str | None = None) -> str:
+def read_password(
+    *, env: str | None = None, file: str | Path | None = None, prompt: str | None = None
+) -> str:
     """A keystore password from, in order: the env var `env`, the file `file`, or an interactive prompt.
 
     `KeystoreError` when no source yields one (e.g. no TTY and nothing configured).

@@ -62,7 +62,9 @@ class TinyModelSpec(_Spec):
     @model_validator(mode="after")
     def _check_shapes(self) -> TinyModelSpec:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads {self.num_kv_heads} does not divide num_heads {self.num_heads}")
         return self

@@ -73,7 +73,8 @@ def test_precedence_of_all_four_sources(tmp_path: Path, monkeypatch: pytest.Monk
     assert (cfg.name, cfg.workers, cfg.server.port, cfg.server.bind_host) == ("from-toml", 3, 9100, "0.0.0.0")
     # Flags over environment (dots for nesting, kebab case, implicit --no- flags).
     cfg = parse_config(
-        RoleConfig, ["--config", str(path), "--server.port", "9200", "--server.bind-host=::1", "--no-server.debug"]
+        RoleConfig,
+        ["--config", str(path), "--server.port", "9200", "--server.bind-host=::1", "--no-server.debug"],
     )
     assert (cfg.name, cfg.workers, cfg.server.port, cfg.server.bind_host) == ("from-toml", 3, 9200, "::1")
     assert cfg.server.debug is False
@@ -92,7 +93,9 @@ def test_discriminated_union_from_every_source(tmp_path: Path, monkeypatch: pyte
     cfg = parse_config(RoleConfig, ["--config", str(path)])
     assert cfg.model == HFModelSpec(name_or_path="org/model", revision="abc123")
     monkeypatch.delenv("PRIME_MODEL__REVISION")
-    cfg = parse_config(RoleConfig, ["--model.type", "tiny", "--model.seed", "4", "--model.vocab-size", "1024"])
+    cfg = parse_config(
+        RoleConfig, ["--model.type", "tiny", "--model.seed", "4", "--model.vocab-size", "1024"]
+    )
     assert cfg.model == TinyModelSpec(seed=4, vocab_size=1024)
     monkeypatch.setenv("PRIME_MODEL", '{"type": "smollm2"}')
     assert parse_config(RoleConfig, []).model.type == "smollm2"

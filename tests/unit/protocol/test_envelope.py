@@ -111,7 +111,9 @@ def test_wire_format_is_canonical_and_pinned() -> None:
     ident = Identity.from_key(ANVIL_KEY_0)
     env = seal(ident, EnvTestPing(n=1, note="é", blob=b"\xab"), domain="d", nonce=2, now=1.5)
     data = env.to_bytes()
-    assert data.startswith(b'{"body":{"blob":"0xab","n":1,"note":"\xc3\xa9"},"domain":"d","kind":"test.ping",')
+    assert data.startswith(
+        b'{"body":{"blob":"0xab","n":1,"note":"\xc3\xa9"},"domain":"d","kind":"test.ping",'
+    )
     assert b" " not in data and b"\n" not in data
     obj = json.loads(data)
     assert list(obj) == sorted(obj)
@@ -119,9 +121,7 @@ def test_wire_format_is_canonical_and_pinned() -> None:
     signed = ENVELOPE_TAG + canonical_bytes({k: v for k, v in obj.items() if k != "signature"})
     assert env.signing_bytes() == signed
     # RFC 6979 signatures are deterministic: pin the bytes so encoders in other builds must agree.
-    assert obj["signature"] == (
-        "0x" + ident.sign_message(signed).hex()
-    )
+    assert obj["signature"] == ("0x" + ident.sign_message(signed).hex())
     assert len(bytes.fromhex(obj["signature"][2:])) == 65
 
 
