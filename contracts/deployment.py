@@ -93,11 +93,13 @@ def deploy_pool(
 ) -> Deployment:
     """Deploy (a dev PoolToken unless `token` is given and) a ComputePool administered by `tx`'s key.
 
-    Grants the roles, mints dev tokens (`mint`, PoolToken only) and funds the reward budget.
+    Grants the roles, mints dev tokens (`mint`, PoolToken only) and funds the reward budget (with a dev
+    token the deployer is minted what it lacks; with a real token it must hold the budget).
     """
     settings = settings or PoolSettings()
     w3 = tx.w3
     start_block = int(tx.rpc("block number", lambda: w3.eth.block_number)) + 1
+    dev_token = token is None
     if token is None:
         art = load_artifact("PoolToken")
         token, _ = tx.deploy("deploy PoolToken", art.abi, art.bytecode, "Prime Compute", "PRIME", tx.address)
@@ -117,6 +119,8 @@ def deploy_pool(
     for account, amount in (mint or {}).items():
         token_client.mint(account, amount)
     if fund_rewards:
+        if dev_token and token_client.balance_of(tx.address) < fund_rewards:
+            token_client.mint(tx.address, fund_rewards)  # a dev token: the budget is minted for the run
         pool.fund_rewards(fund_rewards)
     deployment = Deployment(
         chain_id=tx.chain_id(), pool=checksum(pool_address), token=token, start_block=start_block,

@@ -1,0 +1,186 @@
+"""The Python side: transactions, revert decoding, retries, events, the dev chain, deploy, the build."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import requests
+from chainfixtures import ADMIN, OPERATOR, SETTINGS, VALIDATOR, Pools, work_key
+
+from contracts import build, deploy
+from contracts.artifacts import decode_revert, error_selector
+from contracts.deployment import Deployment
+from contracts.devchain import DEV_ACCOUNTS, DevChain, dev_identity
+from contracts.pool import PoolClient
+from contracts.transactor import Transactor, connect, is_transient
+from protocol.errors import ChainError
+
+
+def test_artifacts_reproduce_byte_for_byte() -> None:
+    assert build.differences() == []
+
+
+def test_dev_accounts_are_anvils(devchain: DevChain) -> None:
+    accounts = devchain.web3().eth.accounts
+    assert len(accounts) == DEV_ACCOUNTS
+    assert [dev_identity(i).address for i in range(DEV_ACCOUNTS)] == accounts
+    assert devchain.rpc_url.startswith("http://127.0.0.1:")
+
+
+def test_devchain_stops_its_process() -> None:
+    with DevChain.start() as chain:
+        pid = chain.process.pid
+        assert chain.web3().eth.chain_id == 31337
+    assert chain.process.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        import os
+        os.kill(pid, 0)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_rpc_is_retried_then_reported() -> None:
+    tx = Transactor(connect(f"http://127.0.0.1:{_closed_port()}", timeout=2), dev_identity(0),
+                    retries=2, retry_backoff=0.01)
+    calls = []
+
+    def failing() -> int:
+        calls.append(1)
+        raise requests.ConnectionError("refused")
+
+    with pytest.raises(ChainError, match="unreachable after 3 tries"):
+        tx.rpc("probe", failing)
+    assert len(calls) == 3
+    with pytest.raises(ChainError, match="unreachable"):
+        tx.chain_id()
+
+
+def test_transient_error_then_success_and_no_retry_on_logic_errors() -> None:
+    tx = Transactor(connect("http://127.0.0.1:1"), dev_identity(0), retries=3, retry_backoff=0.001)
+    attempts = iter([requests.Timeout("slow"), requests.ConnectionError("reset"), 42])
+
+    def flaky() -> int:
+        item = next(attempts)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    assert tx.rpc("flaky", flaky) == 42
+    calls = []
+
+    def broken() -> int:
+        calls.append(1)
+        raise ValueError("not transient")
+
+    with pytest.raises(ValueError):
+        tx.rpc("broken", broken)
+    assert len(calls) == 1
+    response = requests.Response()
+    response.status_code = 503
+    assert is_transient(requests.HTTPError(response=response))
+    response.status_code = 400
+    assert not is_transient(requests.HTTPError(response=response))
+
+
+def test_mined_revert_is_decoded_from_the_receipt(pools: Pools) -> None:
+    """A transaction sent with a fixed gas limit (no estimate) that reverts on chain still yields its reason."""
+    node = pools.new_node()
+    key = work_key()
+    pools.validator.record_work(node.address, key, 1)
+    fn = pools.validator.contract.functions.recordWork(node.address, key, 1)
+    with pytest.raises(ChainError, match="tx 0x") as exc:
+        pools.validator.tx.send("recordWork", {"to": pools.validator.address,
+                                               "data": fn._encode_transaction_data(), "value": 0}, gas=300_000)
+    assert exc.value.reason == "DuplicateWorkKey"
+
+
+def test_nonces_follow_the_chain(pools: Pools) -> None:
+    a = PoolClient(connect(pools.chain.rpc_url), pools.deployment.pool, pools.chain.account(VALIDATOR))
+    b = PoolClient(connect(pools.chain.rpc_url), pools.deployment.pool, pools.chain.account(VALIDATOR))
+    node = pools.new_node()
+    # Two independent senders of the same key: each picks up the other's transactions from the chain.
+    for _ in range(3):
+        a.record_work(node.address, work_key(), 1)
+        b.record_work(node.address, work_key(), 1)
+    assert pools.admin.get_node(node.address).accepted_units == 6
+
+
+def test_decode_revert_shapes() -> None:
+    assert decode_revert(b"") == ("revert", "reverted without data")
+    assert decode_revert(bytes.fromhex("08c379a0") + bytes(31) + b"\x20" + bytes(31) + b"\x02" + b"hi" + bytes(30)) \
+        == ("hi", "hi")
+    assert decode_revert(bytes.fromhex("4e487b71") + bytes(31) + b"\x11")[0] == "Panic(0x11)"
+    assert decode_revert(error_selector("ZeroUnits")) == ("ZeroUnits", "ZeroUnits()")
+    assert decode_revert(b"\xde\xad\xbe\xef")[0] == "unknown"
+    assert decode_revert(error_selector("DuplicateWorkKey") + b"\x01")[0] == "unknown"  # truncated args
+
+
+def test_events_in_chunks_and_by_name(pools: Pools) -> None:
+    start = pools.chain.web3().eth.block_number + 1
+    node = pools.new_node()
+    keys = [work_key() for _ in range(3)]
+    for key in keys:
+        pools.validator.record_work(node.address, key, 2)
+    everything = pools.admin.events(start)
+    assert [e.name for e in everything] == ["NodeRegistered", *["WorkRecorded"] * 3]  # the pool's own logs only
+    assert pools.admin.events(start, chunk=1) == everything
+    recorded = pools.admin.events(start, names={"WorkRecorded"})
+    assert [e.args["workKey"] for e in recorded] == keys
+    assert [(e.block_number, e.log_index) for e in recorded] == sorted((e.block_number, e.log_index) for e in recorded)
+    last = recorded[-1].block_number
+    assert pools.admin.events(last + 1) == []
+    assert len(pools.admin.events(start, to_block=last - 1, names={"WorkRecorded"})) == 2
+    with pytest.raises(ChainError, match="unknown event"):
+        pools.admin.events(start, names={"NoSuchEvent"})
+
+
+def test_deploy_command_writes_deployment(devchain: DevChain, tmp_path: Path) -> None:
+    snapshot = devchain.snapshot()
+    try:
+        out = tmp_path / "deployment.json"
+        validator = dev_identity(VALIDATOR).address
+        code = deploy.main([
+            "--rpc", devchain.rpc_url, "--dev-account", str(ADMIN), "--out", str(out),
+            "--validator", validator, "--trainer", dev_identity(2).address,
+            "--mint", f"{dev_identity(OPERATOR).address}=5000", "--fund-rewards", "1000",
+            "--settings", json.dumps({"min_stake": 5, "invalidation_window": 10, "reward_lock_period": 10,
+                                      "unbonding_period": 10, "reward_per_unit": 1, "slash_penalty": 2}),
+        ])
+        assert code == 0
+        d = Deployment.load(out)
+        assert d.chain_id == 31337 and d.validators == [validator] and d.settings.min_stake == 5
+        pool = PoolClient(connect(devchain.rpc_url), d.pool, dev_identity(OPERATOR))
+        assert pool.has_role("validator", validator) and pool.reward_budget() == 1000
+        assert pool.token.balance_of(dev_identity(OPERATOR).address) == 5000
+        assert pool.events(d.start_block)[0].name == "RoleGranted"
+        assert deploy.main(["--rpc", devchain.rpc_url, "--dev-account", "0", "--out", str(out),
+                            "--settings", '{"min_stake": 0}']) == 1
+        bad = tmp_path / "bad.json"
+        bad.write_text('{"chain_id": 1}')
+        with pytest.raises(ChainError):
+            Deployment.load(bad)
+    finally:
+        devchain.revert(snapshot)
+
+
+def test_bad_pool_parameters_are_refused_by_the_constructor(pools: Pools) -> None:
+    from contracts.artifacts import load_artifact
+
+    tx = Transactor(connect(pools.chain.rpc_url), pools.chain.account(ADMIN))
+    art = load_artifact("ComputePool")
+    admin = pools.chain.account(ADMIN).address
+    # A reward lock shorter than the invalidation window would let cheaters claim before the verdict.
+    with pytest.raises(ChainError) as exc:
+        tx.deploy("pool", art.abi, art.bytecode, pools.deployment.token, admin, admin,
+                  SETTINGS.min_stake, 300, 100, 99, 1, 1)
+    assert exc.value.reason == "BadParameters"
+    with pytest.raises(ChainError) as exc:
+        tx.deploy("pool", art.abi, art.bytecode, "0x" + "00" * 20, admin, admin, 1, 300, 100, 200, 1, 1)
+    assert exc.value.reason == "ZeroAddress"
