@@ -49,12 +49,17 @@ class PullResult:
     bytes_fetched: int
     seconds: float
     sources: dict[str, dict[str, object]] = field(default_factory=dict)
+    range_resumes: int = 0
+    """Transfers cut short and continued with a Range request."""
+    hash_failures: int = 0
+    """Shards whose bytes did not match the manifest (their sole source is banned)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "version": self.version, "path": str(self.path), "fetched_shards": self.fetched_shards,
             "reused_shards": self.reused_shards, "bytes_fetched": self.bytes_fetched,
             "seconds": round(self.seconds, 3), "sources": self.sources,
+            "range_resumes": self.range_resumes, "hash_failures": self.hash_failures,
         }
 
 
@@ -289,8 +294,9 @@ class Client:
         seconds = time.monotonic() - started
         log.info("installed v%d in %.2f s (%d shards fetched, %d reused)", manifest.version, seconds,
                  downloader.stats.shards_fetched, len(done))
-        return PullResult(manifest.version, final, manifest, downloader.stats.shards_fetched, len(done),
-                          downloader.stats.bytes_fetched, seconds, self.board.summary())
+        stats = downloader.stats
+        return PullResult(manifest.version, final, manifest, stats.shards_fetched, len(done), stats.bytes_fetched,
+                          seconds, self.board.summary(), stats.range_resumes, stats.hash_failures)
 
     def _progress_bar(self, manifest: Manifest, todo: list[int]) -> Any:
         if not self.progress:

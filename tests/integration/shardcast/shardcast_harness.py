@@ -1,0 +1,186 @@
+"""Loopback helpers for the SHARDCAST integration tests: checkpoints, ports, a throttling TCP proxy,
+relay subprocesses (that a test can SIGKILL), and a deliberately misbehaving HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[3]
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+    """Run an async test body with a hard timeout (so a hang fails instead of blocking the suite)."""
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout)
+    return asyncio.run(bounded())
+
+
+def make_checkpoint(directory: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """A checkpoint directory with files of random bytes (deterministic from `seed`)."""
+    rng = random.Random(seed)
+    for name, size in sizes.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(size))
+    return directory
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return files_a == files_b and all((a / f).read_bytes() == (b / f).read_bytes() for f in files_a)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(interval)
+
+
+async def index_of(url: str) -> dict[str, Any] | None:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/versions", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return dict(await r.json())
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def holds_complete(url: str, version: int) -> bool:
+    index = await index_of(url)
+    return index is not None and any(v["version"] == version and v["complete"] for v in index["versions"])
+
+
+class ThrottleProxy:
+    """A TCP proxy on loopback that forwards server->client bytes at `rate` bytes/s (so a test can
+    interrupt a transfer half-way); counts the bytes it forwarded."""
+
+    def __init__(self, target_port: int, rate: float) -> None:
+        self.target_port = target_port
+        self.rate = rate
+        self.forwarded = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        for w in list(self._writers):
+            w.close()
+        if self._server is not None:
+            self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        # A small receive buffer so that what the upstream has "sent" is mostly still in its own
+        # process when it dies (loopback buffers would otherwise hold whole shards).
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", self.target_port))
+            up_reader, up_writer = await asyncio.open_connection(sock=sock)
+        except OSError:
+            sock.close()
+            writer.close()
+            return
+        self._writers.add(up_writer)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, throttle: bool) -> None:
+            try:
+                while data := await src.read(16384):
+                    dst.write(data)
+                    await dst.drain()
+                    if throttle:
+                        self.forwarded += len(data)
+                        await asyncio.sleep(len(data) / self.rate)
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_writer, False), pump(up_reader, writer, True))
+
+
+class RelayProcess:
+    """`prime-relay relay` in a subprocess (python -m shardcast.cli), so a test can SIGKILL it."""
+
+    def __init__(self, upstreams: list[str], trainer: str, store: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shardcast.cli", "--log-level", "WARNING", "relay", "--upstream", *upstreams,
+             "--trainer", trainer, "--store", str(store), "--port", str(self.port)],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+class FakeRelay:
+    """An HTTP server that answers like a relay but serves whatever a test hands it (malformed or
+    forged manifests, oversized answers)."""
+
+    def __init__(self, routes: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]) -> None:
+        self.routes = routes
+        self.hits: dict[str, int] = {}
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> FakeRelay:
+        app = web.Application()
+        for path, handler in self.routes.items():
+            async def counted(request: web.Request, handler: Any = handler, path: str = path) -> web.StreamResponse:
+                self.hits[path] = self.hits.get(path, 0) + 1
+                return await handler(request)
+            app.router.add_get(path, counted)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
