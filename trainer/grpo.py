@@ -177,6 +177,7 @@ class Trainer:
         t0 = time.monotonic()
         step = self.step
         batch = self.source.next_batch(step, cfg.batch.groups_per_step, cfg.batch.async_level)
+        t_batch = time.monotonic()
         samples = batch.samples
         rewards = [s.reward for s in samples]
         gids = [s.group_id for s in samples]
@@ -215,7 +216,8 @@ class Trainer:
         if self.dist.enabled:  # each rank computed its rows' share of the weighted sums
             sums = all_reduce_sum(sums, self.device)
         self.step += 1
-        dt = time.monotonic() - t0
+        t_end = time.monotonic()
+        dt, train_dt = t_end - t0, t_end - t_batch
         n_loss_tokens = sum(s.n_loss_tokens for s in train)
         metrics: dict[str, Any] = {
             "step": step,
@@ -234,8 +236,9 @@ class Trainer:
             "lr": lr,
             "samples": len(train),
             "loss_tokens": n_loss_tokens,
-            "tokens_per_s": useful / dt if dt > 0 else 0.0,
+            "tokens_per_s": useful / train_dt if train_dt > 0 else 0.0,
             "step_time_s": dt,
+            "batch_wait_s": t_batch - t0,
             "packing_efficiency": useful / processed if processed else 0.0,
             "stale_samples": batch.counts.stale,
             "future_samples": batch.counts.future,

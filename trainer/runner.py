@@ -8,6 +8,7 @@ import random
 import numpy as np
 import torch
 
+from protocol.errors import ConfigError
 from trainer.config import TrainerConfig
 from trainer.distributed import DistInfo, init_distributed
 from trainer.grpo import Trainer
@@ -28,9 +29,12 @@ def build_source(cfg: TrainerConfig, loaded: object, trainer_model: torch.nn.Mod
     vocab = int(loaded.model.config.vocab_size)  # type: ignore[attr-defined]
     if cfg.data.type == "directory":
         return DirectorySource(cfg.data.path, cfg.data.poll_interval_s, cfg.data.wait_timeout_s, vocab)
+    from environments import get as get_env
     from trainer.local import LocalSource
 
-    return LocalSource(cfg, loaded)
+    d = cfg.data
+    return LocalSource(loaded, get_env(d.env, d.env_version), d.group_size, d.max_new_tokens,  # type: ignore[arg-type]
+                       d.temperature, d.task_seed)
 
 
 def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
@@ -44,6 +48,8 @@ def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
         torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg)
     dist_info = init_distributed(device)
+    if cfg.data.type == "local" and dist_info.enabled:
+        raise ConfigError("local mode generates with the whole model: run it as one process (no torchrun)")
     if device.type == "cuda":
         torch.cuda.set_device(dist_info.local_rank)
         device = torch.device("cuda", dist_info.local_rank)
