@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import PrimeError
-from trainer.rollouts import RolloutError, Sample, read_rollouts
+from protocol.errors import PrimeError, ProtocolError
+from trainer.rollouts import Sample, read_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class DirectorySource(RolloutSource):
             self._consumed_set.add(p.name)
             try:
                 rows = self._rows(p.name)
-            except RolloutError as exc:
+            except ProtocolError as exc:  # RolloutError, UnknownVersionError
                 log.warning("rejected rollout file %s: %s", p.name, exc)
                 rejected += 1
                 continue

@@ -1,0 +1,123 @@
+"""Operator surface: config layering, shipped configs, --help without torch, metrics, publish hook."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import ConfigError
+from trainer.config import TrainerConfig, load_config
+from trainer.metrics import STEP_KEYS, MetricsSink
+from trainer.publish import LocalDirectoryPublisher, Publisher, PublishHook
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "trainer").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_parse(path: Path) -> None:
+    cfg = load_config(["--config", str(path)], environ={})
+    assert cfg.max_steps > 0
+
+
+def test_sources_layer_defaults_toml_env_flags(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text('max_steps = 7\n[loss]\nepsilon_high = 0.3\ndelta = 5.0\n[data]\npath = "from-toml"\n')
+    env = {"PRIME_TRAINER__LOSS__DELTA": "6.0", "PRIME_TRAINER__MAX_STEPS": "8"}
+    cfg = load_config(["--config", str(toml), "--max-steps", "9"], environ=env)
+    assert cfg.loss.epsilon_high == 0.3 and cfg.loss.delta == 6.0 and cfg.max_steps == 9
+    assert cfg.loss.epsilon_low == TrainerConfig().loss.epsilon_low
+    assert str(cfg.data.path) == "from-toml"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("argv", [["--loss.delta", "0.5"], ["--batch.seq-len", "many"], ["--data.type", "ftp"]])
+def test_bad_values_raise_config_error(argv: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        load_config(argv, environ={})
+
+
+def test_unknown_toml_key_is_refused(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text("[loss]\nepsilon = 0.2\n")
+    with pytest.raises(ConfigError, match="epsilon"):
+        load_config(["--config", str(toml)], environ={})
+
+
+def test_help_does_not_import_torch() -> None:
+    code = ("import sys, contextlib, io\nfrom trainer.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    try: main(['--help'])\n    except SystemExit: pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\nassert '--loss.epsilon-high' in out.getvalue()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_json_lines_and_prometheus(tmp_path: Path) -> None:
+    import io
+
+    port = _free_port()
+    out = io.StringIO()
+    sink = MetricsSink(tmp_path / "m.jsonl", port=port, progress=True, total_steps=2, stream=out)
+    try:
+        m = {k: 0.0 for k in STEP_KEYS}
+        m.update(step=0, loss=0.25, reward_mean=0.5, stale_samples=3)
+        sink.record(m)
+        line = json.loads((tmp_path / "m.jsonl").read_text())
+        assert line["loss"] == 0.25 and line["stale_samples"] == 3
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "prime_trainer_reward_mean 0.5" in body
+        assert "step 1/2" in out.getvalue()
+    finally:
+        sink.close()
+
+
+class _GatedPublisher(Publisher):
+    """Copies like the local publisher, but only once the test opens the gate."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = LocalDirectoryPublisher(root)
+        self.gate = threading.Event()
+
+    def publish(self, step: int, path: Path) -> None:
+        assert self.gate.wait(30)
+        self.inner.publish(step, path)
+
+
+def test_publish_hook_does_not_block_and_publishes_in_order(tmp_path: Path) -> None:
+    ckpts = []
+    for n in (1, 2):
+        d = tmp_path / "ck" / f"step-{n}"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"w" * n)
+        (d / "optimizer.pt").write_bytes(b"private")
+        ckpts.append(d)
+    pub = _GatedPublisher(tmp_path / "pub")
+    hook = PublishHook(pub)
+    hook.submit(1, ckpts[0])
+    hook.submit(2, ckpts[1])  # returns although the first publication is still blocked
+    assert hook.published == [] and len(hook.in_flight()) == 2
+    pub.gate.set()
+    hook.close(timeout=30)
+    assert hook.published == [1, 2] and hook.failures == 0 and not hook.in_flight()
+    assert (tmp_path / "pub" / "latest").read_text().strip() == "2"
+    assert (tmp_path / "pub" / "step-2" / "model.safetensors").read_bytes() == b"ww"
+    assert not (tmp_path / "pub" / "step-2" / "optimizer.pt").exists()
+
+
+def test_publish_failure_is_counted_not_raised(tmp_path: Path) -> None:
+    hook = PublishHook(LocalDirectoryPublisher(tmp_path / "pub"))
+    hook.submit(1, tmp_path / "does-not-exist")
+    hook.close(timeout=30)
+    assert hook.failures == 1 and hook.published == []

@@ -1,0 +1,105 @@
+"""The async window, group filtering in a step, and bad rollout files from the network."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from protocol.errors import UnknownVersionError
+from tests.unit.trainer.conftest import tiny_llama
+from tests.unit.trainer.rollout_factory import make_group
+from trainer.config import TrainerConfig
+from trainer.grpo import Trainer
+from trainer.rollouts import ROLLOUT_SCHEMA, RolloutError, Sample, read_rollouts, write_rollouts
+from trainer.source import DataStarvedError, DirectorySource, window_verdict
+
+
+def _groups(versions: list[int], size: int = 2, seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    return [s for i, v in enumerate(versions) for s in make_group(rng, f"g{i}-v{v}", v, size, 64)]
+
+
+def test_window_verdicts() -> None:
+    g = _groups([3])
+    assert window_verdict(g, step=5, async_level=2) == "ok"
+    assert window_verdict(g, step=6, async_level=2) == "stale"
+    assert window_verdict(g, step=2, async_level=2) == "future"
+    assert window_verdict(g, step=3, async_level=0) == "ok"
+
+
+def test_directory_source_drops_and_counts_stale_and_future(tmp_path: Path) -> None:
+    write_rollouts(tmp_path / "a.parquet", _groups([0, 4, 5, 9, 5, 3]))
+    src = DirectorySource(tmp_path, poll_interval_s=0.01, wait_timeout_s=0.2)
+    batch = src.next_batch(step=5, n_groups=2, async_level=1)
+    assert [g[0].policy_version for g in batch.groups] == [4, 5]
+    assert batch.counts.stale == 2 and batch.counts.accepted == 4
+    batch = src.next_batch(step=5, n_groups=1, async_level=1)
+    assert [g[0].policy_version for g in batch.groups] == [5]
+    assert batch.counts.future == 2  # version 9 from step 5's point of view
+    with pytest.raises(DataStarvedError):
+        src.next_batch(step=5, n_groups=1, async_level=1)  # only the stale v3 group is left
+
+
+def test_directory_source_position_round_trips(tmp_path: Path) -> None:
+    write_rollouts(tmp_path / "000.parquet", _groups([0, 0, 0], seed=1))
+    src = DirectorySource(tmp_path, wait_timeout_s=0.1)
+    first = src.next_batch(0, 1, 0)
+    state = src.state_dict()
+    rest = src.next_batch(0, 2, 0)
+    again = DirectorySource(tmp_path, wait_timeout_s=0.1)
+    again.load_state_dict(state)
+    assert again.next_batch(0, 2, 0).groups == rest.groups
+    assert first.groups[0] not in rest.groups
+
+
+def test_malformed_files_are_rejected_and_counted(tmp_path: Path) -> None:
+    (tmp_path / "000-garbage.parquet").write_bytes(b"not parquet at all")
+    bad = _groups([0])
+    broken = Sample(**{**bad[0].__dict__, "loss_mask": bad[0].loss_mask[:-1]})
+    write_rollouts(tmp_path / "001-short-mask.parquet", [broken])
+    t = pa.table({n: [] for n in ROLLOUT_SCHEMA.names}, schema=ROLLOUT_SCHEMA.with_metadata({b"prime.rollout.schema": b"9"}))
+    pq.write_table(t, tmp_path / "002-future-schema.parquet")
+    (tmp_path / "003-partial.parquet.tmp").write_bytes(b"half")
+    write_rollouts(tmp_path / "004-good.parquet", _groups([0]))
+    src = DirectorySource(tmp_path, wait_timeout_s=0.2)
+    batch = src.next_batch(0, 1, 0)
+    assert batch.counts.rejected_files == 3 and len(batch.groups) == 1
+    with pytest.raises(RolloutError):
+        read_rollouts(tmp_path / "001-short-mask.parquet")
+    with pytest.raises(UnknownVersionError):
+        read_rollouts(tmp_path / "002-future-schema.parquet")
+
+
+@pytest.mark.parametrize("field,value", [("reward", float("nan")), ("tokens", (1,)), ("policy_version", -1)])
+def test_sample_validation(field: str, value: object) -> None:
+    s = _groups([0])[0]
+    with pytest.raises(RolloutError):
+        Sample(**{**s.__dict__, field: value}).validate()
+    with pytest.raises(RolloutError):
+        Sample(**{**s.__dict__, "tokens": (1, 999) + s.tokens[2:]}).validate(vocab_size=64)
+
+
+def test_step_filters_zero_advantage_groups_and_trains_on_the_rest(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    flat = [Sample(**{**s.__dict__, "reward": 0.5}) for s in make_group(rng, "flat", 0, 4, 64)]
+    live = make_group(rng, "live", 0, 4, 64)
+    (tmp_path / "r").mkdir()
+    write_rollouts(tmp_path / "r" / "0.parquet", flat + live)
+    cfg = TrainerConfig.model_validate({
+        "max_steps": 1, "progress": False,
+        "batch": {"groups_per_step": 2, "seq_len": 32, "async_level": 0},
+        "data": {"type": "directory", "path": str(tmp_path / "r"), "wait_timeout_s": 1},
+        "checkpoint": {"dir": str(tmp_path / "ck")},
+    })
+    trainer = Trainer(cfg, tiny_llama(), DirectorySource(tmp_path / "r", wait_timeout_s=1), torch.device("cpu"))
+    m = trainer.train_step().metrics
+    assert m["filtered_groups"] == 1
+    assert m["samples"] == 4
+    assert m["loss_tokens"] == sum(s.n_loss_tokens for s in live)
+    assert m["grad_norm"] > 0
+    assert (tmp_path / "ck" / "step-1" / "model.safetensors").is_file()
