@@ -49,8 +49,9 @@ def last_boxed(text: str) -> str | None:
 
 def last_number(text: str) -> Fraction | None:
     """The last number written in `text` (integers, `1,234`, decimals, `a/b`), as an exact Fraction."""
-    # Scan a bounded tail: the final answer is at the end, and regex over 10 MB is wasted work.
-    matches = _NUMBER.findall(text[-4096:])
+    # Scan a bounded tail (trailing whitespace dropped): the final answer is at the end, and a
+    # regex over 10 MB is wasted work. Documented rule: the last number in the last 4096 characters.
+    matches = _NUMBER.findall(text.rstrip()[-4096:])
     for raw in reversed(matches):
         value = parse_number(raw)
         if value is not None:

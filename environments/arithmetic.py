@@ -60,7 +60,14 @@ class Arithmetic(Environment):
             # Parenthesize the left side when precedence would otherwise change its meaning.
             left = f"({expr})" if op in "*/" and any(c in expr[1:] for c in "+-") else expr
             expr = f"{left} {op} {shown}"
-            value = {"+": value + rhs, "-": value - rhs, "*": value * rhs, "/": value / rhs}[op]
+            if op == "+":
+                value += rhs
+            elif op == "-":
+                value -= rhs
+            elif op == "*":
+                value *= rhs
+            else:
+                value /= rhs
         expr = expr.replace("*", "×").replace("/", "÷")
         return self.task_from(f"What is {expr}?", str(int(value)))
 
