@@ -17,6 +17,7 @@ from typing import Any
 
 from eth_utils import keccak
 from web3 import Web3
+from web3.exceptions import Web3Exception
 
 from contracts.artifacts import load_artifact
 from contracts.events import ChainEvent, read_events
@@ -121,48 +122,66 @@ def _key32(value: bytes | str) -> bytes:
     return raw
 
 
-class TokenClient:
-    """The pool's ERC-20 (PoolToken on a dev chain; any ERC-20 in production)."""
+class ContractClient:
+    """Shared plumbing: a contract bound to an address, sending from one identity."""
 
-    def __init__(self, w3: Web3, address: str, identity: Identity, transactor: Transactor | None = None) -> None:
-        self.address = checksum(address)
-        self.tx = transactor or Transactor(w3, identity)
-        self.contract = w3.eth.contract(address=self.address, abi=load_artifact("PoolToken").abi)  # type: ignore[call-overload]
-
-    def balance_of(self, account: str) -> int:
-        return int(self.tx.call("balanceOf", self.contract.functions.balanceOf(checksum(account)).call))
-
-    def allowance(self, owner: str, spender: str) -> int:
-        fn = self.contract.functions.allowance(checksum(owner), checksum(spender))
-        return int(self.tx.call("allowance", fn.call))
-
-    def total_supply(self) -> int:
-        return int(self.tx.call("totalSupply", self.contract.functions.totalSupply().call))
-
-    def approve(self, spender: str, amount: int) -> Receipt:
-        return self._send("approve", self.contract.functions.approve(checksum(spender), amount))
-
-    def transfer(self, to: str, amount: int) -> Receipt:
-        return self._send("transfer", self.contract.functions.transfer(checksum(to), amount))
-
-    def mint(self, to: str, amount: int) -> Receipt:
-        """PoolToken only (owner mints on a dev chain)."""
-        return self._send("mint", self.contract.functions.mint(checksum(to), amount))
-
-    def _send(self, what: str, fn: Any) -> Receipt:
-        return self.tx.send(what, {"to": self.address, "data": fn._encode_transaction_data(), "value": 0})
-
-
-class PoolClient:
-    """One identity's view of one ComputePool: typed calls, transactions and event reading."""
+    artifact = ""
 
     def __init__(self, w3: Web3, address: str, identity: Identity, transactor: Transactor | None = None) -> None:
         self.w3 = w3
         self.address = checksum(address)
         self.identity = identity
         self.tx = transactor or Transactor(w3, identity)
-        self.abi = load_artifact("ComputePool").abi
+        self.abi = load_artifact(self.artifact).abi
         self.contract = w3.eth.contract(address=self.address, abi=self.abi)  # type: ignore[call-overload]
+
+    def _f(self, name: str, *args: Any) -> Any:
+        """The bound contract function `name(*args)`; arguments that do not fit its ABI raise ChainError."""
+        try:
+            return getattr(self.contract.functions, name)(*args)
+        except Web3Exception as exc:
+            raise ChainError(f"{name}: arguments do not fit the ABI: {exc}", reason="bad_argument") from exc
+
+    def _send(self, what: str, fn: Any, gas: int | None = None) -> Receipt:
+        return self.tx.send(what, {"to": self.address, "data": fn._encode_transaction_data(), "value": 0}, gas)
+
+    def _call(self, what: str, fn: Any) -> Any:
+        return self.tx.call(what, fn.call)
+
+
+class TokenClient(ContractClient):
+    """The pool's ERC-20 (PoolToken on a dev chain; any ERC-20 in production)."""
+
+    artifact = "PoolToken"
+
+    def balance_of(self, account: str) -> int:
+        return int(self._call("balanceOf", self._f("balanceOf", checksum(account))))
+
+    def allowance(self, owner: str, spender: str) -> int:
+        fn = self._f("allowance", checksum(owner), checksum(spender))
+        return int(self._call("allowance", fn))
+
+    def total_supply(self) -> int:
+        return int(self._call("totalSupply", self._f("totalSupply")))
+
+    def approve(self, spender: str, amount: int) -> Receipt:
+        return self._send("approve", self._f("approve", checksum(spender), amount))
+
+    def transfer(self, to: str, amount: int) -> Receipt:
+        return self._send("transfer", self._f("transfer", checksum(to), amount))
+
+    def mint(self, to: str, amount: int) -> Receipt:
+        """PoolToken only (owner mints on a dev chain)."""
+        return self._send("mint", self._f("mint", checksum(to), amount))
+
+
+class PoolClient(ContractClient):
+    """One identity's view of one ComputePool: typed calls, transactions and event reading."""
+
+    artifact = "ComputePool"
+
+    def __init__(self, w3: Web3, address: str, identity: Identity, transactor: Transactor | None = None) -> None:
+        super().__init__(w3, address, identity, transactor)
         self._token: TokenClient | None = None
 
     @property
@@ -171,12 +190,6 @@ class PoolClient:
         if self._token is None:
             self._token = TokenClient(self.w3, self.params().token, self.identity, self.tx)
         return self._token
-
-    def _send(self, what: str, fn: Any, gas: int | None = None) -> Receipt:
-        return self.tx.send(what, {"to": self.address, "data": fn._encode_transaction_data(), "value": 0}, gas)
-
-    def _call(self, what: str, fn: Any) -> Any:
-        return self.tx.call(what, fn.call)
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -192,7 +205,7 @@ class PoolClient:
 
     def register_signed(self, node: str, amount: int, deadline: int, signature: bytes) -> Receipt:
         """register(node, amount, deadline, signature): the raw contract call (token allowance must exist)."""
-        fn = self.contract.functions.register(checksum(node), amount, deadline, signature)
+        fn = self._f("register", checksum(node), amount, deadline, signature)
         return self._send("register", fn)
 
     def register(self, node: Identity, amount: int, *, deadline: int | None = None, approve: bool = True) -> Receipt:
@@ -207,124 +220,130 @@ class PoolClient:
     def add_stake(self, node: str, amount: int, *, approve: bool = True) -> Receipt:
         if approve and self.token.allowance(self.identity.address, self.address) < amount:
             self.token.approve(self.address, amount)
-        return self._send("addStake", self.contract.functions.addStake(checksum(node), amount))
+        return self._send("addStake", self._f("addStake", checksum(node), amount))
 
     def leave_pool(self, node: str) -> Receipt:
-        return self._send("leavePool", self.contract.functions.leavePool(checksum(node)))
+        return self._send("leavePool", self._f("leavePool", checksum(node)))
 
     def withdraw(self, node: str) -> Receipt:
-        return self._send("withdraw", self.contract.functions.withdraw(checksum(node)))
+        return self._send("withdraw", self._f("withdraw", checksum(node)))
 
     # -- work -----------------------------------------------------------------------------
 
     def record_work(self, node: str, work_key: bytes | str, units: int) -> Receipt:
-        fn = self.contract.functions.recordWork(checksum(node), _key32(work_key), units)
+        fn = self._f("recordWork", checksum(node), _key32(work_key), units)
         return self._send("recordWork", fn)
 
+    def record_work_batch(self, items: list[tuple[str, bytes | str, int]]) -> Receipt:
+        """recordWorkBatch: [(node, work_key, units), ...] in one transaction, all or nothing."""
+        nodes = [checksum(node) for node, _, _ in items]
+        keys = [_key32(key) for _, key, _ in items]
+        units = [u for _, _, u in items]
+        return self._send("recordWorkBatch", self._f("recordWorkBatch", nodes, keys, units))
+
     def invalidate_hard(self, work_key: bytes | str, reason_code: int, evidence_hash: bytes | str) -> Receipt:
-        fn = self.contract.functions.invalidateHard(_key32(work_key), reason_code, _key32(evidence_hash))
+        fn = self._f("invalidateHard", _key32(work_key), reason_code, _key32(evidence_hash))
         return self._send("invalidateHard", fn)
 
     def invalidate_soft(self, work_key: bytes | str, reason_code: int) -> Receipt:
-        return self._send("invalidateSoft", self.contract.functions.invalidateSoft(_key32(work_key), reason_code))
+        return self._send("invalidateSoft", self._f("invalidateSoft", _key32(work_key), reason_code))
 
     def claim_rewards(self, node: str, work_keys: list[bytes | str]) -> Receipt:
         keys = [_key32(k) for k in work_keys]
-        return self._send("claimRewards", self.contract.functions.claimRewards(checksum(node), keys))
+        return self._send("claimRewards", self._f("claimRewards", checksum(node), keys))
 
     # -- trainer and budget ---------------------------------------------------------------
 
     def publish_policy(self, version: int, manifest_hash: bytes | str) -> Receipt:
-        return self._send("publishPolicy", self.contract.functions.publishPolicy(version, _key32(manifest_hash)))
+        return self._send("publishPolicy", self._f("publishPolicy", version, _key32(manifest_hash)))
 
     def fund_rewards(self, amount: int, *, approve: bool = True) -> Receipt:
         if approve and self.token.allowance(self.identity.address, self.address) < amount:
             self.token.approve(self.address, amount)
-        return self._send("fundRewards", self.contract.functions.fundRewards(amount))
+        return self._send("fundRewards", self._f("fundRewards", amount))
 
     def defund_rewards(self, to: str, amount: int) -> Receipt:
-        return self._send("defundRewards", self.contract.functions.defundRewards(checksum(to), amount))
+        return self._send("defundRewards", self._f("defundRewards", checksum(to), amount))
 
     # -- admin ----------------------------------------------------------------------------
 
     def grant_role(self, role: str, account: str) -> Receipt:
-        return self._send("grantRole", self.contract.functions.grantRole(ROLES[role], checksum(account)))
+        return self._send("grantRole", self._f("grantRole", ROLES[role], checksum(account)))
 
     def revoke_role(self, role: str, account: str) -> Receipt:
-        return self._send("revokeRole", self.contract.functions.revokeRole(ROLES[role], checksum(account)))
+        return self._send("revokeRole", self._f("revokeRole", ROLES[role], checksum(account)))
 
     def renounce_role(self, role: str) -> Receipt:
-        fn = self.contract.functions.renounceRole(ROLES[role], self.identity.address)
+        fn = self._f("renounceRole", ROLES[role], self.identity.address)
         return self._send("renounceRole", fn)
 
     def set_treasury(self, treasury: str) -> Receipt:
-        return self._send("setTreasury", self.contract.functions.setTreasury(checksum(treasury)))
+        return self._send("setTreasury", self._f("setTreasury", checksum(treasury)))
 
     def set_min_stake(self, amount: int) -> Receipt:
-        return self._send("setMinStake", self.contract.functions.setMinStake(amount))
+        return self._send("setMinStake", self._f("setMinStake", amount))
 
     def set_reward_per_unit(self, amount: int) -> Receipt:
-        return self._send("setRewardPerUnit", self.contract.functions.setRewardPerUnit(amount))
+        return self._send("setRewardPerUnit", self._f("setRewardPerUnit", amount))
 
     def set_slash_penalty(self, amount: int) -> Receipt:
-        return self._send("setSlashPenalty", self.contract.functions.setSlashPenalty(amount))
+        return self._send("setSlashPenalty", self._f("setSlashPenalty", amount))
 
     def pause(self) -> Receipt:
-        return self._send("pause", self.contract.functions.pause())
+        return self._send("pause", self._f("pause"))
 
     def unpause(self) -> Receipt:
-        return self._send("unpause", self.contract.functions.unpause())
+        return self._send("unpause", self._f("unpause"))
 
     # -- views ----------------------------------------------------------------------------
 
     def get_node(self, node: str) -> NodeInfo:
-        r = self._call("getNode", self.contract.functions.getNode(checksum(node)))
+        r = self._call("getNode", self._f("getNode", checksum(node)))
         return NodeInfo(checksum(node), checksum(r[0]), NodeStatus(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
 
     def get_work(self, work_key: bytes | str) -> WorkInfo:
         key = _key32(work_key)
-        r = self._call("getWork", self.contract.functions.getWork(key))
+        r = self._call("getWork", self._f("getWork", key))
         return WorkInfo(key, checksum(r[0]), WorkStatus(r[1]), int(r[2]), int(r[3]), int(r[4]))
 
     def is_active(self, node: str) -> bool:
-        return bool(self._call("isActive", self.contract.functions.isActive(checksum(node))))
+        return bool(self._call("isActive", self._f("isActive", checksum(node))))
 
     def has_role(self, role: str, account: str) -> bool:
-        return bool(self._call("hasRole", self.contract.functions.hasRole(ROLES[role], checksum(account))))
+        return bool(self._call("hasRole", self._f("hasRole", ROLES[role], checksum(account))))
 
     def paused(self) -> bool:
-        return bool(self._call("paused", self.contract.functions.paused()))
+        return bool(self._call("paused", self._f("paused")))
 
     def params(self) -> PoolParams:
-        f = self.contract.functions
         return PoolParams(
-            token=checksum(self._call("token", f.token())),
-            treasury=checksum(self._call("treasury", f.treasury())),
-            min_stake=int(self._call("minStake", f.minStake())),
-            unbonding_period=int(self._call("unbondingPeriod", f.unbondingPeriod())),
-            invalidation_window=int(self._call("invalidationWindow", f.invalidationWindow())),
-            reward_lock_period=int(self._call("rewardLockPeriod", f.rewardLockPeriod())),
-            reward_per_unit=int(self._call("rewardPerUnit", f.rewardPerUnit())),
-            slash_penalty=int(self._call("slashPenalty", f.slashPenalty())),
+            token=checksum(self._call("token", self._f("token"))),
+            treasury=checksum(self._call("treasury", self._f("treasury"))),
+            min_stake=int(self._call("minStake", self._f("minStake"))),
+            unbonding_period=int(self._call("unbondingPeriod", self._f("unbondingPeriod"))),
+            invalidation_window=int(self._call("invalidationWindow", self._f("invalidationWindow"))),
+            reward_lock_period=int(self._call("rewardLockPeriod", self._f("rewardLockPeriod"))),
+            reward_per_unit=int(self._call("rewardPerUnit", self._f("rewardPerUnit"))),
+            slash_penalty=int(self._call("slashPenalty", self._f("slashPenalty"))),
         )
 
     def reward_budget(self) -> int:
-        return int(self._call("rewardBudget", self.contract.functions.rewardBudget()))
+        return int(self._call("rewardBudget", self._f("rewardBudget")))
 
     def rewards_reserved(self) -> int:
-        return int(self._call("rewardsReserved", self.contract.functions.rewardsReserved()))
+        return int(self._call("rewardsReserved", self._f("rewardsReserved")))
 
     def total_stake(self) -> int:
-        return int(self._call("totalStake", self.contract.functions.totalStake()))
+        return int(self._call("totalStake", self._f("totalStake")))
 
     def policy(self) -> tuple[int, bytes]:
         """(latest published policy version, its manifest hash)."""
-        version = int(self._call("policyVersion", self.contract.functions.policyVersion()))
-        manifest = bytes(self._call("policyManifestHash", self.contract.functions.policyManifestHash()))
+        version = int(self._call("policyVersion", self._f("policyVersion")))
+        manifest = bytes(self._call("policyManifestHash", self._f("policyManifestHash")))
         return version, manifest
 
     def domain_separator(self) -> bytes:
-        return bytes(self._call("domainSeparator", self.contract.functions.domainSeparator()))
+        return bytes(self._call("domainSeparator", self._f("domainSeparator")))
 
     # -- events ---------------------------------------------------------------------------
 

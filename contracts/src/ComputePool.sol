@@ -47,11 +47,12 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         uint256 acceptedUnits; // currently accepted (not invalidated) work units
     }
 
+    // Packed: node, status, recordedAt and units share one slot, so recording work writes two slots.
     struct Work {
         address node;
         WorkStatus status;
-        uint64 recordedAt;
-        uint64 units;
+        uint40 recordedAt;
+        uint48 units;
         uint256 reward;
     }
 
@@ -84,7 +85,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     event LeaveStarted(address indexed node, address indexed operator, uint64 unbondingEnd);
     event StakeWithdrawn(address indexed node, address indexed operator, uint256 amount);
     event WorkRecorded(
-        address indexed node, bytes32 indexed workKey, address indexed validator, uint64 units, uint256 reward
+        address indexed node, bytes32 indexed workKey, address indexed validator, uint48 units, uint256 reward
     );
     event WorkInvalidated(
         address indexed node,
@@ -230,29 +231,28 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     // ------------------------------------------------------------------ work
 
     /// @notice Record accepted work of `node` under `workKey` (the submission hash). Reserves its reward.
-    function recordWork(address node, bytes32 workKey, uint64 units)
+    function recordWork(address node, bytes32 workKey, uint48 units)
         external
         onlyRole(VALIDATOR_ROLE)
         whenNotPaused
         nonReentrant
     {
-        Node storage n = _nodes[node];
-        if (n.status != NodeStatus.Active) revert NodeNotActive(node);
-        if (units == 0) revert ZeroUnits();
-        if (_work[workKey].status != WorkStatus.None) revert DuplicateWorkKey(workKey);
-        uint256 reward = uint256(units) * rewardPerUnit;
-        if (reward > rewardBudget) revert InsufficientRewardBudget(reward, rewardBudget);
-        rewardBudget -= reward;
-        rewardsReserved += reward;
-        n.acceptedUnits += units;
-        _work[workKey] = Work({
-            node: node,
-            status: WorkStatus.Accepted,
-            recordedAt: uint64(block.timestamp),
-            units: units,
-            reward: reward
-        });
-        emit WorkRecorded(node, workKey, msg.sender, units, reward);
+        _recordWork(node, workKey, units);
+    }
+
+    /// @notice recordWork for many submissions in one transaction (all or nothing).
+    function recordWorkBatch(address[] calldata nodes, bytes32[] calldata workKeys, uint48[] calldata units)
+        external
+        onlyRole(VALIDATOR_ROLE)
+        whenNotPaused
+        nonReentrant
+    {
+        if (nodes.length != workKeys.length || nodes.length != units.length || nodes.length == 0) {
+            revert BadParameters();
+        }
+        for (uint256 i = 0; i < nodes.length; ++i) {
+            _recordWork(nodes[i], workKeys[i], units[i]);
+        }
     }
 
     /// @notice Hard invalidation: remove the work, slash `slashPenalty` (at most the remaining stake) to the
@@ -307,7 +307,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
             if (w.status == WorkStatus.None) revert UnknownWorkKey(key);
             if (w.node != node) revert WorkOfOtherNode(key, w.node);
             if (w.status != WorkStatus.Accepted) revert WorkNotAccepted(key, w.status);
-            uint64 unlockAt = w.recordedAt + rewardLockPeriod;
+            uint64 unlockAt = uint64(w.recordedAt) + rewardLockPeriod;
             if (block.timestamp < unlockAt) revert RewardLocked(key, unlockAt);
             w.status = WorkStatus.Claimed;
             total += w.reward;
@@ -413,11 +413,32 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         if (n.operator != msg.sender) revert NotOperator(node, msg.sender);
     }
 
+    function _recordWork(address node, bytes32 workKey, uint48 units) private {
+        Node storage n = _nodes[node];
+        if (n.status != NodeStatus.Active) revert NodeNotActive(node);
+        if (units == 0) revert ZeroUnits();
+        if (_work[workKey].status != WorkStatus.None) revert DuplicateWorkKey(workKey);
+        uint256 reward = uint256(units) * rewardPerUnit;
+        uint256 budget = rewardBudget;
+        if (reward > budget) revert InsufficientRewardBudget(reward, budget);
+        rewardBudget = budget - reward;
+        rewardsReserved += reward;
+        n.acceptedUnits += units;
+        _work[workKey] = Work({
+            node: node,
+            status: WorkStatus.Accepted,
+            recordedAt: uint40(block.timestamp),
+            units: units,
+            reward: reward
+        });
+        emit WorkRecorded(node, workKey, msg.sender, units, reward);
+    }
+
     function _removableWork(bytes32 workKey) private view returns (Work storage w) {
         w = _work[workKey];
         if (w.status == WorkStatus.None) revert UnknownWorkKey(workKey);
         if (w.status != WorkStatus.Accepted) revert WorkNotAccepted(workKey, w.status);
-        uint64 closedAt = w.recordedAt + invalidationWindow;
+        uint64 closedAt = uint64(w.recordedAt) + invalidationWindow;
         if (block.timestamp > closedAt) revert InvalidationWindowClosed(workKey, closedAt);
     }
 

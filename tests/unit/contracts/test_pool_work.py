@@ -53,7 +53,7 @@ def test_record_work_reverts(pools: Pools) -> None:
     with pytest.raises(ChainError) as exc:
         pools.validator.record_work(node.address, work_key(), 1)
     assert exc.value.reason == "NodeNotActive"
-    with pytest.raises(ChainError):
+    with pytest.raises(ChainError, match="32 bytes"):
         pools.validator.record_work(node.address, b"short", 1)
 
 
@@ -249,3 +249,27 @@ def test_rewards_of_a_withdrawn_node_stay_claimable(pools: Pools) -> None:
     pools.operator.withdraw(node.address)
     pools.operator.claim_rewards(node.address, [key])
     assert pools.admin.get_work(key).status is WorkStatus.CLAIMED
+
+
+def test_record_work_batch(pools: Pools) -> None:
+    a, b = pools.new_node(), pools.new_node(pools.operator2)
+    keys = [work_key() for _ in range(3)]
+    receipt = pools.validator.record_work_batch([(a.address, keys[0], 1), (b.address, keys[1], 2),
+                                                 (a.address, keys[2], 3)])
+    assert [pools.admin.get_work(k).units for k in keys] == [1, 2, 3]
+    assert len(pools.admin.events(receipt.block_number, names={"WorkRecorded"})) == 3
+    assert pools.admin.get_node(a.address).accepted_units == 4
+    fresh = work_key()
+    with pytest.raises(ChainError) as exc:  # one duplicate spoils the batch: nothing is recorded
+        pools.validator.record_work_batch([(a.address, fresh, 1), (b.address, keys[0], 1)])
+    assert exc.value.reason == "DuplicateWorkKey"
+    assert pools.admin.get_work(fresh).status is WorkStatus.NONE
+    with pytest.raises(ChainError) as exc:
+        pools.validator.record_work_batch([])
+    assert exc.value.reason == "BadParameters"
+    with pytest.raises(ChainError) as exc:
+        pools.stranger.record_work_batch([(a.address, work_key(), 1)])
+    assert exc.value.reason == "AccessControlUnauthorizedAccount"
+    with pytest.raises(ChainError) as exc:  # units beyond uint48 do not even encode
+        pools.validator.record_work(a.address, work_key(), 1 << 48)
+    assert exc.value.reason == "bad_argument"
