@@ -1,0 +1,126 @@
+"""Gas per ComputePool call on a real local anvil, against an ERC-20 transfer as the anchor.
+
+    python bench/gas.py [--json PATH] [--quick]
+
+Every state-changing function is called through the Python client (locally signed transactions) and
+its receipt's gasUsed recorded; `ratio` is gas / gas of a plain ERC-20 transfer to a fresh address in
+the same run. `ms` is client wall time per transaction (sign, estimate, send, receipt) and depends on
+the machine's load. Gas is deterministic for a given compiler build and call sequence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from eth_utils import keccak  # noqa: E402
+
+from contracts.deployment import PoolSettings, deploy_pool  # noqa: E402
+from contracts.devchain import DevChain  # noqa: E402
+from contracts.pool import PoolClient, TokenClient  # noqa: E402
+from contracts.transactor import Receipt, Transactor, connect  # noqa: E402
+from protocol.identity import Identity  # noqa: E402
+
+TOKEN = 10**18
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write results here")
+    parser.add_argument("--quick", action="store_true", help="smaller batches (the run takes seconds either way)")
+    args = parser.parse_args()
+    batch = 5 if args.quick else 20
+    rows: list[dict[str, Any]] = []
+
+    def measure(name: str, fn: Any, items: int = 1) -> Receipt:
+        start = time.perf_counter()
+        receipt: Receipt = fn()
+        ms = (time.perf_counter() - start) * 1000
+        rows.append({"call": name, "gas": receipt.gas_used, "items": items,
+                     "gas_per_item": receipt.gas_used // items, "ms": round(ms, 2)})
+        return receipt
+
+    key_counter = iter(range(1 << 30))
+
+    def key() -> bytes:
+        return keccak(text=f"bench-{next(key_counter)}")
+
+    with DevChain.start() as chain:
+        url = chain.rpc_url
+        admin_id, validator_id, trainer_id, op_id = (chain.account(i) for i in (0, 1, 2, 3))
+        admin_tx = Transactor(connect(url), admin_id)
+        settings = PoolSettings(min_stake=10 * TOKEN, unbonding_period=300, invalidation_window=100,
+                                reward_lock_period=200, reward_per_unit=10**15, slash_penalty=4 * TOKEN)
+        deployment = deploy_pool(admin_tx, treasury=chain.account(9).address, settings=settings,
+                                 mint={op_id.address: 10_000 * TOKEN, admin_id.address: 10_000 * TOKEN})
+        admin = PoolClient(connect(url), deployment.pool, admin_id, admin_tx)
+        validator = PoolClient(connect(url), deployment.pool, validator_id)
+        trainer = PoolClient(connect(url), deployment.pool, trainer_id)
+        op = PoolClient(connect(url), deployment.pool, op_id)
+        token = TokenClient(connect(url), deployment.token, op_id)
+
+        anchor = measure("ERC20.transfer (anchor)", lambda: token.transfer(Identity.create().address, TOKEN))
+        measure("grantRole(VALIDATOR)", lambda: admin.grant_role("validator", validator_id.address))
+        measure("grantRole(TRAINER)", lambda: admin.grant_role("trainer", trainer_id.address))
+        measure("fundRewards", lambda: admin.fund_rewards(5000 * TOKEN))
+        measure("ERC20.approve", lambda: op.token.approve(op.address, 10**30))
+        nodes = [Identity.create() for _ in range(3)]
+        measure("register", lambda: op.register(nodes[0], settings.min_stake))
+        op.register(nodes[1], settings.min_stake)
+        op.register(nodes[2], settings.min_stake)
+        measure("addStake", lambda: op.add_stake(nodes[0].address, TOKEN))
+        first = key()
+        measure("recordWork (node's first)", lambda: validator.record_work(nodes[0].address, first, 8))
+        keys = [key() for _ in range(4)]
+        measure("recordWork", lambda: validator.record_work(nodes[0].address, keys[0], 8))
+        for k in keys[1:]:
+            validator.record_work(nodes[0].address, k, 8)
+        items = [(nodes[0].address, key(), 8) for _ in range(batch)]
+        measure(f"recordWorkBatch ({batch})", lambda: validator.record_work_batch(items), items=batch)
+        measure("invalidateSoft", lambda: validator.invalidate_soft(keys[3], 2))
+        measure("publishPolicy (first)", lambda: trainer.publish_policy(1, keccak(text="m1")))
+        measure("publishPolicy", lambda: trainer.publish_policy(2, keccak(text="m2")))
+        bad = key()
+        validator.record_work(nodes[1].address, bad, 8)
+        measure("invalidateHard (slash+eject)", lambda: validator.invalidate_hard(bad, 7, keccak(text="evidence")))
+        chain.advance_time(settings.reward_lock_period + 1)
+        measure("claimRewards (1 key)", lambda: op.claim_rewards(nodes[0].address, [first]))
+        claim_keys = keys[:3] + [k for _, k, _ in items]
+        measure(f"claimRewards ({len(claim_keys)} keys)", lambda: op.claim_rewards(nodes[0].address, claim_keys),
+                items=len(claim_keys))
+        measure("leavePool", lambda: op.leave_pool(nodes[2].address))
+        chain.advance_time(settings.unbonding_period + 1)
+        measure("withdraw", lambda: op.withdraw(nodes[2].address))
+        measure("setRewardPerUnit", lambda: admin.set_reward_per_unit(2 * 10**15))
+        measure("setSlashPenalty", lambda: admin.set_slash_penalty(5 * TOKEN))
+        measure("setMinStake", lambda: admin.set_min_stake(20 * TOKEN))
+        measure("setTreasury", lambda: admin.set_treasury(Identity.create().address))
+        measure("defundRewards", lambda: admin.defund_rewards(admin_id.address, TOKEN))
+        measure("pause", admin.pause)
+        measure("unpause", admin.unpause)
+
+    for row in rows:
+        row["ratio"] = round(row["gas_per_item"] / anchor.gas_used, 2)
+    print(f"{'call':34} {'gas':>9} {'items':>5} {'gas/item':>9} {'x transfer':>10} {'ms':>8}")
+    for r in rows:
+        print(f"{r['call']:34} {r['gas']:>9} {r['items']:>5} {r['gas_per_item']:>9} {r['ratio']:>10} {r['ms']:>8}")
+    result = {
+        "bench": "gas", "anchor": "ERC20.transfer to a fresh address", "anchor_gas": anchor.gas_used,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "chain": "anvil 1.7.1 (cancun)", "batch": batch, "rows": rows,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
