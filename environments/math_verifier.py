@@ -36,10 +36,10 @@ def equivalent(gold: str, completion_tail: str, *, timeouts: bool = True) -> boo
 
     pt = PARSE_TIMEOUT_S if timeouts else None
     vt = VERIFY_TIMEOUT_S if timeouts else None
-    gold_parsed = parse("\\boxed{" + gold[:MAX_GOLD_CHARS] + "}", parsing_timeout=pt)  # type: ignore[arg-type]
+    gold_parsed = parse("\\boxed{" + gold[:MAX_GOLD_CHARS] + "}", parsing_timeout=pt)
     if not gold_parsed:
         return False
-    pred_parsed = parse(completion_tail[-MAX_PRED_CHARS:], parsing_timeout=pt)  # type: ignore[arg-type]
+    pred_parsed = parse(completion_tail[-MAX_PRED_CHARS:], parsing_timeout=pt)
     if not pred_parsed:
         return False
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=vt))

@@ -16,18 +16,21 @@ forge a pass. Steps, in order (each recorded in the first output line, `{"isolat
 5. stdin/stdout/stderr pointed at /dev/null, so prints cost nothing and cannot corrupt results.
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
 import resource
 import sys
+from typing import Any
 
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x20000, 0x40000000, 0x8000000, 0x4000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 NOBODY = 65534
 
 
-def _namespaces(libc, hidden, tmpfs_bytes, status):
+def _namespaces(libc: Any, hidden: list[str], tmpfs_bytes: int, status: dict[str, Any]) -> None:
     if libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0:
         return
     status["netns"] = True
@@ -55,7 +58,7 @@ def _namespaces(libc, hidden, tmpfs_bytes, status):
         libc.umount2(staging, 2)  # MNT_DETACH: the bind at `prefix` stays
 
 
-def _audit(workdir):
+def _audit(workdir: str) -> None:
     import posixpath
 
     blocked = ("os.system", "os.exec", "os.posix_spawn", "os.fork", "os.forkpty", "os.spawn",
@@ -68,14 +71,14 @@ def _audit(workdir):
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     abspath, normpath = posixpath.abspath, posixpath.normpath
 
-    def inside(path):
+    def inside(path: Any) -> bool:
         if isinstance(path, int):
             return True
         if isinstance(path, bytes):
             path = path.decode(errors="replace")
         return (normpath(abspath(str(path))) + "/").startswith(root)
 
-    def hook(event, args):
+    def hook(event: str, args: tuple[Any, ...]) -> None:
         if event.startswith(blocked):
             raise PermissionError(f"sandbox: {event} is not allowed")
         if event == "open":
@@ -92,7 +95,7 @@ def _audit(workdir):
     sys.addaudithook(hook)
 
 
-def _json_safe(value, depth=0):
+def _json_safe(value: Any, depth: int = 0) -> Any:
     # Tuples become lists, like a JSON round trip; anything else non-JSON is reported by type.
     if depth > 100:
         raise ValueError("nesting too deep")
@@ -105,20 +108,21 @@ def _json_safe(value, depth=0):
     raise TypeError(type(value).__name__)
 
 
-def main():
+def main() -> None:
     request = json.loads(sys.stdin.buffer.read())
     out = os.fdopen(os.dup(1), "w", buffering=1)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     limits = request["limits"]
-    status = {"netns": False, "hidden": [], "uid": os.geteuid(), "rlimits": False, "audit": False}
-    if os.geteuid() == 0:
+    status: dict[str, Any] = {"netns": False, "hidden": [], "uid": os.geteuid(), "rlimits": False, "audit": False}
+    privileged = os.geteuid() == 0 and request["isolate"]
+    if privileged:
         libc = ctypes.CDLL(None, use_errno=True)
         _namespaces(libc, request["hidden"], limits["tmpfs_bytes"], status)
     workdir = "/tmp/sandbox-work" if "/tmp" in status["hidden"] else request["fallback_workdir"]
     os.makedirs(workdir, exist_ok=True)
-    if os.geteuid() == 0:
+    if privileged:
         os.chown(workdir, NOBODY, NOBODY)
         os.setgroups([])
         os.setgid(NOBODY)

@@ -136,3 +136,24 @@ def test_extract_code_rules() -> None:
 ])
 def test_same_value(expected: object, got: object, same: bool) -> None:
     assert same_value(expected, got) is same
+
+
+BARE = SandboxLimits(wall_s=3.0, cpu_s=1, memory_bytes=256 * 2**20, isolate=False)
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("import os\ndef f():\n    return os.fork()", {"error": "PermissionError"}),
+    ("import subprocess\ndef f():\n    return subprocess.run(['true']).returncode", {"error": "PermissionError"}),
+    ("import socket\ndef f():\n    return socket.socket()", {"error": "PermissionError"}),
+    (f"def f():\n    return open({str(MARKER)!r}, 'w').write('x')", {"error": "PermissionError"}),
+    ("import os\ndef f():\n    return os.remove('/etc/hostname')", {"error": "PermissionError"}),
+    ("def f():\n    return len(bytearray(2**30))", {"error": "MemoryError"}),
+    ("def f():\n    open('big', 'w').write('x' * (2 * 2**20))", {"error": "OSError"}),
+    ("def f():\n    open('ok', 'w').write('x')\n    return open('ok').read()", {"value": "x"}),
+])
+def test_fallback_layers_alone(code: str, expected: dict[str, object]) -> None:
+    """Without namespaces or the uid drop (a non-root grader), rlimits and the audit hook still hold."""
+    result = run_sandboxed(code, "f", [[]], BARE)
+    assert result.isolation["netns"] is False and result.isolation["audit"] is True
+    assert result.values[0] == expected
+    assert not MARKER.exists()
