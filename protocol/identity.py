@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,15 @@ from eth_account.signers.local import LocalAccount
 from eth_utils.address import to_checksum_address
 
 from protocol.errors import KeystoreError, SignatureError
+
+# py_ecc, imported by eth-account, raises the interpreter's recursion limit to 100000 at import.
+# With that limit, deeply nested hostile JSON (200 KB of "[") makes the stdlib parser (json.loads,
+# aiohttp's request.json()) overflow the C stack and segfault instead of raising RecursionError:
+# a remote crash of any role that parses JSON. Nothing eth-account does for us recurses deeply,
+# so put back a limit that still leaves headroom but is safe for the C stack (tested).
+SAFE_RECURSION_LIMIT = 10_000
+if sys.getrecursionlimit() > SAFE_RECURSION_LIMIT:
+    sys.setrecursionlimit(SAFE_RECURSION_LIMIT)
 
 SIGNATURE_BYTES = 65
 # secp256k1 group order; signatures with s above half of it are the malleable twin of a low-s one.
