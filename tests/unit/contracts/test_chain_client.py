@@ -184,3 +184,37 @@ def test_bad_pool_parameters_are_refused_by_the_constructor(pools: Pools) -> Non
     with pytest.raises(ChainError) as exc:
         tx.deploy("pool", art.abi, art.bytecode, "0x" + "00" * 20, admin, admin, 1, 300, 100, 200, 1, 1)
     assert exc.value.reason == "ZeroAddress"
+
+
+def test_devnet_command_runs_until_terminated(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "deployment.json"
+    proc = subprocess.Popen([sys.executable, "-m", "contracts.deploy", "--devnet", "--port", "0", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=Path(__file__).resolve().parents[3])
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        assert proc.stdout is not None
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("dev chain at "):
+                url = line.split()[3].rstrip(";")
+            elif not line and proc.poll() is not None:
+                break
+        assert url is not None, "devnet did not come up"
+        d = Deployment.load(out)
+        w3 = connect(url)
+        assert len(w3.eth.get_code(d.pool)) > 0 and w3.eth.chain_id == d.chain_id
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        with pytest.raises(requests.ConnectionError):
+            requests.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
