@@ -128,7 +128,9 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or os.path.exists(name)
 
 
-def _load_hf(name_or_path: str, revision: str | None, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_hf(
+    name_or_path: str, revision: str | None, dtype: torch.dtype
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if _looks_local(name_or_path):
         path = Path(name_or_path).expanduser()
         if not path.exists():
@@ -145,7 +147,9 @@ def _load_hf(name_or_path: str, revision: str | None, dtype: torch.dtype) -> tup
     return model, tokenizer
 
 
-def load(spec: ModelSpecType, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> LoadedModel:
+def load(
+    spec: ModelSpecType, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+) -> LoadedModel:
     """Load the model a spec names, in ``dtype`` ("float32" or "bfloat16") on ``device``."""
     torch_dtype = resolve_dtype(dtype)
     if isinstance(spec, TinyModelSpec):
@@ -173,7 +177,11 @@ def load(spec: ModelSpecType, *, dtype: str | torch.dtype = "float32", device: s
     loaded = LoadedModel(model, tokenizer, spec, _eos_ids(model, tokenizer), max_context)
     logger.info(
         "loaded %s: %.1fM params, %s on %s, max context %d, eos %s",
-        spec.type, sum(p.numel() for p in model.parameters()) / 1e6, torch_dtype, device,
-        max_context, loaded.eos_token_ids,
+        spec.type,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        torch_dtype,
+        device,
+        max_context,
+        loaded.eos_token_ids,
     )
     return loaded

@@ -28,7 +28,9 @@ CHAT_TEMPLATE = (
 
 def _byte_alphabet() -> list[str]:
     """GPT-2's printable stand-in character for each byte 0..255, in byte order."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    )
     chars = {b: chr(b) for b in printable}
     n = 0
     for b in range(256):

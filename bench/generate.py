@@ -1,0 +1,226 @@
+"""Generation throughput: the models/ engine against Hugging Face `generate`, same model and prompts.
+
+For each model (tiny, SmolLM2-135M-Instruct) and batch size (1, 16, 64) both generators get the
+same prompts, the same thread count and temperature-1 sampling with no top-k/top-p (HF with its own
+sampler, the engine with the seeded Gumbel-max sampler), so sequences stop at different lengths.
+Tokens/s counts generated tokens up to and including each sequence's EOS. The same run measures
+this machine's dense fp32 matmul FLOP/s (torch.mm, 2048x2048) and the engine's achieved FLOP/s
+(2 * params * tokens + attention) as a fraction of it.
+
+    python bench/generate.py --threads 2 --json out.json           # full run (several minutes)
+    python bench/generate.py --quick                                # ~1-2 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+QUESTIONS = [
+    "What is 2 + 2? Answer with a number only.",
+    "Write a short poem about the sea.",
+    "Name the capital of France in one word.",
+    "Explain what a hash function is.",
+    "List three colours.",
+    "Tell me a story about a robot who learns to paint.",
+    "Is the sun a star? Answer yes or no.",
+    "Describe how to make a cup of tea, step by step.",
+    "What is the opposite of hot?",
+    "Why is the sky blue?",
+    "Translate 'good morning' into Spanish.",
+    "Give me some advice for learning to program.",
+]
+
+
+def prompts_for(loaded: Any, n: int, tiny: bool) -> list[list[int]]:
+    import torch
+
+    if tiny:
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        for i in range(n):
+            length = 8 + (i * 7) % 40
+            out.append([1] + torch.randint(3, 259, (length,), generator=gen).tolist())
+        return out
+    tok = loaded.tokenizer
+    out = []
+    for i in range(n):
+        msgs = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        enc = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+        out.append(list(ids))
+    return out
+
+
+def count_until_eos(row: list[int], eos: set[int]) -> int:
+    for i, t in enumerate(row):
+        if t in eos:
+            return i + 1
+    return len(row)
+
+
+def run_hf(loaded: Any, prompts: list[list[int]], max_new: int, seed: int) -> tuple[float, int]:
+    import torch
+    from transformers import GenerationConfig
+
+    width = max(len(p) for p in prompts)
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    cfg = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new,
+        eos_token_id=list(loaded.eos_token_ids),
+        pad_token_id=pad,
+    )
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = loaded.model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
+    dt = time.perf_counter() - t0
+    eos = set(loaded.eos_token_ids)
+    n = sum(count_until_eos(row, eos) for row in out[:, width:].tolist())
+    return dt, n
+
+
+def run_engine(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -> tuple[float, int, int]:
+    from models.sampling import SamplingParams
+
+    seeds = [seed * 1000 + i for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    gens = engine.generate(prompts, SamplingParams(temperature=1.0), seeds, max_new)
+    dt = time.perf_counter() - t0
+    ctx = sum(len(g.prompt_tokens) * len(g.tokens) + len(g.tokens) ** 2 // 2 for g in gens)
+    return dt, sum(len(g.tokens) for g in gens), ctx
+
+
+def matmul_flops(threads: int, seconds: float = 2.0) -> float:
+    import torch
+
+    a = torch.randn(2048, 2048)
+    b = torch.randn(2048, 2048)
+    torch.mm(a, b)
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, b)
+        n += 1
+    return 2 * 2048**3 * n / (time.perf_counter() - t0)
+
+
+def engine_flops(loaded: Any, prompts: list[list[int]], generated: int, ctx_sum: int) -> float:
+    cfg = loaded.model.config
+    embed = loaded.model.get_input_embeddings().weight.numel()
+    params = sum(p.numel() for p in loaded.model.parameters())
+    tied = (
+        loaded.model.get_output_embeddings().weight.data_ptr()
+        == loaded.model.get_input_embeddings().weight.data_ptr()
+    )
+    head = loaded.model.get_output_embeddings().weight.numel()
+    body = params - embed - (0 if tied else head)  # matmul weights of the layers
+    prompt_tokens = sum(len(p) for p in prompts)
+    attn_per_ctx = 4 * cfg.num_hidden_layers * cfg.hidden_size  # QK^T and AV, 2 FLOPs each
+    prefill_attn = sum(attn_per_ctx * len(p) * len(p) // 2 for p in prompts)
+    return (
+        2 * body * (prompt_tokens + generated)
+        + 2 * head * (len(prompts) + generated)
+        + prefill_attn
+        + attn_per_ctx * ctx_sum
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads for both generators")
+    ap.add_argument("--quick", action="store_true", help="short run (~1-2 minutes)")
+    ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    ap.add_argument("--models", default="tiny,smollm2", help="comma list of: tiny, smollm2")
+    ap.add_argument("--batches", default="1,16,64", help="comma list of batch sizes")
+    ap.add_argument("--max-new", type=int, default=None, help="max new tokens (default 128, quick 48)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from models import load
+    from models.engine import Engine
+    from protocol.model_spec import SmolLM2Spec, TinyModelSpec
+
+    max_new = args.max_new or (48 if args.quick else 128)
+    batches = [int(b) for b in args.batches.split(",")]
+    peak = matmul_flops(args.threads, 1.0 if args.quick else 3.0)
+    info = {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+        "max_new_tokens": max_new,
+        "matmul_flops": peak,
+        "load_average": os.getloadavg(),
+    }
+    print(
+        f"threads={args.threads} dtype={args.dtype} max_new_tokens={max_new} cpus={os.cpu_count()} "
+        f"load={os.getloadavg()[0]:.1f}  dense fp32 matmul: {peak / 1e9:.1f} GFLOP/s"
+    )
+    results: list[dict[str, Any]] = []
+    header = f"{'model':8} {'batch':>5} {'hf tok/s':>9} {'engine tok/s':>12} {'ratio':>6} {'eng GFLOP/s':>11} {'of peak':>7}"
+    print(header)
+    for name in args.models.split(","):
+        spec = TinyModelSpec() if name == "tiny" else SmolLM2Spec()
+        loaded = load(spec, dtype=args.dtype)
+        engine = Engine(loaded)
+        warm = prompts_for(loaded, 2, name == "tiny")
+        run_engine(engine, warm, 4, 0)
+        run_hf(loaded, warm, 4, 0)
+        for b in batches:
+            prompts = prompts_for(loaded, b, name == "tiny")
+            hf_dt, hf_n = run_hf(loaded, prompts, max_new, seed=b)
+            en_dt, en_n, ctx = run_engine(engine, prompts, max_new, seed=b)
+            flops = engine_flops(loaded, prompts, en_n, ctx) / en_dt
+            row = {
+                "model": name,
+                "batch": b,
+                "hf_tokens": hf_n,
+                "hf_seconds": hf_dt,
+                "hf_tok_s": hf_n / hf_dt,
+                "engine_tokens": en_n,
+                "engine_seconds": en_dt,
+                "engine_tok_s": en_n / en_dt,
+                "ratio_vs_hf": (en_n / en_dt) / (hf_n / hf_dt),
+                "engine_flops": flops,
+                "fraction_of_matmul_peak": flops / peak,
+            }
+            results.append(row)
+            print(
+                f"{name:8} {b:>5} {row['hf_tok_s']:>9.1f} {row['engine_tok_s']:>12.1f} {row['ratio_vs_hf']:>5.2f}x "
+                f"{flops / 1e9:>11.2f} {flops / peak:>6.1%}",
+                flush=True,
+            )
+        del engine, loaded
+    ratio_vs_hf = {f"{r['model']}/{r['batch']}": r["ratio_vs_hf"] for r in results}
+    if args.json:
+        args.json.write_text(
+            json.dumps({"info": info, "results": results, "ratio_vs_hf": ratio_vs_hf}, indent=2)
+        )
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

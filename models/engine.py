@@ -1,0 +1,363 @@
+"""Batched generation for CPU (and any torch device) with a static KV cache.
+
+``Engine(loaded).generate(prompts, params, seeds, max_new_tokens)`` runs many sequences at once:
+
+- one left-padded prefill (split into row groups of at most ``prefill_tokens`` tokens), then one
+  decode step per generated token for all live sequences;
+- a preallocated KV cache per layer (no per-step concatenation, unlike ``DynamicCache``);
+- a sequence that emits an EOS token or reaches ``max_new_tokens`` leaves the batch at once
+  (its cache rows are compacted away), so work tracks the live sequences;
+- sampling by ``models.sampling`` with the caller's per-sequence seed; generated token ``i`` of a
+  sequence uses ``step = i``, so a verifier replays it from (seed, i) alone.
+
+For every generated token the engine returns the final hidden state (after the final norm, in
+the model dtype) *at the position that produced it*: token 0 comes from the last prompt position,
+token ``i`` from the position of token ``i - 1``. That is exactly what a verifier's prefill over
+prompt + completion yields at positions ``len(prompt) - 1 ... len(prompt) + n - 2``.
+
+LLaMA-shaped models (llama, mistral, qwen2: RMSNorm, rotary, grouped-query attention, SwiGLU)
+run on a fused fast path that reads the Hugging Face weights (q/k/v and gate/up concatenated once,
+so the engine holds a copy of those; build a new Engine after changing the weights). Any other
+architecture runs through ``models.forward`` with the Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from models.forward import check_context, decode, prefill
+from models.loading import LoadedModel
+from models.sampling import SamplingParams, sample
+from protocol.errors import ModelError
+
+logger = logging.getLogger(__name__)
+
+FAST_PATH_TYPES = frozenset({"llama", "mistral", "qwen2"})
+
+
+@dataclass
+class Generation:
+    """One finished sequence."""
+
+    prompt_tokens: list[int]
+    tokens: list[int]
+    """Generated token ids (including the EOS token when finish_reason is "eos")."""
+    logprobs: list[float]
+    """Sampling logprob of each generated token (see ``models.sampling``)."""
+    hidden_states: torch.Tensor
+    """[len(tokens), hidden] in the model dtype: the state that produced each generated token."""
+    finish_reason: Literal["eos", "length"]
+    seed: int
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    ln2: torch.Tensor
+    gate_up_w: torch.Tensor
+    down_w: torch.Tensor
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _FastLlama:
+    """A LLaMA-shaped decoder over the Hugging Face weights with a caller-owned static KV cache."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        model = loaded.model
+        cfg = model.config
+        self.inner = model.model
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.embed = self.inner.embed_tokens.weight
+        self.final_norm = self.inner.norm.weight
+        self.lm_head = model.get_output_embeddings().weight
+        self.scaling = self.head_dim**-0.5
+        self.layers: list[_Layer] = []
+        with torch.no_grad():
+            for layer in self.inner.layers:
+                att, mlp = layer.self_attn, layer.mlp
+                biases = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
+                self.layers.append(
+                    _Layer(
+                        ln1=layer.input_layernorm.weight,
+                        qkv_w=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
+                        qkv_b=torch.cat(biases) if all(b is not None for b in biases) else None,
+                        o_w=att.o_proj.weight,
+                        ln2=layer.post_attention_layernorm.weight,
+                        gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                        down_w=mlp.down_proj.weight,
+                    )
+                )
+        self.inter = int(self.layers[0].down_w.shape[1])
+
+    @staticmethod
+    def supports(loaded: LoadedModel) -> bool:
+        cfg = loaded.model.config
+        if cfg.model_type not in FAST_PATH_TYPES:
+            return False
+        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) is not False:
+            return cfg.model_type == "llama"  # mistral/qwen2 sliding windows are not implemented here
+        return getattr(cfg, "hidden_act", "silu") == "silu" and not getattr(cfg, "mlp_bias", False)
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        # Same arithmetic as transformers' LlamaRMSNorm (fp32 statistics, cast back, then scale).
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * h.to(dtype)
+
+    def new_cache(self, batch: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (batch, self.n_kv, length, self.head_dim)
+        dtype, device = self.embed.dtype, self.embed.device
+        return [
+            (torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+            for _ in self.layers
+        ]
+
+    def forward(
+        self,
+        ids: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T] rotary positions
+        start: int,  # cache column of ids[:, 0]
+        mask: torch.Tensor,  # bool [B, 1, T, start + T], True = attend
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Final hidden states [B, T, H] (after the final norm); writes k/v into ``cache``."""
+        b, t = ids.shape
+        end = start + t
+        x = F.embedding(ids, self.embed)
+        cos, sin = self.inner.rotary_emb(x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        nq, nk, d = self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.head_dim
+        for layer, (k_cache, v_cache) in zip(self.layers, cache, strict=True):
+            h = self._norm(x, layer.ln1)
+            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
+            q = qkv[..., :nq].view(b, t, self.n_heads, d).transpose(1, 2)
+            k = qkv[..., nq : nq + nk].view(b, t, self.n_kv, d).transpose(1, 2)
+            v = qkv[..., nq + nk :].view(b, t, self.n_kv, d).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v
+            att = F.scaled_dot_product_attention(
+                q,
+                k_cache[:, :, :end],
+                v_cache[:, :, :end],
+                attn_mask=mask,
+                scale=self.scaling,
+                enable_gqa=self.n_kv != self.n_heads,
+            )
+            x = x + F.linear(att.transpose(1, 2).reshape(b, t, nq), layer.o_w)
+            h = self._norm(x, layer.ln2)
+            gu = F.linear(h, layer.gate_up_w)
+            x = x + F.linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], layer.down_w)
+        return self._norm(x, self.final_norm)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+
+class Engine:
+    """Generates completions for many prompts at once; see the module docstring."""
+
+    def __init__(
+        self, loaded: LoadedModel, *, prefill_tokens: int = 8192, fast_path: bool | None = None
+    ) -> None:
+        self.loaded = loaded
+        self.prefill_tokens = prefill_tokens
+        use_fast = _FastLlama.supports(loaded) if fast_path is None else fast_path
+        if use_fast and not _FastLlama.supports(loaded):
+            raise ModelError(f"no fast path for model type {loaded.model.config.model_type!r}")
+        self._fast = _FastLlama(loaded) if use_fast else None
+        self._eos = torch.tensor(sorted(loaded.eos_token_ids), dtype=torch.long, device=loaded.device)
+
+    def _validate(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int) -> None:
+        if len(prompts) != len(seeds):
+            raise ModelError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if max_new_tokens < 1:
+            raise ModelError("max_new_tokens must be >= 1")
+        vocab = self.loaded.vocab_size
+        for p in prompts:
+            if not p:
+                raise ModelError("empty prompt")
+            if min(p) < 0 or max(p) >= vocab:
+                raise ModelError(f"prompt token ids outside the vocabulary [0, {vocab})")
+            check_context(self.loaded, len(p) + max_new_tokens)
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new_tokens: int
+    ) -> list[Generation]:
+        """Generate up to ``max_new_tokens`` per prompt; sequence ``i`` samples with ``seeds[i]``."""
+        self._validate(prompts, seeds, max_new_tokens)
+        if not prompts:
+            return []
+        with torch.inference_mode():
+            if self._fast is not None:
+                return self._generate_fast(prompts, params, seeds, max_new_tokens)
+            return self._generate_hf(prompts, params, seeds, max_new_tokens)
+
+    # -- shared bookkeeping -------------------------------------------------------------------------
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = True
+        device = self.loaded.device
+        return ids.to(device), mask.to(device)
+
+    def _results(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        hidden: torch.Tensor,
+        lengths: list[int],
+        eos_hit: list[bool],
+    ) -> list[Generation]:
+        tok_rows = tokens.cpu().tolist()
+        lp_rows = logprobs.cpu().tolist()
+        out = []
+        for i, p in enumerate(prompts):
+            n = lengths[i]
+            out.append(
+                Generation(
+                    prompt_tokens=list(p),
+                    tokens=tok_rows[i][:n],
+                    logprobs=lp_rows[i][:n],
+                    hidden_states=hidden[i, :n].clone(),
+                    finish_reason="eos" if eos_hit[i] else "length",
+                    seed=seeds[i],
+                )
+            )
+        return out
+
+    # -- fast path ------------------------------------------------------------------------------------
+
+    def _generate_fast(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new: int
+    ) -> list[Generation]:
+        fast = self._fast
+        assert fast is not None
+        device, dtype = self.loaded.device, self.loaded.dtype
+        b = len(prompts)
+        ids, valid = self._left_pad(prompts)
+        width = ids.shape[1]
+        total = width + max_new
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        cache = fast.new_cache(b, total)
+        # Every column a row may attend to: its real prompt tokens, then its generated tokens.
+        key_valid = torch.ones((b, total), dtype=torch.bool, device=device)
+        key_valid[:, :width] = valid
+
+        # Prefill in row groups so the [rows, heads, T, T] attention stays bounded.
+        rows_per_group = max(1, self.prefill_tokens // width)
+        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
+        diag = torch.eye(width, dtype=torch.bool, device=device)
+        last_hidden = torch.empty((b, fast.embed.shape[1]), dtype=dtype, device=device)
+        for r0 in range(0, b, rows_per_group):
+            r1 = min(b, r0 + rows_per_group)
+            # Padding queries attend to themselves only, so no attention row is empty (NaN).
+            mask = (causal & valid[r0:r1, None, :]) | diag
+            group_cache = [(k[r0:r1], v[r0:r1]) for k, v in cache]
+            h = fast.forward(ids[r0:r1], positions[r0:r1], 0, mask[:, None], group_cache)
+            last_hidden[r0:r1] = h[:, -1]
+
+        out_tokens = torch.zeros((b, max_new), dtype=torch.long, device=device)
+        out_lp = torch.zeros((b, max_new), dtype=torch.float32, device=device)
+        out_hidden = torch.zeros((b, max_new, last_hidden.shape[1]), dtype=dtype, device=device)
+        lengths = [0] * b
+        eos_hit = [False] * b
+        rows = torch.arange(b, device=device)  # live batch index -> sequence index
+        live = list(range(b))
+        seed_t = torch.tensor(seeds, dtype=torch.long)
+        next_pos = positions[:, -1] + 1
+        hidden = last_hidden
+        for step in range(max_new):
+            logits = fast.logits(hidden)
+            steps_t = torch.full((len(live),), step, dtype=torch.long)
+            tok, lp = sample(logits, params, seed_t[live], steps_t)
+            out_tokens[rows, step] = tok
+            out_lp[rows, step] = lp
+            out_hidden[rows, step] = hidden
+            done = torch.isin(tok, self._eos)
+            done_list = done.tolist()
+            for j, seq in enumerate(live):
+                lengths[seq] = step + 1
+                if done_list[j]:
+                    eos_hit[seq] = True
+            if step + 1 == max_new:
+                break
+            if any(done_list):
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                # Compact: finished rows leave the batch, so compute follows the live sequences.
+                live = [live[j] for j in keep.tolist()]
+                rows, tok, next_pos = rows[keep], tok[keep], next_pos[keep]
+                key_valid = key_valid[keep]
+                col = width + step  # cache columns filled so far
+                new_cache = fast.new_cache(len(live), total)
+                for (k_new, v_new), (k_old, v_old) in zip(new_cache, cache, strict=True):
+                    k_new[:, :, :col] = k_old[keep, :, :col]
+                    v_new[:, :, :col] = v_old[keep, :, :col]
+                cache = new_cache
+            col = width + step
+            mask = key_valid[:, None, None, : col + 1]
+            h = fast.forward(tok[:, None], next_pos[:, None], col, mask, cache)
+            hidden = h[:, 0]
+            next_pos = next_pos + 1
+        return self._results(prompts, seeds, out_tokens, out_lp, out_hidden, lengths, eos_hit)
+
+    # -- generic path ----------------------------------------------------------------------------------
+
+    def _generate_hf(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new: int
+    ) -> list[Generation]:
+        device, dtype = self.loaded.device, self.loaded.dtype
+        b = len(prompts)
+        ids, valid = self._left_pad(prompts)
+        state = prefill(self.loaded, ids, valid.long(), use_cache=True, logits_last_only=True)
+        hidden = state.hidden[:, -1]
+        logits = state.logits[:, -1]
+        out_tokens = torch.zeros((b, max_new), dtype=torch.long, device=device)
+        out_lp = torch.zeros((b, max_new), dtype=torch.float32, device=device)
+        out_hidden = torch.zeros((b, max_new, hidden.shape[-1]), dtype=dtype, device=device)
+        lengths = [0] * b
+        eos_hit = [False] * b
+        finished = torch.zeros(b, dtype=torch.bool, device=device)
+        seed_t = torch.tensor(seeds, dtype=torch.long)
+        for step in range(max_new):
+            tok, lp = sample(logits, params, seed_t, torch.full((b,), step, dtype=torch.long))
+            live = ~finished
+            out_tokens[live, step] = tok[live]
+            out_lp[live, step] = lp[live]
+            out_hidden[live, step] = hidden[live]
+            for i in live.nonzero().squeeze(-1).tolist():
+                lengths[i] = step + 1
+            newly = live & torch.isin(tok, self._eos)
+            for i in newly.nonzero().squeeze(-1).tolist():
+                eos_hit[i] = True
+            finished |= newly
+            if bool(finished.all()) or step + 1 == max_new:
+                break
+            state = decode(self.loaded, tok[:, None], state)
+            hidden, logits = state.hidden[:, -1], state.logits[:, -1]
+        return self._results(prompts, seeds, out_tokens, out_lp, out_hidden, lengths, eos_hit)
