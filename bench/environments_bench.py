@@ -1,0 +1,108 @@
+"""Environment costs: task sampling and reward throughput per environment, and the code sandbox's
+overhead against its anchor, a bare `python -I -S -c pass` subprocess (the least any
+out-of-process grader pays). Math is measured on both paths: in-process (main thread, signal
+timeouts) and through the worker subprocess (what a grader thread pool gets).
+
+    python bench/environments_bench.py --json out.json     # ~1 minute
+    python bench/environments_bench.py --quick             # ~15 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import environments  # noqa: E402
+from environments.math_verifier import MathVerifier  # noqa: E402
+from environments.mathematics import MathEnvironment  # noqa: E402
+from environments.programming import CodeEnvironment  # noqa: E402
+from environments.sandbox import SandboxLimits  # noqa: E402
+
+
+def _rate(fn: Any, n: int) -> float:
+    started = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return n / (time.perf_counter() - started)
+
+
+def _correct(env: environments.Environment, task: environments.Task) -> str:
+    if env.name == "code":
+        return f"```python\n{task.answer}\n```"
+    if env.name == "math":
+        return f"\\boxed{{{task.answer}}}"
+    return task.answer
+
+
+def _reward_rate(env: environments.Environment, tasks: list[environments.Task]) -> float:
+    completions = [_correct(env, t) for t in tasks]
+    env.reward(tasks[0], completions[0])  # warm up: lazy imports (sympy) stay out of the timing
+    started = time.perf_counter()
+    for task, completion in zip(tasks, completions, strict=True):
+        env.reward(task, completion)
+    return len(tasks) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (~15 s)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    n = 20 if args.quick else 100
+    rows: list[dict[str, Any]] = []
+
+    anchor = _rate(lambda: subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True), n)
+    rows.append({"what": "anchor: bare python -I -S subprocess", "per_s": anchor, "ratio": 1.0})
+
+    for name in environments.names():
+        env = environments.get(name)
+        sample_rate = _rate(lambda env=env: env.sample(7, 16), max(2, n // 10)) * 16
+        reward_rate = _reward_rate(env, env.sample(8, n))
+        rows.append({"what": f"{name}: sample", "per_s": sample_rate, "ratio": None})
+        rows.append({"what": f"{name}: reward (correct answers)", "per_s": reward_rate,
+                     "ratio": reward_rate / anchor if name == "code" else None})
+
+    bare = CodeEnvironment(SandboxLimits(isolate=False))
+    rate = _reward_rate(bare, bare.sample(8, n))
+    rows.append({"what": "code: reward, isolate=False (rlimits+audit only)", "per_s": rate,
+                 "ratio": rate / anchor})
+
+    worker_env = MathEnvironment(MathVerifier())
+    tasks = worker_env.sample(9, n)
+    out: list[float] = []
+
+    def threaded() -> None:
+        worker_env.reward(tasks[0], "\\boxed{0}")  # start the worker (sympy import) outside the timing
+        started = time.perf_counter()
+        for t in tasks:
+            worker_env.reward(t, f"\\boxed{{{t.answer}}}")
+        out.append(n / (time.perf_counter() - started))
+
+    thread = threading.Thread(target=threaded)
+    thread.start()
+    thread.join()
+    worker_env.verifier.close()
+    rows.append({"what": "math: reward via worker (off main thread)", "per_s": out[0], "ratio": None})
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"python {platform.python_version()}, n={n}")
+    print(f"{'what':48s} {'per second':>12s} {'vs anchor':>10s}")
+    for row in rows:
+        ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else ""
+        print(f"{row['what']:48s} {row['per_s']:12.1f} {ratio:>10s}")
+    if args.json:
+        args.json.write_text(json.dumps({"n": n, "cpus": os.cpu_count(), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
