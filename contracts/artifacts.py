@@ -8,8 +8,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from eth_abi import decode as abi_decode
-from eth_utils import function_signature_to_4byte_selector
+from eth_abi.abi import decode as abi_decode
+from eth_utils.abi import function_signature_to_4byte_selector
 
 from protocol.errors import ChainError
 

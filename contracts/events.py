@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eth_utils import event_abi_to_log_topic
+from eth_utils.abi import event_abi_to_log_topic
 from hexbytes import HexBytes
 from web3._utils.events import get_event_data
 
@@ -38,7 +38,7 @@ def read_events(
     if from_block < 0 or chunk < 1:
         raise ChainError(f"bad event range: from {from_block}, chunk {chunk}")
     by_topic = {
-        HexBytes(event_abi_to_log_topic(item)): item
+        HexBytes(event_abi_to_log_topic(item)): item  # type: ignore[arg-type]
         for item in abi
         if item["type"] == "event" and (names is None or item["name"] in names)
     }

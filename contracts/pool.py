@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from eth_utils import keccak
+from eth_utils.crypto import keccak
 from web3 import Web3
 from web3.exceptions import Web3Exception
 

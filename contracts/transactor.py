@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import requests
-from eth_utils import to_bytes
+from eth_utils.conversions import to_bytes
 from hexbytes import HexBytes
 from web3 import Web3
 from web3.exceptions import ContractLogicError, ProviderConnectionError, TimeExhausted, Web3RPCError
@@ -137,7 +137,7 @@ class Transactor:
             tx = dict(tx)
             tx["from"] = self.address
             tx["chainId"] = self.chain_id()
-            pending = int(self.rpc("nonce", lambda: self.w3.eth.get_transaction_count(self.address, "pending")))
+            pending = int(self.rpc("nonce", lambda: self.w3.eth.get_transaction_count(self.identity.account.address, "pending")))
             nonce = pending if self._next_nonce is None else max(pending, self._next_nonce)
             tx["nonce"] = nonce
             if gas is None:
