@@ -157,3 +157,14 @@ def test_fallback_layers_alone(code: str, expected: dict[str, object]) -> None:
     assert result.isolation["netns"] is False and result.isolation["audit"] is True
     assert result.values[0] == expected
     assert not MARKER.exists()
+
+
+@pytest.mark.parametrize("answer", [
+    "not json", "[]", "{}", json.dumps({"entry_point": "f", "tests": []}),
+    json.dumps({"entry_point": "not an identifier", "tests": [{"args": [], "expected": 1}]}),
+    json.dumps({"entry_point": "f", "tests": [{"args": 3, "expected": 1}]}),
+    json.dumps({"entry_point": "f", "tests": [{"expected": 1}]}),
+])
+def test_bad_code_spec_is_typed(answer: str) -> None:
+    with pytest.raises(environments.registry.TaskEnvironmentError):
+        ENV.task_from("Write f.", answer)
