@@ -67,7 +67,9 @@ class Task(BaseModel):
 
 def _canonical(payload: dict[str, Any]) -> bytes:
     # Sorted keys, no whitespace, UTF-8: the same bytes on every machine and Python version.
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # `surrogatepass`: a lone surrogate in an evaluation question must not crash id computation.
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
 
 
 def make_task(

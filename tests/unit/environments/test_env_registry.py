@@ -93,3 +93,13 @@ def test_render_prompt_through_a_chat_template() -> None:
     assert 1 in list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     with pytest.raises(TaskEnvironmentError):
         environments.render_prompt(_tokenizer(None), task)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_odd_text_never_crashes(name: str) -> None:
+    env = environments.get(name)
+    task = env.sample(3, 1)[0]
+    for completion in ("\ud800 lone surrogate", "\x00" * 1000, "\u202e\u200b", "```", "<answer>", "\\boxed{"):
+        assert 0.0 <= env.reward(task, completion) <= 1.0
+    odd = environments.get("reverse-text").task_from("a\ud800b", "b\ud800a")
+    assert task_digest_ok(odd)
