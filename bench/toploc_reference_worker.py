@@ -14,8 +14,9 @@ import time
 
 import numpy as np
 import torch
-import toploc
 from toploc.poly import c_verify_proofs_bytes
+
+import toploc
 
 
 def _bf16(bits: np.ndarray) -> torch.Tensor:

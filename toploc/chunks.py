@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Activations = "torch.Tensor | Sequence[torch.Tensor]"
-
-
 def _check_args(decode_batching_size: int, topk: int) -> None:
     if not isinstance(decode_batching_size, int) or decode_batching_size < 1:
         raise ProofError(f"decode_batching_size must be a positive int, got {decode_batching_size!r}")
@@ -39,34 +36,36 @@ def split_chunks(
     """Flattened bf16 chunks, in proof order (see the module docstring)."""
     import torch
 
+    tensor: torch.Tensor | None = None
+    items: list[torch.Tensor] = []
     if isinstance(activations, torch.Tensor):
         if activations.dim() < 1 or activations.shape[0] == 0:
             raise ProofError(f"activations tensor must have at least one row, got shape {tuple(activations.shape)}")
-        items: Sequence[torch.Tensor] = activations
-        as_tensor = True
+        tensor = activations
+        dtypes = {tensor.dtype}
+        n = tensor.shape[0]
     elif isinstance(activations, (list, tuple)):
         if not activations:
             raise ProofError("activations list is empty")
         for i, a in enumerate(activations):
             if not isinstance(a, torch.Tensor):
                 raise ProofError(f"activations[{i}] must be a tensor, got {type(a).__name__}")
-        items = activations
-        as_tensor = False
+        items = list(activations)
+        dtypes = {a.dtype for a in items}
+        n = len(items)
     else:
         raise ProofError(f"activations must be a tensor or a list of tensors, got {type(activations).__name__}")
-    dtypes = {a.dtype for a in ([activations] if as_tensor else items)}  # type: ignore[list-item]
     if dtypes != {torch.bfloat16}:
         raise ProofError(f"activations must be bfloat16, got {sorted(map(str, dtypes))}")
 
     chunks: list[torch.Tensor] = []
     start = 0
     if not skip_prefill:
-        chunks.append(items[0].reshape(-1))
+        chunks.append((tensor[0] if tensor is not None else items[0]).reshape(-1))
         start = 1
-    n = len(items)
     for i in range(start, n, decode_batching_size):
-        if as_tensor:
-            chunks.append(items[i : i + decode_batching_size].reshape(-1))  # type: ignore[union-attr]
+        if tensor is not None:
+            chunks.append(tensor[i : i + decode_batching_size].reshape(-1))
         else:
             chunks.append(torch.cat([a.reshape(-1) for a in items[i : i + decode_batching_size]]))
     return chunks

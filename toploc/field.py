@@ -45,7 +45,8 @@ def inverse_table() -> Int64Array:
 
 def _exact_matmul(a: NDArray[np.float64], b: NDArray[np.float64]) -> Int64Array:
     """Batched matmul of residues (exact in float64: see the module docstring), reduced mod p."""
-    return np.fmod(np.matmul(a, b), PRIME).astype(np.int64)
+    out: Int64Array = np.fmod(np.matmul(a, b), PRIME).astype(np.int64)
+    return out
 
 
 def power_matrix(x: Int64Array, k: int) -> Int64Array:
@@ -74,7 +75,8 @@ def _poly_mul_pairs(polys: Int64Array) -> Int64Array:
     padded[..., :length] = outer
     flat = padded.reshape(*outer.shape[:-2], 2 * length * length)[..., : length * (2 * length - 1)]
     skewed = flat.reshape(*outer.shape[:-2], length, 2 * length - 1)
-    return skewed.sum(axis=-2) % PRIME
+    out: Int64Array = skewed.sum(axis=-2) % PRIME
+    return out
 
 
 def master_polynomial(x: Int64Array) -> Int64Array:
@@ -105,7 +107,7 @@ def interpolate(x: Int64Array, y: Int64Array) -> Int64Array:
         raise ValueError("interpolation points are not distinct")
     weights = inverse_table()[m_prime_at_x]
     u = (y % PRIME) * weights % PRIME
-    g = _exact_matmul(u[..., None, :].astype(np.float64), powers)[..., 0, :]  # (..., k)
+    g = _exact_matmul(u[..., None, :].astype(np.float64), powers)[..., 0, :].astype(np.float64)  # (..., k)
     # Hankel matrix H[s, j] = m_{s+j+1} (zero past degree k) as a strided view.
     m_ext = np.zeros((*m.shape[:-1], 2 * k), dtype=np.float64)
     m_ext[..., :k] = m[..., 1:]

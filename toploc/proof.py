@@ -89,7 +89,8 @@ def decode_proofs(proofs: Sequence[object], topk: int) -> tuple[NDArray[np.int64
             raise ProofError(f"proof {i} has {len(p)} bytes, expected {size} (topk={topk})")
     if not proofs:
         return np.zeros((0, topk), dtype=np.int64), np.zeros(0, dtype=np.int64)
-    words = np.frombuffer(b"".join(bytes(p) for p in proofs), dtype=">u2").reshape(len(proofs), topk + 1)
+    raw = b"".join(bytes(p) for p in proofs)  # type: ignore[call-overload]  # types checked above
+    words = np.frombuffer(raw, dtype=">u2").reshape(len(proofs), topk + 1)
     words = words.astype(np.int64)
     return validate_proofs(words[:, 1:], words[:, 0], topk)
 

@@ -111,7 +111,7 @@ def measure(
         else:
             todo.append(i)
     todo.sort(key=lambda i: len(rollouts[i].prompt_tokens) + len(rollouts[i].tokens))
-    head = loaded.model.get_output_embeddings()
+    head = loaded.model.get_output_embeddings()  # type: ignore[no-untyped-call]
     groups: list[list[int]] = []
     for i in todo:
         length = len(rollouts[i].prompt_tokens) + len(rollouts[i].tokens) - 1
