@@ -218,3 +218,25 @@ def test_devnet_command_runs_until_terminated(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_resending_the_same_signed_transaction_is_harmless(pools: Pools) -> None:
+    """After a lost response the transactor resends the identical raw transaction; that must not fail or double-spend."""
+    from hexbytes import HexBytes
+
+    tx = pools.operator.tx
+    w3 = tx.w3
+    sink = "0x000000000000000000000000000000000000dEaD"
+    raw_tx = {"to": sink, "value": 1, "gas": 21000, "chainId": tx.chain_id(),
+              "nonce": w3.eth.get_transaction_count(tx.identity.account.address),
+              "maxFeePerGas": 2 * w3.eth.get_block("latest")["baseFeePerGas"] + 1, "maxPriorityFeePerGas": 1}
+    signed = tx.identity.account.sign_transaction(raw_tx)
+    before = w3.eth.get_balance(sink)
+    tx._send_raw("first", bytes(signed.raw_transaction), HexBytes(signed.hash))
+    tx._send_raw("again", bytes(signed.raw_transaction), HexBytes(signed.hash))  # mined already: nonce too low
+    assert w3.eth.get_balance(sink) == before + 1
+    # A different transaction reusing a spent nonce is a real rejection.
+    other = tx.identity.account.sign_transaction({**raw_tx, "value": 2})
+    with pytest.raises(ChainError) as exc:
+        tx._send_raw("conflict", bytes(other.raw_transaction), HexBytes(other.hash))
+    assert exc.value.reason == "rejected"

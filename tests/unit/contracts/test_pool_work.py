@@ -273,3 +273,15 @@ def test_record_work_batch(pools: Pools) -> None:
     with pytest.raises(ChainError) as exc:  # units beyond uint48 do not even encode
         pools.validator.record_work(a.address, work_key(), 1 << 48)
     assert exc.value.reason == "bad_argument"
+
+
+def test_zero_penalty_still_ejects_without_a_transfer(pools: Pools) -> None:
+    node = pools.new_node()
+    pools.admin.set_slash_penalty(0)
+    key = work_key()
+    pools.validator.record_work(node.address, key, 1)
+    receipt = pools.validator.invalidate_hard(key, 4, EVIDENCE)
+    names = [e.name for e in pools.admin.events(receipt.block_number)]
+    assert names == ["WorkInvalidated", "NodeEjected"]
+    info = pools.admin.get_node(node.address)
+    assert info.status is NodeStatus.EJECTED and info.stake == SETTINGS.min_stake
