@@ -3,10 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-TYPED := protocol
+TYPED := protocol contracts environments
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup test test-slow lint clean
+.PHONY: setup test test-slow lint contracts clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -31,6 +31,11 @@ test-slow: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(TYPED)
+	$(PY) -m contracts.build --check
+
+# Recompile the Solidity sources into contracts/artifacts/ (committed; a test proves they reproduce).
+contracts: setup
+	$(PY) -m contracts.build
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache
