@@ -1,0 +1,554 @@
+"""SHARDCAST broadcast benchmark: origin -> 2 relays -> 8 clients on loopback.
+
+Measures seconds from "publish" until every client holds a verified copy of a synthetic checkpoint,
+for four systems, each run as separate processes on 127.0.0.1:
+
+    ours         prime-relay: origin (publish = shard + hash + sign) -> 2 relays -> 8 clients
+                 (clients pull from both relays; pipelined, verified per shard)
+    reference    shardcast 0.3.2 from PyPI, in its own venv (bench/.venvs/shardcast-ref): origin ->
+                 2 middle nodes -> 8 client nodes (clients use both middles; wget; whole-file blake3).
+                 Its middle nodes poll every `--ref-check-interval` s (its default is 30; we give it 1).
+    plain_http   one aiohttp static-file server serving the whole file to all 8 clients (no hashing)
+    raw_copy     8 loopback TCP streams, sendfile -> recv_into + write, no protocol, no hashing
+
+Every client writes its copy to disk. Client processes start (and import) before the clock starts and
+wait for the version (long-poll / polling), so start-up cost is not measured. Prints a table and
+ratios; `--json PATH` writes them (keys ours_s, reference_s, plain_http_s, raw_copy_s).
+
+    python bench/shardcast.py --quick                  # 256 MiB, a minute or two
+    python bench/shardcast.py --size-mib 1024 --json bench/results/shardcast.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import venv
+from pathlib import Path
+
+# This file is named like the package it benchmarks: never let `import shardcast` find it.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+ROOT = _HERE.parent
+sys.path.insert(0, str(ROOT))
+
+REF_VERSION = "0.3.2"
+REF_VENV = ROOT / "bench" / ".venvs" / "shardcast-ref"
+CLIENTS = 8
+RELAYS = 2
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------------
+# process plumbing
+
+
+class Proc:
+    """A role in a subprocess, talking line by line over stdin/stdout."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, **(env or {})}, cwd=cwd)
+        self.lines: list[str] = []
+        self.err: list[str] = []
+        self._cv = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            with self._cv:
+                self.lines.append(line.strip())
+                self._cv.notify_all()
+        with self._cv:
+            self._cv.notify_all()
+
+    def _read_err(self) -> None:
+        assert self.p.stderr is not None
+        for line in self.p.stderr:
+            self.err.append(line.rstrip())
+            del self.err[:-40]
+
+    def wait_line(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                for line in self.lines:
+                    if line.startswith(prefix):
+                        return line
+                if self.p.poll() is not None and not any(x.startswith(prefix) for x in self.lines):
+                    raise RuntimeError(f"{self.p.args!r} exited {self.p.returncode}: " + "\n".join(self.err[-15:]))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {prefix!r} from {self.p.args[:4]!r}; stderr: " + "\n".join(self.err[-10:]))
+                self._cv.wait(min(left, 0.5))
+
+    def send(self, text: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(text + "\n")
+        self.p.stdin.flush()
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(5)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def me(*role: str) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "_role", *role]
+
+
+def finish(procs: list[Proc], t0: float, timeout: float) -> float:
+    """Seconds from t0 until the last client printed DONE."""
+    ends = [float(p.wait_line("DONE", timeout).split()[1]) for p in procs]
+    print("  clients done at " + " ".join(f"{e - t0:.2f}" for e in sorted(ends)), flush=True)
+    for p in procs:
+        extra = p.wait_line("DONE", 1).split(maxsplit=2)
+        if len(extra) > 2:
+            info = json.loads(extra[2])
+            print(f"    seen {info['seen'] - t0:.2f} sources {info['sources']}", flush=True)
+    return max(ends) - t0
+
+
+# ---------------------------------------------------------------------------------------------------
+# role bodies (run inside subprocesses)
+
+
+def role_ours_origin(store: str, source: str, shard_mib: str) -> None:
+    import asyncio
+
+    from protocol.identity import Identity
+    from shardcast import Origin
+
+    async def main() -> None:
+        identity = Identity.from_key(os.environ["BENCH_TRAINER_KEY"])
+        async with Origin(store, run_id="bench", identity=identity, shard_size=int(shard_mib) * MiB,
+                          port=int(os.environ["BENCH_PORT"])) as origin:
+            print("READY", flush=True)
+            await asyncio.to_thread(sys.stdin.readline)
+            t0 = time.time()
+            version = origin.publish(source)
+            print(f"T0 {t0}", flush=True)
+            await origin.wait_published(version)
+            print(f"PUBLISHED {time.time()}", flush=True)
+            await asyncio.to_thread(sys.stdin.readline)
+    asyncio.run(main())
+
+
+def role_ours_client(out: str, trainer: str, *sources: str) -> None:
+    import asyncio
+
+    from shardcast import Client
+
+    async def main() -> None:
+        client = Client(list(sources), trainer=trainer, out_dir=out, progress=False, concurrency=4)
+        print("READY", flush=True)
+        version = None
+        while version is None:
+            version = await client.wait_for_version(after=0, timeout=30)
+        seen = time.time()
+        result = await client.pull(version)
+        print(f"DONE {time.time()} {json.dumps({'seen': seen, 'sources': result.sources})}", flush=True)
+    asyncio.run(main())
+
+
+def role_plain_server(path: str, port: str) -> None:
+    from aiohttp import web
+
+    async def handler(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(path, chunk_size=4 * MiB)
+    app = web.Application()
+    app.router.add_get("/file", handler)
+    web.run_app(app, host="127.0.0.1", port=int(port), print=lambda *_: print("READY", flush=True), access_log=None)
+
+
+def role_plain_client(url: str, out: str) -> None:
+    import asyncio
+
+    import aiohttp
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(read_bufsize=4 * MiB) as session:
+            print("READY", flush=True)
+            await asyncio.to_thread(sys.stdin.readline)
+            with open(out, "wb") as f:
+                async with session.get(url) as response:
+                    async for chunk in response.content.iter_any():
+                        f.write(chunk)
+        print(f"DONE {time.time()}", flush=True)
+    asyncio.run(main())
+
+
+def role_raw_sender(path: str, port: str, streams: str) -> None:
+    server = socket.create_server(("127.0.0.1", int(port)), backlog=64)
+    print("READY", flush=True)
+
+    def push(conn: socket.socket) -> None:
+        with conn, open(path, "rb") as f:
+            conn.sendfile(f)
+
+    threads = []
+    for _ in range(int(streams)):
+        conn, _ = server.accept()
+        t = threading.Thread(target=push, args=(conn,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+
+
+def role_raw_receiver(port: str, out: str) -> None:
+    print("READY", flush=True)
+    sys.stdin.readline()
+    buf = bytearray(4 * MiB)
+    view = memoryview(buf)
+    with socket.create_connection(("127.0.0.1", int(port))) as s, open(out, "wb") as f:
+        while n := s.recv_into(buf):
+            f.write(view[:n])
+    print(f"DONE {time.time()}", flush=True)
+
+
+ROLES = {
+    "ours-origin": role_ours_origin, "ours-client": role_ours_client, "plain-server": role_plain_server,
+    "plain-client": role_plain_client, "raw-sender": role_raw_sender, "raw-receiver": role_raw_receiver,
+}
+
+# The reference roles run under the reference venv's python (its `shardcast` package).
+REF_ORIGIN = r"""
+import sys, time, os
+import shardcast.server as srv
+_orig = srv.ShardcastServer.__init__
+def _loopback(self, addr, *a, **k):  # the reference binds 0.0.0.0; keep the benchmark on loopback
+    _orig(self, ("127.0.0.1", addr[1]), *a, **k)
+srv.ShardcastServer.__init__ = _loopback
+from shardcast import OriginServer
+data, port, source, shard = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+origin = OriginServer(data, port)
+open(os.path.join(data, "data1.bin"), "wb").write(b"probe")  # the hand-made probe its clients need
+print("READY", flush=True)
+sys.stdin.readline()
+t0 = time.time()
+print(f"T0 {t0}", flush=True)
+origin.broadcast(source, shard)
+print(f"PUBLISHED {time.time()}", flush=True)
+sys.stdin.readline()
+"""
+
+REF_MIDDLE = r"""
+import sys, os, time
+import shardcast.server as srv
+_orig = srv.ShardcastServer.__init__
+def _loopback(self, addr, *a, **k):
+    _orig(self, ("127.0.0.1", addr[1]), *a, **k)
+srv.ShardcastServer.__init__ = _loopback
+from shardcast import MiddleNode
+upstream, data, port, interval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+os.makedirs(data, exist_ok=True)
+open(os.path.join(data, "data1.bin"), "wb").write(b"probe")
+node = MiddleNode([upstream], data, port, check_interval=interval)
+print("READY", flush=True)
+sys.stdin.readline()
+"""
+
+REF_CLIENT = r"""
+import sys, time, os
+import shardcast.client as sc_client
+from shardcast import ClientNode
+# Same-host artefact: every reference client writes the version list to ONE shared path inside
+# site-packages; 8 clients on one machine would clobber each other's copy. Give each its own file.
+def _dist(self):
+    path = os.path.join(os.path.dirname(out), "temp_distribution.txt")
+    if self.download_file("distribution.txt", path, update_metrics=False, log_error_on_failure=False):
+        with open(path) as f:
+            content = f.read()
+        os.unlink(path)
+        return content
+    return None
+sc_client.ShardDownloader.download_distribution_file = _dist
+# Reference bug: download_version() lists versions twice; when the second listing fails (a busy
+# single-threaded middle), it falls into "discovery mode" and retries non-existent shards forever.
+# Reuse the last good listing so the reference can finish at all.
+_list = ClientNode.list_available_versions
+_last = {}
+def _cached(self):
+    got = _list(self)
+    if got:
+        _last.clear(); _last.update(got)
+    return got or dict(_last)
+ClientNode.list_available_versions = _cached
+out, servers = sys.argv[1], sys.argv[2].split(",")
+client = ClientNode(servers, os.path.dirname(out))
+print("READY", flush=True)
+while True:
+    if "v1" in client.list_available_versions():
+        if client.download_version("v1", out):
+            break
+    time.sleep(0.2)
+print(f"DONE {time.time()}", flush=True)
+"""
+
+
+# ---------------------------------------------------------------------------------------------------
+# the four systems
+
+
+def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
+    from protocol.identity import Identity
+
+    trainer = Identity.create()  # a throwaway key made for this run only
+    key = "0x" + bytes(trainer.account.key).hex()
+    procs: list[Proc] = []
+    try:
+        oport = free_port()
+        origin = Proc(me("ours-origin", str(work / "origin"), str(source), str(shard_mib)),
+                      env={"BENCH_TRAINER_KEY": key, "BENCH_PORT": str(oport)})
+        procs.append(origin)
+        origin.wait_line("READY", 60)
+        relay_urls = []
+        for i in range(RELAYS):
+            port = free_port()
+            procs.append(Proc([sys.executable, "-m", "shardcast.cli", "--log-level", "WARNING", "relay", "--upstream",
+                               f"http://127.0.0.1:{oport}", "--trainer", trainer.address, "--store",
+                               str(work / f"relay{i}"), "--port", str(port)], cwd=ROOT,
+                              env={"PYTHONPATH": str(ROOT)}))
+            relay_urls.append(f"http://127.0.0.1:{port}")
+        for url in relay_urls:
+            wait_http(url + "/health")
+        clients = [Proc(me("ours-client", str(work / f"client{i}"), trainer.address, *relay_urls)) for i in range(CLIENTS)]
+        procs += clients
+        for c in clients:
+            c.wait_line("READY", 60)
+        time.sleep(0.5)  # let every long-poll reach its server
+        origin.send("go")
+        t0 = float(origin.wait_line("T0", 30).split()[1])
+        seconds = finish(clients, t0, timeout)
+        published = float(origin.wait_line("PUBLISHED", 5).split()[1]) - t0
+        print(f"  ours: publish (shard+hash+sign) took {published:.2f} s of it", flush=True)
+        for i in range(CLIENTS):
+            got = next((work / f"client{i}" / "current").iterdir())
+            assert got.stat().st_size == source.stat().st_size
+        return seconds
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def ensure_reference_venv() -> Path:
+    py = REF_VENV / "bin" / "python"
+    probe = [str(py), "-c", f"import importlib.metadata as m; assert m.version('shardcast') == '{REF_VERSION}'"]
+    if py.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return py
+    REF_VENV.parent.mkdir(parents=True, exist_ok=True)
+    venv.EnvBuilder(with_pip=True, clear=True).create(REF_VENV)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"shardcast=={REF_VERSION}"],
+                   check=True)
+    return py
+
+
+def run_reference(work: Path, source: Path, shard_mib: int, timeout: float, interval: int) -> float:
+    if shutil.which("wget") is None:
+        raise RuntimeError("the reference client shells out to wget, which is not installed (apt-get install wget)")
+    py = str(ensure_reference_venv())
+    cwd = work  # never the repo: its `shardcast/` would shadow the reference package
+    procs: list[Proc] = []
+    try:
+        oport = free_port()
+        origin = Proc([py, "-c", REF_ORIGIN, str(work / "origin"), str(oport), str(source), str(shard_mib * MiB)], cwd=cwd)
+        procs.append(origin)
+        origin.wait_line("READY", 60)
+        wait_http(f"http://127.0.0.1:{oport}/data1.bin")
+        middles = []
+        for i in range(RELAYS):
+            port = free_port()
+            middles.append(f"http://127.0.0.1:{port}")
+            procs.append(Proc([py, "-c", REF_MIDDLE, f"http://127.0.0.1:{oport}", str(work / f"middle{i}"), str(port),
+                               str(interval)], cwd=cwd))
+            procs[-1].wait_line("READY", 60)
+        for url in middles:
+            wait_http(url + "/data1.bin")
+        clients = []
+        for i in range(CLIENTS):  # one at a time: each probes servers via the same /tmp/dummy.bin
+            (work / f"client{i}").mkdir()
+            clients.append(Proc([py, "-c", REF_CLIENT, str(work / f"client{i}" / "out.bin"), ",".join(middles)], cwd=cwd))
+            procs.append(clients[-1])
+            clients[-1].wait_line("READY", 60)
+        origin.send("go")
+        t0 = float(origin.wait_line("T0", 30).split()[1])
+        seconds = finish(clients, t0, timeout)
+        for i in range(CLIENTS):
+            assert (work / f"client{i}" / "out.bin").stat().st_size == source.stat().st_size
+        return seconds
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def run_plain(work: Path, source: Path, timeout: float) -> float:
+    procs: list[Proc] = []
+    try:
+        port = free_port()
+        procs.append(Proc(me("plain-server", str(source), str(port))))
+        procs[0].wait_line("READY", 60)
+        clients = [Proc(me("plain-client", f"http://127.0.0.1:{port}/file", str(work / f"plain{i}.bin")))
+                   for i in range(CLIENTS)]
+        procs += clients
+        for c in clients:
+            c.wait_line("READY", 60)
+        t0 = time.time()
+        for c in clients:
+            c.send("go")
+        seconds = finish(clients, t0, timeout)
+        for i in range(CLIENTS):
+            assert (work / f"plain{i}.bin").stat().st_size == source.stat().st_size
+        return seconds
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def run_raw(work: Path, source: Path, timeout: float) -> float:
+    procs: list[Proc] = []
+    try:
+        port = free_port()
+        sender = Proc(me("raw-sender", str(source), str(port), str(CLIENTS)))
+        procs.append(sender)
+        sender.wait_line("READY", 60)
+        receivers = [Proc(me("raw-receiver", str(port), str(work / f"raw{i}.bin"))) for i in range(CLIENTS)]
+        procs += receivers
+        for r in receivers:
+            r.wait_line("READY", 60)
+        t0 = time.time()
+        for r in receivers:
+            r.send("go")
+        seconds = finish(receivers, t0, timeout)
+        for i in range(CLIENTS):
+            assert (work / f"raw{i}.bin").stat().st_size == source.stat().st_size
+        return seconds
+    finally:
+        for p in procs:
+            p.stop()
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "_role":
+        ROLES[sys.argv[2]](*sys.argv[3:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mib", type=int, default=None, help="checkpoint size (default 1024; --quick: 256)")
+    parser.add_argument("--shard-mib", type=int, default=32, help="shard size for ours and the reference")
+    parser.add_argument("--quick", action="store_true", help="a short run (256 MiB)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--systems", default="ours,reference,plain_http,raw_copy", help="comma-separated subset")
+    parser.add_argument("--ref-check-interval", type=int, default=1, help="reference middle nodes' poll interval (s)")
+    parser.add_argument("--timeout", type=float, default=None, help="per-system limit in seconds")
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir, removed)")
+    args = parser.parse_args()
+    size_mib = args.size_mib or (256 if args.quick else 1024)
+    timeout = args.timeout or max(120.0, size_mib * 0.6)
+    systems = args.systems.split(",")
+
+    scratch = Path(args.workdir or tempfile.mkdtemp(prefix="shardcast-bench-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    source = scratch / "checkpoint.bin"
+    with open(source, "wb") as f:  # incompressible, written once, reused by every system
+        for _ in range(size_mib):
+            f.write(os.urandom(MiB))
+    load = os.getloadavg()
+    print(f"checkpoint {size_mib} MiB, shards {args.shard_mib} MiB, {RELAYS} relays, {CLIENTS} clients, "
+          f"{os.cpu_count()} CPUs, load {load[0]:.2f}", flush=True)
+    results: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+    runners = {
+        "ours": lambda w: run_ours(w, source, args.shard_mib, timeout),
+        "reference": lambda w: run_reference(w, source, args.shard_mib, timeout, args.ref_check_interval),
+        "plain_http": lambda w: run_plain(w, source, timeout),
+        "raw_copy": lambda w: run_raw(w, source, timeout),
+    }
+    try:
+        for name in systems:
+            work = scratch / name
+            work.mkdir()
+            print(f"running {name} ...", flush=True)
+            try:
+                results[name] = runners[name](work)
+                print(f"  {name}: {results[name]:.2f} s", flush=True)
+            except (RuntimeError, TimeoutError, AssertionError, subprocess.CalledProcessError) as exc:
+                results[name] = None
+                notes[name] = f"{exc.__class__.__name__}: {str(exc)[-800:]}"
+                print(f"  {name}: FAILED: {notes[name]}", flush=True)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = results.get(a), results.get(b)
+        return round(x / y, 2) if x and y else None
+
+    report = {
+        "ours_s": results.get("ours"), "reference_s": results.get("reference"),
+        "plain_http_s": results.get("plain_http"), "raw_copy_s": results.get("raw_copy"),
+        "ratios": {
+            "reference_over_ours": ratio("reference", "ours"),  # goal >= 2
+            "ours_over_raw_copy": ratio("ours", "raw_copy"),    # goal <= 3
+            "ours_over_plain_http": ratio("ours", "plain_http"),
+        },
+        "size_mib": size_mib, "shard_mib": args.shard_mib, "relays": RELAYS, "clients": CLIENTS,
+        "ref_check_interval_s": args.ref_check_interval, "reference_version": REF_VERSION,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "loadavg_at_start": [round(x, 2) for x in load]},
+        "notes": notes,
+    }
+    print()
+    print(f"{'system':<12}{'seconds':>10}{'GiB/s (all copies)':>22}")
+    for name in ("ours", "reference", "plain_http", "raw_copy"):
+        s = results.get(name)
+        rate = f"{CLIENTS * size_mib / 1024 / s:.2f}" if s else "-"
+        print(f"{name:<12}{(f'{s:.2f}' if s else '-'):>10}{rate:>22}")
+    print("ratios:", json.dumps(report["ratios"]))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
