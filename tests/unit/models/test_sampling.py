@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from models.sampling import (
+    GUMBEL_BOUND,
     SamplingParams,
+    gumbel_at,
     gumbel_noise,
     process_logits,
     row_keys,
@@ -184,3 +186,23 @@ def test_noise_identical_in_another_process() -> None:
         env={"OMP_NUM_THREADS": "1", "PYTHONPATH": ".", "PATH": "/usr/bin:/bin"},
     )
     assert out.stdout.strip() == here
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.5, 3.0, 20.0])
+def test_pruned_sampling_equals_full_scores_argmax(scale: float) -> None:
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    logits = torch.randn(32, 5000, generator=gen) * scale
+    logits[:, 7] += 2 * scale  # a clear favourite in some rows
+    for params in (SamplingParams(), SamplingParams(temperature=0.5), SamplingParams(top_k=40, top_p=0.8)):
+        seeds, steps = torch.arange(32) * 7919, torch.arange(32) % 5
+        tokens, _ = sample(logits, params, seeds, steps)
+        assert torch.equal(tokens, scores(logits, params, seeds, steps).argmax(-1))
+
+
+def test_gumbel_at_equals_dense_noise() -> None:
+    seeds, steps = torch.tensor([5, 6, 7]), torch.tensor([0, 1, 2])
+    dense = gumbel_noise(seeds, steps, 1000)
+    rows = torch.tensor([0, 2, 1, 2, 0])
+    toks = torch.tensor([999, 0, 17, 500, 3])
+    assert torch.equal(gumbel_at(seeds, steps, rows, toks, 1000), dense[rows, toks])
+    assert float(dense.max()) < GUMBEL_BOUND
