@@ -230,7 +230,7 @@ def resolve_config(args: argparse.Namespace, environ: typing.Mapping[str, str] |
     # A union section given without its `type` keeps the default member's type.
     for section in ("model", "data", "publish"):
         if isinstance(tree.get(section), dict) and "type" not in tree[section]:
-            tree[section]["type"] = getattr(TrainerConfig.model_fields[section].default, "type")
+            tree[section]["type"] = TrainerConfig.model_fields[section].default.type
     try:
         return TrainerConfig.model_validate(tree)
     except ValidationError as exc:

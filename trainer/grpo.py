@@ -194,11 +194,13 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         sums = [0.0] * 8  # loss, policy, kl, entropy, clip_low, clip_high, capped, ratio
-        useful = processed = 0
+        useful = processed = n_rows = 0
         if train:
             packed = pack(train, train_adv, weights, cfg.batch.seq_len, self.pad_token_id)
-            useful, processed = packed.useful_tokens, packed.processed_tokens
+            useful = packed.useful_tokens
+            n_rows = packed.input_ids.shape[0]
             for mb in self._micro_batches(packed):
+                processed += mb.processed_tokens
                 terms = self._forward_backward(mb)
                 for j, v in enumerate((float(terms.loss.detach()), terms.policy_sum, terms.kl_sum,
                                        terms.entropy_sum, terms.clipped_low_sum, terms.clipped_high_sum,
@@ -214,7 +216,8 @@ class Trainer:
             grad_norm_f = 0.0
             log.warning("step %d: no trainable samples (all groups filtered); weights unchanged", step)
         if self.dist.enabled:  # each rank computed its rows' share of the weighted sums
-            sums = all_reduce_sum(sums, self.device)
+            *sums, processed_f = all_reduce_sum([*sums, float(processed)], self.device)
+            processed = int(processed_f)
         self.step += 1
         t_end = time.monotonic()
         dt, train_dt = t_end - t0, t_end - t_batch
@@ -239,7 +242,11 @@ class Trainer:
             "tokens_per_s": useful / train_dt if train_dt > 0 else 0.0,
             "step_time_s": dt,
             "batch_wait_s": t_batch - t0,
+            "train_time_s": train_dt,
+            "useful_tokens": useful,
+            "processed_tokens": processed,
             "packing_efficiency": useful / processed if processed else 0.0,
+            "row_fill": useful / (n_rows * cfg.batch.seq_len) if n_rows else 0.0,
             "stale_samples": batch.counts.stale,
             "future_samples": batch.counts.future,
             "rejected_files": batch.counts.rejected_files,

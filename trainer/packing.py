@@ -36,8 +36,12 @@ class PackedRows:
         return int(self.segment_ids.numel())
 
     def select(self, rows: Sequence[int]) -> PackedRows:
+        """Those rows, cut to the longest one's used length: trailing padding is never computed."""
         idx = torch.as_tensor(list(rows), dtype=torch.long)
-        return PackedRows(*(t.index_select(0, idx) for t in self._tensors()))
+        seg = self.segment_ids.index_select(0, idx)
+        used = int(((seg >= 0).sum(dim=1)).max()) if len(rows) else 0
+        width = max(used, 2)
+        return PackedRows(*(t.index_select(0, idx)[:, :width] for t in self._tensors()))
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (
