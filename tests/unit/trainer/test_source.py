@@ -103,3 +103,21 @@ def test_step_filters_zero_advantage_groups_and_trains_on_the_rest(tmp_path: Pat
     assert m["loss_tokens"] == sum(s.n_loss_tokens for s in live)
     assert m["grad_norm"] > 0
     assert (tmp_path / "ck" / "step-1" / "model.safetensors").is_file()
+
+
+def test_kl_to_reference_starts_at_zero_then_grows(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    (tmp_path / "r").mkdir()
+    for n in range(2):
+        write_rollouts(tmp_path / "r" / f"{n}.parquet", make_group(rng, f"g{n}", n, 4, 64))
+    cfg = TrainerConfig.model_validate({
+        "max_steps": 2, "progress": False, "optim": {"lr": 0.05},
+        "loss": {"kl_coef": 0.1, "entropy_coef": 0.01, "normalization": "sequence"},
+        "batch": {"groups_per_step": 1, "seq_len": 32, "async_level": 0},
+        "checkpoint": {"dir": str(tmp_path / "ck")},
+    })
+    trainer = Trainer(cfg, tiny_llama(), DirectorySource(tmp_path / "r", wait_timeout_s=1), torch.device("cpu"))
+    first, second = trainer.run()
+    assert first["kl"] == pytest.approx(0.0, abs=1e-9)
+    assert second["kl"] > 1e-6
+    assert first["entropy"] > 0
