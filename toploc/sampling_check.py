@@ -78,7 +78,6 @@ def check_sampling(
     """
     import torch
 
-    from models.sampling import scores
 
     if logits.dim() != 2:
         raise ProtocolError(f"logits must be (T, V), got shape {tuple(logits.shape)}")
@@ -93,17 +92,50 @@ def check_sampling(
     token_tensor = torch.tensor(ids, dtype=torch.int64, device=logits.device)
     for start in range(0, seq, _ROWS_PER_BLOCK):
         end = min(seq, start + _ROWS_PER_BLOCK)
-        steps = torch.arange(first_step + start, first_step + end, dtype=torch.int64)
-        seeds = torch.full((end - start,), seed, dtype=torch.int64)
-        s = scores(logits[start:end], params, seeds, steps)
-        best, arg = s.max(dim=-1)
-        chosen = s.gather(-1, token_tensor[start:end, None])[:, 0]
-        margin = (best - chosen).double()
+        steps = torch.arange(first_step + start, first_step + end, dtype=torch.int64, device=logits.device)
+        seeds = torch.full((end - start,), seed, dtype=torch.int64, device=logits.device)
+        best, arg, chosen = _replay_block(logits[start:end], token_tensor[start:end], params, seeds, steps)
+        margin = (best.double() - chosen.double())
         margin = torch.where(torch.isfinite(chosen), margin, torch.full_like(margin, math.inf))
         margins.extend(float(m) for m in margin.tolist())
         winners.extend(int(w) for w in arg.tolist())
     bad = tuple(i for i, m in enumerate(margins) if m > tolerance)
     return SamplingCheck(tuple(margins), tuple(winners), bad, tolerance)
+
+
+def _replay_block(
+    logits: torch.Tensor, tokens: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, steps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(winner's score, winner, submitted token's score) per row of `processed + gumbel`.
+
+    The noise is computed only where a token can still beat both the submitted token and the
+    most likely one (Gumbel values are bounded by `GUMBEL_BOUND`), exactly as `models.sampling`
+    samples; when too many tokens are in reach the dense scores are cheaper.
+    """
+    import torch
+
+    from models.sampling import GUMBEL_BOUND, gumbel_at, gumbel_noise, process_logits
+
+    processed = process_logits(logits, params)
+    b, v = processed.shape
+    rows = torch.arange(b, device=processed.device)
+    if params.greedy:
+        best, arg = processed.max(dim=-1)
+        return best, arg, processed[rows, tokens]
+    chosen = processed[rows, tokens] + gumbel_at(seeds, steps, rows, tokens, v)
+    top = processed.argmax(-1)
+    top_score = processed[rows, top] + gumbel_at(seeds, steps, rows, top, v)
+    floor = torch.maximum(chosen, top_score) - GUMBEL_BOUND  # nothing below can win
+    candidates = processed >= floor.unsqueeze(1)
+    if int(candidates.sum()) * 8 > b * v:
+        best, arg = (processed + gumbel_noise(seeds, steps, v)).max(dim=-1)
+        return best, arg, chosen
+    r, t = candidates.nonzero(as_tuple=True)
+    sc = processed[r, t] + gumbel_at(seeds, steps, r, t, v)
+    best = torch.full((b,), float("-inf"), device=processed.device).scatter_reduce(0, r, sc, "amax")
+    win = sc == best[r]
+    arg = torch.full((b,), v, dtype=torch.long, device=processed.device).scatter_reduce(0, r[win], t[win], "amin")
+    return best, arg, chosen
 
 
 @dataclass(frozen=True)

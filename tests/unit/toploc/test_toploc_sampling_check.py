@@ -91,3 +91,19 @@ def test_missed_eos_is_reported_where_eos_wins_the_draw() -> None:
     s = check_sampling(logits, tokens, params, SEED, tolerance=0.5)
     t = check_termination(tokens, [2], 12, s)
     assert t.missed_eos == (5,) and "missed_eos" in t.violations
+
+
+@pytest.mark.parametrize("scale", [0.2, 3.0, 30.0])  # flat (dense path) to peaked (sparse path)
+def test_replay_margins_equal_the_dense_scores(scale: float) -> None:
+    from models.sampling import scores
+
+    params = SamplingParams(temperature=0.8)
+    logits = _logits(64, seed=3, scale=scale)
+    tokens = [int(t) for t in torch.randint(0, V, (64,), generator=torch.Generator().manual_seed(4))]
+    tokens[:10] = _draw(logits, params)[:10]
+    check = check_sampling(logits, tokens, params, SEED, tolerance=0.5)
+    dense = scores(logits, params, torch.full((64,), SEED), torch.arange(64))
+    best, arg = dense.max(dim=-1)
+    expected = (best.double() - dense[torch.arange(64), torch.tensor(tokens)].double()).tolist()
+    assert list(check.margins) == expected
+    assert list(check.winners) == arg.tolist()
