@@ -97,7 +97,7 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=opts)
+        return get_model_state_dict(self.model, options=opts)  # type: ignore[return-value]
 
     def _full_optim_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -134,7 +134,7 @@ class Trainer:
         model_state, optim_state, trainer_state, rng = load_checkpoint(path)
         opts = StateDictOptions(full_state_dict=True, strict=False)
         tied = {"lm_head.weight"} if getattr(getattr(self.model, "config", None), "tie_word_embeddings", False) else set()
-        result = set_model_state_dict(self.model, model_state, options=opts)
+        result = set_model_state_dict(self.model, model_state, options=opts)  # type: ignore[arg-type]
         missing = set(result.missing_keys) - tied
         if missing or result.unexpected_keys:
             raise RuntimeError(f"{path}: checkpoint does not match the model (missing {sorted(missing)[:3]}, "
@@ -282,7 +282,7 @@ class Trainer:
             lp, mb.sampling_logprobs.to(dev), mb.advantages.to(dev), mb.weights.to(dev), self.loss_cfg, ref_lp, ent
         )
         # FSDP averages gradients over ranks; the weights already normalize over the whole step.
-        (terms.loss * self.dist.world).backward()
+        (terms.loss * self.dist.world).backward()  # type: ignore[no-untyped-call]
         return terms
 
     def run(self) -> list[dict[str, Any]]:

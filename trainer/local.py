@@ -82,12 +82,12 @@ class LocalSource(RolloutSource):
             self.policy.train(was_training)
         groups: list[list[Sample]] = []
         self.last_completions = []
-        self.last_prompts = [tok.decode(p) for p in prompts[:: self.group_size]]
+        self.last_prompts = [str(tok.decode(p)) for p in prompts[:: self.group_size]]
         for g, task in enumerate(tasks):
             group = []
             for k in range(self.group_size):
                 gen = gens[g * self.group_size + k]
-                text = tok.decode(gen.tokens, skip_special_tokens=True)
+                text = str(tok.decode(gen.tokens, skip_special_tokens=True))
                 self.last_completions.append(text)
                 reward = self.env.reward(task, text, completion_tokens=len(gen.tokens))
                 p = gen.prompt_tokens

@@ -42,7 +42,7 @@ def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
 
     from models import load
 
-    hf_logging.disable_progress_bar()  # the trainer has its own progress line
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call] # the trainer has its own progress line
 
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
