@@ -15,7 +15,7 @@ Every client writes its copy to disk. Client processes start (and import) before
 wait for the version (long-poll / polling), so start-up cost is not measured. Prints a table and
 ratios; `--json PATH` writes them (keys ours_s, reference_s, plain_http_s, raw_copy_s).
 
-    python bench/shardcast.py --quick                  # 256 MiB, a minute or two
+    python bench/shardcast.py --quick                  # 256 MiB (8 MiB shards), a minute or two
     python bench/shardcast.py --size-mib 1024 --json bench/results/shardcast.json
 """
 
@@ -341,7 +341,7 @@ def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
         relay_urls = []
         for i in range(RELAYS):
             port = free_port()
-            procs.append(Proc([sys.executable, "-m", "shardcast.cli", "--log-level", "WARNING", "relay", "--upstream",
+            procs.append(Proc([sys.executable, "-m", "shardcast.cli", "--log-level", "INFO", "relay", "--upstream",
                                f"http://127.0.0.1:{oport}", "--trainer", trainer.address, "--store",
                                str(work / f"relay{i}"), "--port", str(port)], cwd=ROOT,
                               env={"PYTHONPATH": str(ROOT)}))
@@ -358,6 +358,10 @@ def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
         seconds = finish(clients, t0, timeout)
         published = float(origin.wait_line("PUBLISHED", 5).split()[1]) - t0
         print(f"  ours: publish (shard+hash+sign) took {published:.2f} s of it", flush=True)
+        for relay in procs[1:1 + RELAYS]:
+            print("  relay: " + " | ".join(line[11:23] + line[line.index(": ") + 1:] for line in relay.err
+                                          if "complete" in line or "following" in line), flush=True)
+        print(f"  t0 at {time.strftime('%H:%M:%S', time.localtime(t0))}.{int(t0 * 1000) % 1000:03d}", flush=True)
         for i in range(CLIENTS):
             got = next((work / f"client{i}" / "current").iterdir())
             assert got.stat().st_size == source.stat().st_size
@@ -472,7 +476,8 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=int, default=None, help="checkpoint size (default 1024; --quick: 256)")
-    parser.add_argument("--shard-mib", type=int, default=32, help="shard size for ours and the reference")
+    parser.add_argument("--shard-mib", type=int, default=None,
+                        help="shard size for ours and the reference (default: size/32, within 4..32 MiB)")
     parser.add_argument("--quick", action="store_true", help="a short run (256 MiB)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--systems", default="ours,reference,plain_http,raw_copy", help="comma-separated subset")
@@ -482,6 +487,7 @@ def main() -> int:
     args = parser.parse_args()
     size_mib = args.size_mib or (256 if args.quick else 1024)
     timeout = args.timeout or max(120.0, size_mib * 0.6)
+    args.shard_mib = args.shard_mib or max(4, min(32, size_mib // 32))
     systems = args.systems.split(",")
 
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="shardcast-bench-"))

@@ -16,6 +16,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -138,6 +139,11 @@ class _Partial:
     contributors: set[str] = field(default_factory=set)
 
 
+def _absorb(partial: _Partial, chunk: bytes, file_offset: int) -> None:
+    os.pwrite(partial.fd, chunk, file_offset)
+    partial.hasher.update(chunk)
+
+
 class _Unavailable(Exception):
     """The source does not (yet) hold the shard: 404/503, not the source's fault."""
 
@@ -176,10 +182,12 @@ class Downloader:
         self.on_bytes = on_bytes
         self.on_shard = on_shard
         self.stats = TransferStats()
+        self._pool: ThreadPoolExecutor | None = None
 
     async def run(self, indices: list[int]) -> None:
         """Fetch and verify every shard in `indices`; `RelayError` if one cannot be had."""
         queue = deque(indices)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, 4)), thread_name_prefix="shardcast-io")
         try:
             async with asyncio.TaskGroup() as group:
                 for _ in range(min(self.concurrency, len(queue))):
@@ -187,6 +195,8 @@ class Downloader:
         except BaseExceptionGroup as group:
             # Callers get the typed error of the first shard that failed, not a group.
             raise group.exceptions[0] from None
+        finally:
+            self._pool.shutdown(wait=True)
 
     async def _worker(self, queue: deque[int]) -> None:
         while queue:
@@ -254,6 +264,7 @@ class Downloader:
 
     async def _attempt(self, source: SourceStats, shard: ShardEntry, partial: _Partial) -> None:
         url = f"{source.url}/v/{self.manifest.version}/shards/{shard.index}"
+        loop = asyncio.get_running_loop()
         resuming = partial.pos > 0
         headers = {"Range": f"bytes={partial.pos}-"} if resuming else {}
         if resuming:
@@ -269,17 +280,26 @@ class Downloader:
                     partial.contributors.add(source.url)
                     raise ShardHashError(f"{url} announced {response.content_length} bytes, expected {remaining}")
                 partial.contributors.add(source.url)
-                async for chunk in response.content.iter_any():
-                    n = len(chunk)
-                    if partial.pos + n > shard.size:
-                        partial.contributors = {source.url}  # the extra bytes are this source's alone
-                        raise ShardHashError(f"{url} sent more than {shard.size} bytes")
-                    os.pwrite(partial.fd, chunk, partial.base + partial.pos)
-                    partial.hasher.update(chunk)
-                    partial.pos += n
-                    self.stats.bytes_fetched += n
-                    if self.on_bytes is not None:
-                        self.on_bytes(n)
+                # Writing and hashing run on a worker thread (both release the GIL) while the event loop
+                # receives the next chunk; at most one chunk per transfer is in flight, so memory stays
+                # bounded and chunks are hashed in order.
+                pending: asyncio.Future[None] | None = None
+                try:
+                    async for chunk in response.content.iter_any():
+                        n = len(chunk)
+                        if partial.pos + n > shard.size:
+                            partial.contributors = {source.url}  # the extra bytes are this source's alone
+                            raise ShardHashError(f"{url} sent more than {shard.size} bytes")
+                        if pending is not None:
+                            await pending
+                        pending = loop.run_in_executor(self._pool, _absorb, partial, chunk, partial.base + partial.pos)
+                        partial.pos += n
+                        self.stats.bytes_fetched += n
+                        if self.on_bytes is not None:
+                            self.on_bytes(n)
+                finally:
+                    if pending is not None:
+                        await pending
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
             raise SourceError(f"{url}: {exc.__class__.__name__}: {exc}") from exc
         if partial.pos != shard.size:
