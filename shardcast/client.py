@@ -28,8 +28,9 @@ from typing import Any
 import aiohttp
 import blake3
 
+from protocol.errors import RelayError
 from protocol.identity import checksum
-from shardcast.errors import ManifestError, RelayError, SourceError
+from shardcast.errors import ManifestError, SourceError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard
 from shardcast.transfer import Downloader, fetch_index, fetch_manifest, new_session

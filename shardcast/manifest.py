@@ -93,7 +93,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    format: Literal["shardcast/1"] = FORMAT
+    format: Literal["shardcast/1"] = "shardcast/1"
     """Wire format and schema version of this manifest."""
     run_id: str
     """The training run; a client configured for another run refuses the manifest."""

@@ -197,7 +197,8 @@ class Publisher:
                 version=version, shard_size=self.shard_size,
             )
             self._futures[version] = future
-        future.add_done_callback(lambda f, v=version: self._done(v, f))
+        chosen: int = version
+        future.add_done_callback(lambda f: self._done(chosen, f))
         return version
 
     def _done(self, version: int, future: Future[SignedManifest]) -> None:

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import aiohttp
 
+from protocol.errors import RelayError
 from protocol.identity import checksum
-from shardcast.errors import ManifestError, RelayError
+from shardcast.errors import ManifestError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.server import ShardServer
 from shardcast.sources import SourceBoard

@@ -20,6 +20,7 @@ import time
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from shardcast.store import Store
@@ -120,7 +121,7 @@ class ShardServer:
         if self.port == 0:
             server = site._server
             assert server is not None
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         log.info("%s serving %s on %s", self.role, self.store.root, self.url)
 
     async def stop(self) -> None:
@@ -138,11 +139,11 @@ class ShardServer:
     # -- handlers ----------------------------------------------------------------------------------
 
     @web.middleware
-    async def _count(self, request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         route = request.match_info.route
         endpoint = route.name if route is not None and route.name else "other"
         try:
-            response = await handler(request)
+            response: web.StreamResponse = await handler(request)
         except web.HTTPException as exc:
             self.metrics.requests.labels(endpoint=endpoint, status=str(exc.status)).inc()
             raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from shardcast.errors import RelayError
+from protocol.errors import RelayError
 
 _EWMA = 0.3
 _COOLDOWN_BASE_S = 0.2

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardcast.errors import ManifestError, RelayError
+from protocol.errors import RelayError
+from shardcast.errors import ManifestError
 from shardcast.manifest import Manifest, SignedManifest
 
 log = logging.getLogger(__name__)

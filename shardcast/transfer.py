@@ -24,10 +24,10 @@ import aiohttp
 import blake3
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from protocol.errors import RelayError
 from shardcast.errors import (
     ManifestError,
     ManifestTooLargeError,
-    RelayError,
     ShardHashError,
     SourceError,
 )
