@@ -93,11 +93,12 @@ def test_missed_eos_is_reported_where_eos_wins_the_draw() -> None:
     assert t.missed_eos == (5,) and "missed_eos" in t.violations
 
 
-@pytest.mark.parametrize("scale", [0.2, 3.0, 30.0])  # flat (dense path) to peaked (sparse path)
-def test_replay_margins_equal_the_dense_scores(scale: float) -> None:
+@pytest.mark.parametrize("top_k", [0, 50])  # 0: dense replay; 50: noise only where a token can win
+@pytest.mark.parametrize("scale", [0.2, 3.0, 30.0])
+def test_replay_margins_equal_the_dense_scores(scale: float, top_k: int) -> None:
     from models.sampling import scores
 
-    params = SamplingParams(temperature=0.8)
+    params = SamplingParams(temperature=0.8, top_k=top_k)
     logits = _logits(64, seed=3, scale=scale)
     tokens = [int(t) for t in torch.randint(0, V, (64,), generator=torch.Generator().manual_seed(4))]
     tokens[:10] = _draw(logits, params)[:10]
