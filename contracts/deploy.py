@@ -17,12 +17,12 @@ import logging
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
-from contracts.deployment import PoolSettings, deploy_pool
-from contracts.devchain import DevChain, dev_identity
-from contracts.transactor import Transactor, connect
 from protocol.errors import PrimeError
-from protocol.identity import Identity, read_password
+
+if TYPE_CHECKING:
+    from contracts.devchain import DevChain
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # web3 and eth-account take ~2 s to import: only after the arguments parsed, so --help is instant.
+    from contracts.deployment import PoolSettings, deploy_pool
+    from contracts.devchain import DevChain, dev_identity
+    from contracts.transactor import Transactor, connect
+    from protocol.identity import Identity, read_password
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chain: DevChain | None = None
     try:

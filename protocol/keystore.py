@@ -17,12 +17,20 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocol.errors import KeystoreError
-from protocol.identity import Identity, checksum, read_password
+
+if TYPE_CHECKING:
+    from protocol.identity import Identity
+
+# protocol.identity (eth-account) is imported inside the functions: it takes ~1 s, and `--help`
+# should answer at once.
 
 
 def _new_password(args: argparse.Namespace) -> str:
+    from protocol.identity import read_password
+
     if args.password_env or args.password_file:
         return read_password(env=args.password_env, file=args.password_file)
     first = read_password(prompt="New keystore password: ")
@@ -43,6 +51,8 @@ def _write(identity: Identity, args: argparse.Namespace) -> None:
 
 
 def _address(path: str) -> str:
+    from protocol.identity import checksum
+
     try:
         data = json.loads(Path(path).read_text())
         return checksum("0x" + str(data["address"]).removeprefix("0x"))
@@ -72,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("address", help="print the address stored in a keystore (no password needed)")
     p.add_argument("path")
     args = parser.parse_args(argv)
+    from protocol.identity import Identity
+
     try:
         if args.command == "address":
             print(_address(args.path))
