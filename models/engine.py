@@ -86,6 +86,11 @@ class _FastLlama:
         self.final_norm = self.inner.norm.weight
         self.lm_head = model.get_output_embeddings().weight
         self.scaling = self.head_dim**-0.5
+        # On CPU, x @ W^T with W^T stored contiguous ([in, out]) runs ~1.5x faster than F.linear
+        # at decode batch sizes (no per-call weight packing); elsewhere keep the HF layout.
+        self.transposed = loaded.device.type == "cpu"
+        prep = (lambda w: w.t().contiguous()) if self.transposed else (lambda w: w)
+        self.lm_head = prep(self.lm_head)
         self.layers: list[_Layer] = []
         with torch.no_grad():
             for layer in self.inner.layers:
@@ -94,15 +99,22 @@ class _FastLlama:
                 self.layers.append(
                     _Layer(
                         ln1=layer.input_layernorm.weight,
-                        qkv_w=torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
+                        qkv_w=prep(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
                         qkv_b=torch.cat(biases) if all(b is not None for b in biases) else None,
-                        o_w=att.o_proj.weight,
+                        o_w=prep(att.o_proj.weight),
                         ln2=layer.post_attention_layernorm.weight,
-                        gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                        down_w=mlp.down_proj.weight,
+                        gate_up_w=prep(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                        down_w=prep(mlp.down_proj.weight),
                     )
                 )
-        self.inter = int(self.layers[0].down_w.shape[1])
+        self.inter = int(self.layers[0].gate_up_w.shape[1 if self.transposed else 0]) // 2
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.transposed:
+            return F.linear(x, w, b)
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.addmm(b, flat, w) if b is not None else torch.mm(flat, w)
+        return out.view(*x.shape[:-1], w.shape[1])
 
     @staticmethod
     def supports(loaded: LoadedModel) -> bool:
@@ -145,7 +157,7 @@ class _FastLlama:
         nq, nk, d = self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.head_dim
         for layer, (k_cache, v_cache) in zip(self.layers, cache, strict=True):
             h = self._norm(x, layer.ln1)
-            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
+            qkv = self._linear(h, layer.qkv_w, layer.qkv_b)
             q = qkv[..., :nq].view(b, t, self.n_heads, d).transpose(1, 2)
             k = qkv[..., nq : nq + nk].view(b, t, self.n_kv, d).transpose(1, 2)
             v = qkv[..., nq + nk :].view(b, t, self.n_kv, d).transpose(1, 2)
@@ -161,14 +173,14 @@ class _FastLlama:
                 scale=self.scaling,
                 enable_gqa=self.n_kv != self.n_heads,
             )
-            x = x + F.linear(att.transpose(1, 2).reshape(b, t, nq), layer.o_w)
+            x = x + self._linear(att.transpose(1, 2).reshape(b, t, nq), layer.o_w)
             h = self._norm(x, layer.ln2)
-            gu = F.linear(h, layer.gate_up_w)
-            x = x + F.linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], layer.down_w)
+            gu = self._linear(h, layer.gate_up_w)
+            x = x + self._linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], layer.down_w)
         return self._norm(x, self.final_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return self._linear(hidden, self.lm_head).float()
 
 
 class Engine:
