@@ -129,6 +129,24 @@ def _verify_arrays(
     return results
 
 
+def _check_count(
+    activations: torch.Tensor | Sequence[torch.Tensor], n_proofs: int, decode_batching_size: int, skip_prefill: bool
+) -> None:
+    """Reject a wrong number of proofs before decoding any (a peer may send a huge list)."""
+    import torch
+
+    if isinstance(activations, torch.Tensor) and activations.dim() >= 1:
+        n = activations.shape[0]
+    elif isinstance(activations, (list, tuple)):
+        n = len(activations)
+    else:
+        return  # split_chunks raises the precise error
+    rest = n if skip_prefill else max(0, n - 1)
+    expected = (0 if skip_prefill else 1) + -(-rest // decode_batching_size)
+    if n and n_proofs != expected:
+        raise ProofError(f"got {n_proofs} proofs for {expected} chunks")
+
+
 def verify_proofs(
     activations: torch.Tensor | Sequence[torch.Tensor],
     proofs: Sequence[ProofPoly],
@@ -161,6 +179,7 @@ def verify_proofs_bytes(
     _check_args(decode_batching_size, topk)
     if isinstance(proofs, (bytes, str)) or not isinstance(proofs, Sequence):
         raise ProofError(f"proofs must be a list of bytes, got {type(proofs).__name__}")
+    _check_count(activations, len(proofs), decode_batching_size, skip_prefill)  # before parsing any
     coeffs, moduli = decode_proofs(list(proofs), topk)
     return _verify_arrays(activations, coeffs, moduli, decode_batching_size, topk, skip_prefill)
 
@@ -175,5 +194,6 @@ def verify_proofs_base64(
     _check_args(decode_batching_size, topk)
     if isinstance(proofs, (bytes, str)) or not isinstance(proofs, Sequence):
         raise ProofError(f"proofs must be a list of base64 strings, got {type(proofs).__name__}")
+    _check_count(activations, len(proofs), decode_batching_size, skip_prefill)
     return verify_proofs_bytes(activations, [decode_base64(p) for p in proofs], decode_batching_size, topk,
                                skip_prefill)

@@ -157,7 +157,7 @@ def test_malformed_proof_bytes_raise(mutate: object) -> None:
 
 def test_wrong_chunk_count_and_types_raise() -> None:
     a, proofs = _good()
-    for bad in (proofs[:1], proofs + proofs[:1], []):
+    for bad in (proofs[:1], proofs + proofs[:1], [], [b"x"] * 1_000_000):
         with pytest.raises(ProofError, match="proofs for"):
             toploc.verify_proofs_bytes(a, bad, 32, 128, skip_prefill=True)
     for bad_list in ([proofs[0].hex(), proofs[1].hex()], [1, 2], proofs[0], "abc", None):
