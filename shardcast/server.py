@@ -2,7 +2,7 @@
 
     GET      /versions?after=N&wait=S    index; with `wait`, answers as soon as a version > N appears
     GET      /v/{version}/manifest       the signed manifest (bytes as signed)
-    GET|HEAD /v/{version}/shards/{i}     shard bytes, Range supported (sendfile); while a relay is still
+    GET|HEAD /v/{version}/shards/{i}     shard bytes, Range supported (sendfile on worker threads); while a relay is still
                                          fetching shard i it holds the request until the shard is verified
                                          (pipelining) and answers 503 + Retry-After if that takes too long
     GET      /health, /metrics           liveness and Prometheus text format
@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from shardcast.sendfile import send_file
 from shardcast.store import Store
 
 log = logging.getLogger(__name__)
@@ -30,17 +31,6 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_LINE = 4096
 MAX_HEADER_FIELD = 8192
 MAX_BODY = 1024  # no endpoint takes a body
-SENDFILE_CHUNK = 4 * 1024 * 1024
-
-
-class _FileResponse(web.FileResponse):
-    """A FileResponse that may be prepared inside the handler (to hold the transfer semaphore while
-    sendfile runs); aiohttp's own `prepare` would send the file a second time."""
-
-    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
-        if self.prepared:
-            return None
-        return await super().prepare(request)
 
 
 class ServerMetrics:
@@ -85,6 +75,7 @@ class ShardServer:
         shard_wait_s: float = 30.0,
         max_poll_s: float = 60.0,
         max_transfers: int = 256,
+        sendfile_threads: int = 8,
     ) -> None:
         self.store = store
         self.role = role
@@ -95,6 +86,8 @@ class ShardServer:
         self.metrics = ServerMetrics(role)
         self.started_at = time.time()
         self._transfers = asyncio.Semaphore(max_transfers)
+        # Bodies leave through sendfile on these threads, so serving uses more than the loop's core.
+        self._sendfile_pool = ThreadPoolExecutor(max_workers=sendfile_threads, thread_name_prefix="shardcast-send")
         self._runner: web.AppRunner | None = None
 
     @property
@@ -128,6 +121,7 @@ class ShardServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self._sendfile_pool.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> ShardServer:
         await self.start()
@@ -193,11 +187,9 @@ class ShardServer:
                 if self.store.get(version) is None:
                     raise web.HTTPNotFound(text=f"version {version} was dropped (retention)")
                 raise web.HTTPServiceUnavailable(text="shard still arriving", headers={"Retry-After": "1"})
-        path = state.shard_path(index)
         async with self._transfers:
-            response = _FileResponse(path, chunk_size=SENDFILE_CHUNK)
-            response.headers["Cache-Control"] = "public, max-age=31536000, immutable"
-            await response.prepare(request)  # a shard removed by retention meanwhile answers 404
-            if response.content_length:
-                self.metrics.bytes_served.inc(response.content_length if request.method == "GET" else 0)
+            response = await send_file(request, state.shard_path(index), self._sendfile_pool,
+                                       extra_headers={"Cache-Control": "public, max-age=31536000, immutable"})
+            if response.content_length and request.method == "GET":
+                self.metrics.bytes_served.inc(response.content_length)
         return response
