@@ -106,6 +106,7 @@ def save_checkpoint(
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is not
     try:
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         tokenizer.save_pretrained(tmp)

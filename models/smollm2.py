@@ -119,6 +119,7 @@ def smollm2_dir() -> Path:
             return dest
         gguf = locate_gguf()
         tmp = Path(tempfile.mkdtemp(prefix=f".{CONVERTED_NAME}.", dir=root))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is not
         try:
             _convert(gguf, tmp)
             (tmp / _DONE).write_text(f"{gguf.name}\n")
