@@ -49,6 +49,15 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 
 def _push(sock_fd: int, file_fd: int, offset: int, count: int) -> None:
+    """Send on the calling (worker) thread; closes both descriptors, which are the thread's own dups."""
+    try:
+        _push_all(sock_fd, file_fd, offset, count)
+    finally:
+        os.close(sock_fd)
+        os.close(file_fd)
+
+
+def _push_all(sock_fd: int, file_fd: int, offset: int, count: int) -> None:
     poller = select.poll()
     poller.register(sock_fd, select.POLLOUT)
     while count > 0:
@@ -105,13 +114,13 @@ async def send_file(
                 raise ConnectionResetError("connection closed before the body")
             await asyncio.sleep(0.001)
         transport.pause_reading()
-        # The thread works on its own duplicate of the socket: if the transport closes its descriptor
-        # meanwhile (shutdown), the number cannot be reused under the thread's feet.
-        sock_fd = os.dup(sock.fileno())
+        # The thread works on its own duplicates and closes them itself: if the transport closes its
+        # socket or this coroutine is cancelled meanwhile, no descriptor number can be reused under
+        # the thread's feet.
+        sock_fd, file_fd = os.dup(sock.fileno()), os.dup(fd)
         try:
-            await asyncio.get_running_loop().run_in_executor(pool, _push, sock_fd, fd, start, end - start)
+            await asyncio.get_running_loop().run_in_executor(pool, _push, sock_fd, file_fd, start, end - start)
         finally:
-            os.close(sock_fd)
             if not transport.is_closing():
                 transport.resume_reading()
         await response.write_eof()
