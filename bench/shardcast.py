@@ -7,7 +7,8 @@ for four systems, each run as separate processes on 127.0.0.1:
                  (clients pull from both relays; pipelined, verified per shard)
     reference    shardcast 0.3.2 from PyPI, in its own venv (bench/.venvs/shardcast-ref): origin ->
                  2 middle nodes -> 8 client nodes (clients use both middles; wget; whole-file blake3).
-                 Its middle nodes poll every `--ref-check-interval` s (its default is 30; we give it 1).
+                 Its middle nodes poll every `--ref-check-interval` s (default 30, its own default;
+                 pass 1 to see its transfer path without the polling delay).
     plain_http   one aiohttp static-file server serving the whole file to all 8 clients (no hashing)
     raw_copy     8 loopback TCP streams, sendfile -> recv_into + write, no protocol, no hashing
 
@@ -481,7 +482,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (256 MiB)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--systems", default="ours,reference,plain_http,raw_copy", help="comma-separated subset")
-    parser.add_argument("--ref-check-interval", type=int, default=1, help="reference middle nodes' poll interval (s)")
+    parser.add_argument("--ref-check-interval", type=int, default=30,
+                        help="reference middle nodes' poll interval in s (30 = its default; 1 = a generous setting)")
     parser.add_argument("--timeout", type=float, default=None, help="per-system limit in seconds")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir, removed)")
     args = parser.parse_args()
