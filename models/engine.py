@@ -61,6 +61,7 @@ class _Layer:
     qkv_w: torch.Tensor
     qkv_b: torch.Tensor | None
     o_w: torch.Tensor
+    o_b: torch.Tensor | None
     ln2: torch.Tensor
     gate_up_w: torch.Tensor
     down_w: torch.Tensor
@@ -102,6 +103,7 @@ class _FastLlama:
                         qkv_w=prep(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])),
                         qkv_b=torch.cat(biases) if all(b is not None for b in biases) else None,
                         o_w=prep(att.o_proj.weight),
+                        o_b=att.o_proj.bias,
                         ln2=layer.post_attention_layernorm.weight,
                         gate_up_w=prep(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
                         down_w=prep(mlp.down_proj.weight),
@@ -173,7 +175,7 @@ class _FastLlama:
                 scale=self.scaling,
                 enable_gqa=self.n_kv != self.n_heads,
             )
-            x = x + self._linear(att.transpose(1, 2).reshape(b, t, nq), layer.o_w)
+            x = x + self._linear(att.transpose(1, 2).reshape(b, t, nq), layer.o_w, layer.o_b)
             h = self._norm(x, layer.ln2)
             gu = self._linear(h, layer.gate_up_w)
             x = x + self._linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], layer.down_w)
