@@ -6,6 +6,7 @@ import hashlib
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,7 +184,11 @@ def test_noise_identical_in_another_process() -> None:
         text=True,
         timeout=120,
         check=True,
-        env={"OMP_NUM_THREADS": "1", "PYTHONPATH": ".", "PATH": "/usr/bin:/bin"},
+        env={
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
+            "PATH": "/usr/bin:/bin",
+        },
     )
     assert out.stdout.strip() == here
 
