@@ -55,8 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     relay.add_argument("--upstream", nargs="+", action="extend", required=True, metavar="URL", help="origin or relay URLs")
     relay.add_argument("--trainer", required=True, help="trainer address that must have signed every manifest")
     relay.add_argument("--run-id", help="training run id (default: the first manifest's)")
-    relay.add_argument("--concurrency", type=int, default=2,
-                       help="shards fetched from upstream at once (few: the first shards arrive sooner, so downstream starts sooner)")
+    relay.add_argument("--concurrency", type=int, default=4, help="shards fetched from upstream at once")
 
     pull = sub.add_parser("pull", help="download, verify and install a version")
     pull.add_argument("--from", dest="sources", nargs="+", action="extend", required=True, metavar="URL", help="relay URLs")

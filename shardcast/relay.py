@@ -75,7 +75,7 @@ class Relay:
         host: str = "127.0.0.1",
         port: int = 0,
         retention: int = 3,
-        concurrency: int = 2,
+        concurrency: int = 4,
         poll_wait_s: float = 30.0,
     ) -> None:
         if not upstreams:
