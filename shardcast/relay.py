@@ -133,9 +133,13 @@ class Relay:
                     await asyncio.sleep(backoff)
                     backoff = min(_BACKOFF_MAX_S, backoff * 2)
                     continue
+                if newest > known and not await self._take(session, newest):
+                    # Refused or unreachable everywhere: back off instead of re-asking at once (a
+                    # forged or foreign manifest upstream must not turn into a busy loop).
+                    await asyncio.sleep(backoff)
+                    backoff = min(_BACKOFF_MAX_S, backoff * 2)
+                    continue
                 backoff = _BACKOFF_START_S
-                if newest > known:
-                    await self._take(session, newest)
 
     async def _poll(self, session: aiohttp.ClientSession, known: int) -> int | None:
         """Long-poll all upstreams; the newest version announced, or None if every upstream failed."""
@@ -162,7 +166,7 @@ class Relay:
             return None
         return best
 
-    async def _take(self, session: aiohttp.ClientSession, version: int) -> None:
+    async def _take(self, session: aiohttp.ClientSession, version: int) -> bool:
         """Fetch and verify the manifest of `version`, advertise it, and start fetching its shards."""
         for url in self.upstreams:
             try:
@@ -181,8 +185,8 @@ class Relay:
             log.info("following v%d (%d shards, %d bytes)", version, len(signed.manifest.shards),
                      signed.manifest.total_bytes)
             self._start_download(session, state)
-            return
-        await asyncio.sleep(_BACKOFF_START_S)
+            return True
+        return False
 
     def _start_download(self, session: aiohttp.ClientSession, state: VersionState) -> None:
         if self._download is not None and not self._download.done():

@@ -233,6 +233,7 @@ def test_wrong_trainer_key_is_refused_by_relay_and_client(tmp_path: Path, traine
             async with Relay([origin.url], trainer=trainer.address, store_root=tmp_path / "relay", poll_wait_s=1) as relay:
                 await asyncio.sleep(1.0)
                 assert relay.store.latest is None  # never advertised
+                assert 1 <= origin.server.metrics.count("manifest", 200) <= 5  # refused, then backs off
             client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
             with pytest.raises(RelayError, match="signed by"):
                 await client.pull()
