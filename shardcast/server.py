@@ -75,7 +75,7 @@ class ShardServer:
         shard_wait_s: float = 30.0,
         max_poll_s: float = 60.0,
         max_transfers: int = 256,
-        sendfile_threads: int = 8,
+        sendfile_threads: int = 16,
     ) -> None:
         self.store = store
         self.role = role
