@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from models.forward import check_context, decode, prefill
-from models.loading import LoadedModel
+from models.loading import LoadedModel, output_head
 from models.sampling import SamplingParams, sample
 from protocol.errors import ModelError
 
@@ -85,12 +85,15 @@ class _FastLlama:
         self.eps = float(cfg.rms_norm_eps)
         self.embed = self.inner.embed_tokens.weight
         self.final_norm = self.inner.norm.weight
-        self.lm_head = model.get_output_embeddings().weight
+        self.lm_head: torch.Tensor = output_head(model).weight
         self.scaling = self.head_dim**-0.5
         # On CPU, x @ W^T with W^T stored contiguous ([in, out]) runs ~1.5x faster than F.linear
         # at decode batch sizes (no per-call weight packing); elsewhere keep the HF layout.
         self.transposed = loaded.device.type == "cpu"
-        prep = (lambda w: w.t().contiguous()) if self.transposed else (lambda w: w)
+
+        def prep(w: torch.Tensor) -> torch.Tensor:
+            return w.t().contiguous() if self.transposed else w
+
         self.lm_head = prep(self.lm_head)
         self.layers: list[_Layer] = []
         with torch.no_grad():

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache, DynamicCache
 
-from models.loading import LoadedModel
+from models.loading import LoadedModel, output_head
 from protocol.errors import ModelError
 
 
@@ -69,7 +69,7 @@ def _run(
         )
         hidden = out.last_hidden_state
         head_in = hidden[:, -1:] if logits_last_only else hidden
-        logits = loaded.model.get_output_embeddings()(head_in).float()
+        logits = output_head(loaded.model)(head_in).float()
     return ForwardOutput(logits, hidden, out.past_key_values if use_cache else None, mask)
 
 

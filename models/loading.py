@@ -65,7 +65,15 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return int(output_head(self.model).weight.shape[0])
+
+
+def output_head(model: PreTrainedModel) -> torch.nn.Linear:
+    """The LM head (hidden -> vocabulary logits) of a causal LM."""
+    head = model.get_output_embeddings()  # type: ignore[no-untyped-call]
+    if not isinstance(head, torch.nn.Linear):
+        raise ModelError(f"model {type(model).__name__} has no linear LM head")
+    return head
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -78,7 +86,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def tiny_config(spec: TinyModelSpec) -> LlamaConfig:
-    return LlamaConfig(
+    return LlamaConfig(  # type: ignore[call-arg]
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -87,7 +95,7 @@ def tiny_config(spec: TinyModelSpec) -> LlamaConfig:
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_position_embeddings,
         rms_norm_eps=1e-5,
-        rope_theta=10000.0,
+        rope_theta=10000.0,  # transformers 4.x name; 5.x folds it into rope_parameters
         tie_word_embeddings=False,
         pad_token_id=0,
         bos_token_id=1,
@@ -108,8 +116,11 @@ def build_tiny_model(spec: TinyModelSpec) -> LlamaForCausalLM:
                 continue
             u = uniforms(torch.tensor([spec.seed ^ _TINY_SALT]), torch.tensor([index]), param.numel())
             param.copy_(((u[0] * 2.0 - 1.0) * half_width).view_as(param))
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return model.eval()
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
+    model.train(False)
+    return model
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
@@ -169,7 +180,8 @@ def load(
         model, tokenizer = _load_hf(spec.name_or_path, spec.revision, torch_dtype)
     else:
         raise ModelError(f"unknown model spec {spec!r}")
-    model = model.to(device=device, dtype=torch_dtype).eval()
+    model = model.to(device=device, dtype=torch_dtype)  # type: ignore[call-arg]
+    model.train(False)
     model.requires_grad_(False)
     max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     if max_context <= 0:

@@ -101,7 +101,7 @@ def _convert(gguf: Path, dest: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses to serialize ("quantized with gguf"); its weights are already
     # dequantized to fp32, so dropping the quantizer marks is what makes it a plain HF model.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(dest, safe_serialization=True)

@@ -51,7 +51,7 @@ def build_tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
     )
     fast.chat_template = CHAT_TEMPLATE
