@@ -9,12 +9,11 @@ from protocol.errors import PrimeError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.config import build_parser, resolve_config
+    from trainer.config import load_config
 
-    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = resolve_config(args)
+        cfg = load_config(sys.argv[1:] if argv is None else argv)  # --help exits here, before torch
         from trainer.runner import run  # torch and transformers load only now
 
         run(cfg)

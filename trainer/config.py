@@ -1,26 +1,20 @@
 """The trainer's configuration tree. Imports no torch, so `prime-trainer --help` answers at once.
 
-Sources, later wins: field defaults < TOML file (`--config`) < environment (`PRIME_TRAINER__<section>__<field>`,
-e.g. `PRIME_TRAINER__LOSS__EPSILON_HIGH=0.3`) < command-line flags (`--loss.epsilon-high 0.3`).
+Built on `protocol.config.PrimeConfig`. Sources, later wins: field defaults < TOML file (`--config`) <
+environment (`PRIME_<SECTION>__<FIELD>`, e.g. `PRIME_LOSS__EPSILON_HIGH=0.3`) < command-line flags
+(`--loss.epsilon-high 0.3`). Union sections (`model`, `data`, `publish`) need their `type` key.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import tomllib
-import types
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.errors import ConfigError
+from protocol.config import PrimeConfig, parse_config
+from protocol.config import build_parser as _build_parser
 from protocol.model_spec import ModelSpec, TinyModelSpec
-
-ENV_PREFIX = "PRIME_TRAINER__"
 
 
 class Section(BaseModel):
@@ -121,7 +115,7 @@ class CheckpointSettings(Section):
     """Resume from the newest complete checkpoint in `dir` if there is one."""
 
 
-class TrainerConfig(Section):
+class TrainerConfig(PrimeConfig):
     model: ModelSpec = TinyModelSpec()
     """The policy model: type = "tiny" (seed, sizes), "smollm2", or "hf" (name_or_path, revision)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -154,84 +148,11 @@ class TrainerConfig(Section):
     """Print a one-line progress display per step to stderr."""
 
 
-def _deep_set(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{'.'.join(path)}: parent is not a table")
-    tree[path[-1]] = value
+def build_parser() -> object:
+    """The argparse-backed CLI source (kept for callers that want the help text)."""
+    return _build_parser(TrainerConfig, prog="prime-trainer")
 
 
-def _parse_scalar(text: str) -> Any:
-    """Flag and env values: JSON when it parses (numbers, booleans, lists), else the raw string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def _leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
-    """Dotted flag name -> help text, for every scalar field (members of unions included)."""
-    out: dict[str, str] = {}
-    for name, f in model.model_fields.items():
-        ann = f.annotation
-        subs: list[type[BaseModel]] = []
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            subs = [ann]
-        elif get_origin(ann) in (Union, types.UnionType, Annotated):
-            for a in get_args(ann):
-                for b in get_args(a) or (a,):
-                    if isinstance(b, type) and issubclass(b, BaseModel):
-                        subs.append(b)
-        if subs:
-            for sub in subs:
-                for k, v in _leaf_fields(sub, f"{prefix}{name}.").items():
-                    out.setdefault(k, v)
-        else:
-            out[f"{prefix}{name}"] = (f.description or "").replace("%", "%%")
-    return out
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="prime-trainer",
-        description="Asynchronous GRPO trainer (two-sided clipping, packing, exact resume, non-blocking publish).",
-    )
-    p.add_argument("--config", type=Path, help="TOML config file (defaults < TOML < PRIME_TRAINER__* env < flags)")
-    for dotted, help_text in _leaf_fields(TrainerConfig).items():
-        flag = "--" + dotted.replace("_", "-")
-        p.add_argument(flag, dest=f"set:{dotted}", metavar="V", help=help_text)
-    return p
-
-
-def load_config(argv: list[str] | None = None, environ: typing.Mapping[str, str] | None = None) -> TrainerConfig:
-    """Merge the sources and validate; any problem raises `ConfigError` naming the offending key."""
-    args = build_parser().parse_args(argv)
-    return resolve_config(args, environ)
-
-
-def resolve_config(args: argparse.Namespace, environ: typing.Mapping[str, str] | None = None) -> TrainerConfig:
-    tree: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            tree = tomllib.loads(Path(args.config).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{args.config}: {exc}") from exc
-    env = os.environ if environ is None else environ
-    for key, value in sorted(env.items()):
-        if key.startswith(ENV_PREFIX):
-            _deep_set(tree, [k.lower() for k in key[len(ENV_PREFIX) :].split("__")], _parse_scalar(value))
-    for dest, value in vars(args).items():
-        if dest.startswith("set:") and value is not None:
-            _deep_set(tree, dest[4:].split("."), _parse_scalar(value))
-    # A union section given without its `type` keeps the default member's type.
-    for section in ("model", "data", "publish"):
-        if isinstance(tree.get(section), dict) and "type" not in tree[section]:
-            tree[section]["type"] = TrainerConfig.model_fields[section].default.type
-    try:
-        return TrainerConfig.model_validate(tree)
-    except ValidationError as exc:
-        raise ConfigError(str(exc)) from exc
+def load_config(argv: list[str] | None = None, toml_path: str | Path | None = None) -> TrainerConfig:
+    """Merge defaults < TOML < `PRIME_*` environment < flags and validate; problems raise `ConfigError`."""
+    return parse_config(TrainerConfig, [] if argv is None else argv, toml_path=toml_path, prog="prime-trainer")

@@ -31,6 +31,7 @@ groups_per_step = 4
 seq_len = 32
 async_level = 1
 [data]
+type = "directory"
 path = "{rollouts}"
 wait_timeout_s = 5
 """

@@ -21,31 +21,34 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "trainer").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_configs_parse(path: Path) -> None:
-    cfg = load_config(["--config", str(path)], environ={})
+    cfg = load_config(["--config", str(path)])
     assert cfg.max_steps > 0
 
 
-def test_sources_layer_defaults_toml_env_flags(tmp_path: Path) -> None:
+def test_sources_layer_defaults_toml_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     toml = tmp_path / "c.toml"
-    toml.write_text('max_steps = 7\n[loss]\nepsilon_high = 0.3\ndelta = 5.0\n[data]\npath = "from-toml"\n')
-    env = {"PRIME_TRAINER__LOSS__DELTA": "6.0", "PRIME_TRAINER__MAX_STEPS": "8"}
-    cfg = load_config(["--config", str(toml), "--max-steps", "9"], environ=env)
+    toml.write_text('max_steps = 7\n[loss]\nepsilon_high = 0.3\ndelta = 5.0\n'
+                    '[data]\ntype = "directory"\npath = "from-toml"\n')
+    monkeypatch.setenv("PRIME_LOSS__DELTA", "6.0")
+    monkeypatch.setenv("PRIME_MAX_STEPS", "8")
+    cfg = load_config(["--config", str(toml), "--max-steps", "9", "--data.poll-interval-s", "2"])
     assert cfg.loss.epsilon_high == 0.3 and cfg.loss.delta == 6.0 and cfg.max_steps == 9
     assert cfg.loss.epsilon_low == TrainerConfig().loss.epsilon_low
     assert str(cfg.data.path) == "from-toml"  # type: ignore[union-attr]
+    assert cfg.data.poll_interval_s == 2.0  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("argv", [["--loss.delta", "0.5"], ["--batch.seq-len", "many"], ["--data.type", "ftp"]])
 def test_bad_values_raise_config_error(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
-        load_config(argv, environ={})
+        load_config(argv)
 
 
 def test_unknown_toml_key_is_refused(tmp_path: Path) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text("[loss]\nepsilon = 0.2\n")
     with pytest.raises(ConfigError, match="epsilon"):
-        load_config(["--config", str(toml)], environ={})
+        load_config(["--config", str(toml)])
 
 
 def test_help_does_not_import_torch() -> None:
