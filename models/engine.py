@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from models.forward import check_context, decode, prefill
 from models.loading import LoadedModel, output_head
-from models.sampling import SamplingParams, sample
+from models.sampling import SamplingParams, sample, seed_tensor
 from protocol.errors import ModelError
 
 logger = logging.getLogger(__name__)
@@ -205,6 +205,9 @@ class Engine:
     def _validate(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int) -> None:
         if len(prompts) != len(seeds):
             raise ModelError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        for s in seeds:
+            if not -(1 << 63) <= s < (1 << 64):
+                raise ModelError(f"seed {s} does not fit 64 bits")
         if max_new_tokens < 1:
             raise ModelError("max_new_tokens must be >= 1")
         vocab = self.loaded.vocab_size
@@ -304,7 +307,7 @@ class Engine:
         eos_hit = [False] * b
         rows = torch.arange(b, device=device)  # live batch index -> sequence index
         live = list(range(b))
-        seed_t = torch.tensor(seeds, dtype=torch.long)
+        seed_t = seed_tensor(seeds)
         next_pos = positions[:, -1] + 1
         hidden = last_hidden
         for step in range(max_new):
@@ -360,7 +363,7 @@ class Engine:
         lengths = [0] * b
         eos_hit = [False] * b
         finished = torch.zeros(b, dtype=torch.bool, device=device)
-        seed_t = torch.tensor(seeds, dtype=torch.long)
+        seed_t = seed_tensor(seeds)
         for step in range(max_new):
             tok, lp = sample(logits, params, seed_t, torch.full((b,), step, dtype=torch.long))
             live = ~finished

@@ -1,6 +1,7 @@
 """Seeded Gumbel-max sampling that a verifier can replay exactly, on any machine and any device.
 
-The protocol gives every sequence a 64-bit ``seed`` (derived from node, policy version and task).
+The protocol gives every sequence a 64-bit ``seed`` (derived from node, policy version and task;
+passed as int64 tensors, ``seed_tensor`` turns unsigned 64-bit seeds into the same bits).
 The token generated at ``step`` (0 for the first generated token, 1 for the next, ...) is
 
     token = argmax_v( processed[v] + gumbel(seed, step, v) )
@@ -61,6 +62,11 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def seed_tensor(seeds: list[int]) -> torch.Tensor:
+    """Seeds (signed or unsigned 64-bit integers) as an int64 tensor holding the same 64 bits."""
+    return torch.tensor([s - (1 << 64) if s >= (1 << 63) else s for s in seeds], dtype=torch.long)
 
 
 def splitmix64(x: int) -> int:

@@ -102,7 +102,18 @@ def test_engine_rejects_bad_requests(tiny: LoadedModel) -> None:
         engine.generate([[1, 9999]], SamplingParams(), [0], 4)
     with pytest.raises(ModelError):
         engine.generate([[1]], SamplingParams(), [0], 0)
+    with pytest.raises(ModelError):
+        engine.generate([[1]], SamplingParams(), [1 << 64], 4)
     assert engine.generate([], SamplingParams(), [], 4) == []
+
+
+def test_uint64_seed_keeps_its_bits(tiny: LoadedModel) -> None:
+    """A protocol seed in [2**63, 2**64) samples as the same 64 bits read as a signed int."""
+    engine = Engine(tiny)
+    big = engine.generate([PROMPTS[0]], SamplingParams(), [(1 << 64) - 5], 8)[0]
+    signed = engine.generate([PROMPTS[0]], SamplingParams(), [-5], 8)[0]
+    assert big.tokens == signed.tokens and big.seed == (1 << 64) - 5
+    _check_against_prefill(tiny, signed, SamplingParams(), 1e-5)
 
 
 def test_prefill_in_row_groups_matches_one_group(tiny: LoadedModel) -> None:
