@@ -4,8 +4,13 @@ For each model (tiny, SmolLM2-135M-Instruct) and batch size (1, 16, 64) both gen
 same prompts, the same thread count and temperature-1 sampling with no top-k/top-p (HF with its own
 sampler, the engine with the seeded Gumbel-max sampler), so sequences stop at different lengths.
 Tokens/s counts generated tokens up to and including each sequence's EOS. The same run measures
-this machine's dense fp32 matmul FLOP/s (torch.mm, 2048x2048) and the engine's achieved FLOP/s
-(2 * params * tokens + attention) as a fraction of it.
+this machine's dense matmul FLOP/s in each dtype (torch.mm, 2048x2048) and the engine's achieved
+FLOP/s (2 * params * tokens + attention) as a fraction of it.
+
+Both dtypes run by default, each generator on the same weights in the same dtype: float32, and
+bfloat16 (the dtype TOPLOC proofs are built in, so the dtype a node runs; on CPUs with AMX/AVX512-BF16
+its matmuls are 2-4x faster than float32 at decode batch sizes, which shifts the bottleneck from the
+matmuls to the per-step overhead that the engine removes).
 
     python bench/generate.py --threads 2 --json out.json           # full run (several minutes)
     python bench/generate.py --quick                                # ~1-2 minutes
@@ -110,11 +115,11 @@ def run_engine(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -
     return dt, sum(len(g.tokens) for g in gens), ctx
 
 
-def matmul_flops(threads: int, seconds: float = 2.0) -> float:
+def matmul_flops(threads: int, seconds: float = 2.0, dtype: str = "float32") -> float:
     import torch
 
-    a = torch.randn(2048, 2048)
-    b = torch.randn(2048, 2048)
+    a = torch.randn(2048, 2048).to(getattr(torch, dtype))
+    b = torch.randn(2048, 2048).to(getattr(torch, dtype))
     torch.mm(a, b)
     n = 0
     t0 = time.perf_counter()
@@ -153,7 +158,9 @@ def main() -> int:
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of: tiny, smollm2")
     ap.add_argument("--batches", default="1,16,64", help="comma list of batch sizes")
     ap.add_argument("--max-new", type=int, default=None, help="max new tokens (default 128, quick 48)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--dtypes", default="float32,bfloat16", help="comma list of: float32, bfloat16 (both generators use it)"
+    )
     ap.add_argument(
         "--repeats", type=int, default=None, help="runs per generator, best kept (default 2, quick 1)"
     )
@@ -169,28 +176,36 @@ def main() -> int:
     max_new = args.max_new or (48 if args.quick else 128)
     args.repeats = args.repeats or (1 if args.quick else 2)
     batches = [int(b) for b in args.batches.split(",")]
-    peak = matmul_flops(args.threads, 1.0 if args.quick else 3.0)
+    dtypes = args.dtypes.split(",")
+    for dt_name in dtypes:
+        if dt_name not in ("float32", "bfloat16"):
+            ap.error(f"unknown dtype {dt_name!r}")
+    peaks = {d: matmul_flops(args.threads, 1.0 if args.quick else 3.0, d) for d in dtypes}
     info = {
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "threads": args.threads,
         "torch": torch.__version__,
-        "dtype": args.dtype,
+        "dtypes": dtypes,
         "max_new_tokens": max_new,
         "repeats": args.repeats,
-        "matmul_flops": peak,
+        "matmul_flops": peaks,
         "load_average": os.getloadavg(),
     }
     print(
-        f"threads={args.threads} dtype={args.dtype} max_new_tokens={max_new} cpus={os.cpu_count()} "
-        f"load={os.getloadavg()[0]:.1f}  dense fp32 matmul: {peak / 1e9:.1f} GFLOP/s"
+        f"threads={args.threads} max_new_tokens={max_new} cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}  "
+        + "  ".join(f"dense {d} matmul: {peaks[d] / 1e9:.1f} GFLOP/s" for d in dtypes)
     )
     results: list[dict[str, Any]] = []
-    header = f"{'model':8} {'batch':>5} {'hf tok/s':>9} {'engine tok/s':>12} {'ratio':>6} {'eng GFLOP/s':>11} {'of peak':>7}"
+    header = (
+        f"{'dtype':8} {'model':8} {'batch':>5} {'hf tok/s':>9} {'engine tok/s':>12} {'ratio':>6} "
+        f"{'eng GFLOP/s':>11} {'of peak':>7}"
+    )
     print(header)
-    for name in args.models.split(","):
+    for dtype, name in [(d, m) for d in dtypes for m in args.models.split(",")]:
+        peak = peaks[dtype]
         spec = TinyModelSpec() if name == "tiny" else SmolLM2Spec()
-        loaded = load(spec, dtype=args.dtype)
+        loaded = load(spec, dtype=dtype)
         engine = Engine(loaded)
         warm = prompts_for(loaded, 2, name == "tiny")
         run_engine(engine, warm, 4, 0)
@@ -213,6 +228,7 @@ def main() -> int:
             en_dt, en_n, ctx = max(en_runs, key=lambda x: x[1] / x[0])
             flops = engine_flops(loaded, prompts, en_n, ctx) / en_dt
             row = {
+                "dtype": dtype,
                 "model": name,
                 "batch": b,
                 "hf_runs_tok_s": [n / dt for dt, n in hf_runs],
@@ -229,12 +245,12 @@ def main() -> int:
             }
             results.append(row)
             print(
-                f"{name:8} {b:>5} {row['hf_tok_s']:>9.1f} {row['engine_tok_s']:>12.1f} {row['ratio_vs_hf']:>5.2f}x "
+                f"{dtype:8} {name:8} {b:>5} {row['hf_tok_s']:>9.1f} {row['engine_tok_s']:>12.1f} {row['ratio_vs_hf']:>5.2f}x "
                 f"{flops / 1e9:>11.2f} {flops / peak:>6.1%}",
                 flush=True,
             )
         del engine, loaded
-    ratio_vs_hf = {f"{r['model']}/{r['batch']}": r["ratio_vs_hf"] for r in results}
+    ratio_vs_hf = {f"{r['dtype']}/{r['model']}/{r['batch']}": r["ratio_vs_hf"] for r in results}
     if args.json:
         args.json.write_text(
             json.dumps({"info": info, "results": results, "ratio_vs_hf": ratio_vs_hf}, indent=2)
