@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,7 @@ def test_killed_pull_resumes_without_refetching_verified_shards(tmp_path: Path, 
             await proxy.start()
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    "python", "-m", "shardcast.cli", "--log-level", "WARNING", "pull", "--from", proxy.url,
+                    sys.executable, "-m", "shardcast.cli", "--log-level", "WARNING", "pull", "--from", proxy.url,
                     "--trainer", trainer.address, "--out", str(out), "--concurrency", "1", "--no-progress",
                     env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
                 )
