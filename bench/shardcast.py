@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import socket
 import subprocess
@@ -107,6 +108,16 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait()
+
+
+def cpu_seconds(pid: int, kind: str = "all") -> float:
+    """user + system (or `kind` "user" only) CPU seconds of a live process (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + (int(fields[12]) if kind == "all" else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -363,6 +374,10 @@ def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
             print("  relay: " + " | ".join(line[11:23] + line[line.index(": ") + 1:] for line in relay.err
                                           if "complete" in line or "following" in line), flush=True)
         print(f"  t0 at {time.strftime('%H:%M:%S', time.localtime(t0))}.{int(t0 * 1000) % 1000:03d}", flush=True)
+        print("  CPU s (start-up included): " + ", ".join(
+            f"{name} {cpu_seconds(p.p.pid):.1f} ({cpu_seconds(p.p.pid, 'user'):.1f} user)" for name, p in
+            [("origin", origin), *((f"relay{i}", procs[1 + i]) for i in range(RELAYS)),
+             *((f"client{i}", c) for i, c in enumerate(clients))]), flush=True)
         for i in range(CLIENTS):
             got = next((work / f"client{i}" / "current").iterdir())
             assert got.stat().st_size == source.stat().st_size
@@ -472,6 +487,7 @@ def run_raw(work: Path, source: Path, timeout: float) -> float:
 
 
 def main() -> int:
+    global CLIENTS
     if len(sys.argv) > 2 and sys.argv[1] == "_role":
         ROLES[sys.argv[2]](*sys.argv[3:])
         return 0
@@ -484,9 +500,11 @@ def main() -> int:
     parser.add_argument("--systems", default="ours,reference,plain_http,raw_copy", help="comma-separated subset")
     parser.add_argument("--ref-check-interval", type=int, default=30,
                         help="reference middle nodes' poll interval in s (30 = its default; 1 = a generous setting)")
+    parser.add_argument("--clients", type=int, default=CLIENTS, help="number of pulling clients (default 8)")
     parser.add_argument("--timeout", type=float, default=None, help="per-system limit in seconds")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir, removed)")
     args = parser.parse_args()
+    CLIENTS = args.clients
     size_mib = args.size_mib or (256 if args.quick else 1024)
     timeout = args.timeout or max(120.0, size_mib * 0.6)
     args.shard_mib = args.shard_mib or max(4, min(32, size_mib // 32))
@@ -503,6 +521,7 @@ def main() -> int:
           f"{os.cpu_count()} CPUs, load {load[0]:.2f}", flush=True)
     results: dict[str, float | None] = {}
     notes: dict[str, str] = {}
+    cpu: dict[str, float] = {}  # user+sys seconds of each system's processes (start-up included)
     runners = {
         "ours": lambda w: run_ours(w, source, args.shard_mib, timeout),
         "reference": lambda w: run_reference(w, source, args.shard_mib, timeout, args.ref_check_interval),
@@ -514,9 +533,12 @@ def main() -> int:
             work = scratch / name
             work.mkdir()
             print(f"running {name} ...", flush=True)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             try:
                 results[name] = runners[name](work)
-                print(f"  {name}: {results[name]:.2f} s", flush=True)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu[name] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
+                print(f"  {name}: {results[name]:.2f} s (CPU of its processes: {cpu[name]:.1f} s)", flush=True)
             except (RuntimeError, TimeoutError, AssertionError, subprocess.CalledProcessError) as exc:
                 results[name] = None
                 notes[name] = f"{exc.__class__.__name__}: {str(exc)[-800:]}"
@@ -543,6 +565,7 @@ def main() -> int:
         "ref_check_interval_s": args.ref_check_interval, "reference_version": REF_VERSION,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_at_start": [round(x, 2) for x in load]},
+        "cpu_s": cpu,
         "notes": notes,
     }
     print()
