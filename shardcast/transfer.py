@@ -150,6 +150,8 @@ def _absorb(partial: _Partial, chunks: list[bytes], file_offset: int) -> None:
     views = [memoryview(c) for c in chunks]
     while views:  # a short write to a regular file is rare (full disk: the next call raises) but legal
         written = os.pwritev(partial.fd, views, file_offset)
+        if written == 0:
+            raise OSError(f"pwritev wrote nothing at offset {file_offset}")
         file_offset += written
         while views and written >= len(views[0]):
             written -= len(views[0])
