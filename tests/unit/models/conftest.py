@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from models import LoadedModel, load
 from protocol.model_spec import TinyModelSpec
-
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -25,14 +23,6 @@ MAX_TOKENS = 48
 NODE = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"  # anvil dev account #1 (well-known)
 SYSTEM = "You are a helpful assistant."
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Why is the sky blue?", "Count to five."]
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ The node side is the real engine (`models.engine`), the validator side is `toplo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -28,14 +26,6 @@ CFG = ToplocThresholds()
 PARAMS = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
 MAX_TOKENS = 70
 NODE = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"  # anvil dev account #1 (well-known)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

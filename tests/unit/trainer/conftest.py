@@ -1,14 +1,9 @@
-"""Fixtures for trainer tests: a real tiny LLaMA-shaped transformer, one torch thread."""
+"""Fixtures for trainer tests: a real tiny LLaMA-shaped transformer, one torch thread (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 def tiny_llama(seed: int = 0, vocab_size: int = 64) -> torch.nn.Module:

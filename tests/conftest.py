@@ -1,0 +1,25 @@
+"""Settings for the whole test suite.
+
+torch on a 2-core box collapses when its threads are oversubscribed (NOTES.md: 30-40x), and the
+suite runs next to servers and subprocesses, so every test runs torch on one intra-op thread.
+OMP_NUM_THREADS is set before any test module imports torch (and is inherited by subprocesses);
+the fixture puts the count back to 1 after a test that raised it (e.g. the 2-thread TOPLOC check).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> None:
+    torch = sys.modules.get("torch")  # never import torch for tests that do not use it
+    if torch is not None:
+        torch.set_num_threads(1)
