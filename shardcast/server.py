@@ -20,7 +20,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from shardcast.sendfile import send_file
@@ -95,7 +94,8 @@ class ShardServer:
         return f"http://{self.host}:{self.port}"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._count])
+        app = web.Application(client_max_size=MAX_BODY)
+        app.on_response_prepare.append(self._count)
         app.router.add_get("/health", self._health, name="health")
         app.router.add_get("/metrics", self._metrics, name="metrics")
         app.router.add_get("/versions", self._versions, name="versions")
@@ -132,17 +132,12 @@ class ShardServer:
 
     # -- handlers ----------------------------------------------------------------------------------
 
-    @web.middleware
-    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def _count(self, request: web.Request, response: web.StreamResponse) -> None:
+        # Counted when the response is prepared, before its first byte leaves: a count taken after
+        # the handler returns can lag a client that already holds every byte (sendfile runs on a thread).
         route = request.match_info.route
         endpoint = route.name if route is not None and route.name else "other"
-        try:
-            response: web.StreamResponse = await handler(request)
-        except web.HTTPException as exc:
-            self.metrics.requests.labels(endpoint=endpoint, status=str(exc.status)).inc()
-            raise
         self.metrics.requests.labels(endpoint=endpoint, status=str(response.status)).inc()
-        return response
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response(
