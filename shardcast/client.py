@@ -279,7 +279,7 @@ class Client:
                     board.sources[url] = self.board.sources[url]
                 bar = self._progress_bar(manifest, todo)
                 downloader = Downloader(
-                    session, board, manifest, staged, concurrency=self.concurrency,
+                    board, manifest, staged, concurrency=self.concurrency,
                     on_bytes=bar.update if bar is not None else None, on_shard=self.on_shard,
                 )
                 log.info("pulling v%d: %d shards (%d already verified) from %d source(s)",

@@ -202,7 +202,7 @@ class Relay:
             if not todo or self.store.get(state.version) is None:
                 log.info("v%d complete", state.version)
                 return
-            downloader = Downloader(session, SourceBoard(self.upstreams), state.manifest, _ShardFiles(self, state),
+            downloader = Downloader(SourceBoard(self.upstreams), state.manifest, _ShardFiles(self, state),
                                     concurrency=self.concurrency)
             try:
                 await downloader.run(todo)

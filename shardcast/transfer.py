@@ -32,15 +32,15 @@ from shardcast.errors import (
 )
 from shardcast.manifest import MAX_MANIFEST_BYTES, Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard, SourceStats
+from shardcast.wire import ConnectionPool
 
 log = logging.getLogger(__name__)
 
 READ_BUFFER = 4 * 1024 * 1024
-# Received pieces are written and hashed in batches of about this size (one pwritev per batch).
-# Measured on 2 cores (bench/shardcast.py): 4 MiB batches cost more CPU than 512 KiB ones (a larger
-# working set of buffers churning through the caches), so keep batches small.
+# Shard bodies are received into one buffer of this size per worker, then written and hashed while
+# the bytes are still in cache (L2 holds it). Measured on 2 cores (bench/shardcast.py): 4 MiB batches
+# cost more CPU than 512 KiB ones.
 ABSORB_BATCH = 512 * 1024
-_MAX_IOV = 512
 MAX_INDEX_BYTES = 1024 * 1024
 
 
@@ -143,23 +143,18 @@ class _Partial:
     contributors: set[str] = field(default_factory=set)
 
 
-def _absorb(partial: _Partial, chunks: list[bytes], file_offset: int) -> None:
-    """Write `chunks` (consecutive bytes) at `file_offset` and feed them to the shard's hash, in order."""
-    if len(chunks) > _MAX_IOV:  # a source dribbling tiny pieces: one buffer instead of too many iovecs
-        chunks = [b"".join(chunks)]
-    views = [memoryview(c) for c in chunks]
-    while views:  # a short write to a regular file is rare (full disk: the next call raises) but legal
-        written = os.pwritev(partial.fd, views, file_offset)
+def _absorb(partial: _Partial, data: memoryview) -> None:
+    """Write `data` (the shard's next bytes) at the partial's position and feed it to the shard's hash."""
+    offset = partial.base + partial.pos
+    view = data
+    while view:  # a short write to a regular file is rare (full disk: the next call raises) but legal
+        written = os.pwrite(partial.fd, view, offset)
         if written == 0:
-            raise OSError(f"pwritev wrote nothing at offset {file_offset}")
-        file_offset += written
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
-    for chunk in chunks:
-        partial.hasher.update(chunk)
+            raise OSError(f"pwrite wrote nothing at offset {offset}")
+        offset += written
+        view = view[written:]
+    partial.hasher.update(data)
+    partial.pos += len(data)
 
 
 class _Unavailable(Exception):
@@ -179,7 +174,6 @@ class Downloader:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
         board: SourceBoard,
         manifest: Manifest,
         sink: ShardSink,
@@ -190,7 +184,6 @@ class Downloader:
         on_bytes: Callable[[int], None] | None = None,
         on_shard: Callable[[ShardEntry], None] | None = None,
     ) -> None:
-        self.session = session
         self.board = board
         self.manifest = manifest
         self.sink = sink
@@ -204,19 +197,23 @@ class Downloader:
     async def run(self, indices: list[int]) -> None:
         """Fetch and verify every shard in `indices`; `RelayError` if one cannot be had."""
         queue = deque(indices)
+        pool = ConnectionPool()
         try:
             async with asyncio.TaskGroup() as group:
                 for _ in range(min(self.concurrency, len(queue))):
-                    group.create_task(self._worker(queue))
+                    group.create_task(self._worker(queue, pool))
         except BaseExceptionGroup as group:
             # Callers get the typed error of the first shard that failed, not a group.
             raise group.exceptions[0] from None
+        finally:
+            pool.close()
 
-    async def _worker(self, queue: deque[int]) -> None:
+    async def _worker(self, queue: deque[int], pool: ConnectionPool) -> None:
+        buffer = memoryview(bytearray(ABSORB_BATCH))  # reused for every shard this worker fetches
         while queue:
-            await self._fetch(self.manifest.shards[queue.popleft()])
+            await self._fetch(self.manifest.shards[queue.popleft()], pool, buffer)
 
-    async def _fetch(self, shard: ShardEntry) -> None:
+    async def _fetch(self, shard: ShardEntry, pool: ConnectionPool, buffer: memoryview) -> None:
         failed: set[str] = set()
         failures = 0
         unavailable_since: float | None = None
@@ -235,7 +232,7 @@ class Downloader:
                 started = time.monotonic()
                 start_pos = partial.pos
                 try:
-                    await self._attempt(source, shard, partial)
+                    await self._attempt(source, shard, partial, pool, buffer)
                 except _Unavailable:
                     self.board.failure(source, soft=True)
                     failed.add(source.url)
@@ -276,54 +273,58 @@ class Downloader:
                 self.sink.discard(shard, partial.fd)
             raise
 
-    async def _attempt(self, source: SourceStats, shard: ShardEntry, partial: _Partial) -> None:
-        url = f"{source.url}/v/{self.manifest.version}/shards/{shard.index}"
+    async def _attempt(
+        self, source: SourceStats, shard: ShardEntry, partial: _Partial, pool: ConnectionPool, buffer: memoryview
+    ) -> None:
+        path = f"/v/{self.manifest.version}/shards/{shard.index}"
+        url = source.url + path
         resuming = partial.pos > 0
         headers = {"Range": f"bytes={partial.pos}-"} if resuming else {}
         if resuming:
             self.stats.range_resumes += 1
+        conn, response = await pool.request(source.url, path, headers)
         try:
-            async with self.session.get(url, headers=headers) as response:
-                if response.status in (404, 503):
-                    raise _Unavailable()
-                if response.status != (206 if resuming else 200):
-                    raise SourceError(f"{url} answered {response.status}")
-                remaining = shard.size - partial.pos
-                if response.content_length is not None and response.content_length != remaining:
-                    partial.contributors.add(source.url)
-                    raise ShardHashError(f"{url} announced {response.content_length} bytes, expected {remaining}")
-                partial.contributors.add(source.url)
-                # Writing (to the page cache) and hashing (blake3, ~5 GB/s) run inline on the event loop:
-                # both are far faster than the network, and handing them to a worker thread cost more
-                # CPU in GIL hand-overs and wake-ups than the work itself (8 clients on 2 cores: about
-                # 15 % more CPU and time). Memory per transfer stays bounded: one batch plus aiohttp's
-                # read buffer. `partial.pos` counts bytes written; when the stream breaks, the batch
-                # still filling is written too, so a resume continues right after it.
-                batch: list[bytes] = []
-                batched = 0
-                try:
-                    async for chunk in response.content.iter_any():
-                        n = len(chunk)
-                        if partial.pos + batched + n > shard.size:
-                            partial.contributors = {source.url}  # the extra bytes are this source's alone
-                            raise ShardHashError(f"{url} sent more than {shard.size} bytes")
-                        batch.append(chunk)
-                        batched += n
-                        self.stats.bytes_fetched += n
-                        if self.on_bytes is not None:
-                            self.on_bytes(n)
-                        if batched >= ABSORB_BATCH or partial.pos + batched == shard.size:
-                            _absorb(partial, batch, partial.base + partial.pos)
-                            partial.pos += batched
-                            batch, batched = [], 0
-                finally:
-                    if batch:
-                        _absorb(partial, batch, partial.base + partial.pos)
-                        partial.pos += batched
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise SourceError(f"{url}: {exc.__class__.__name__}: {exc}") from exc
-        if partial.pos != shard.size:
-            raise SourceError(f"{url} ended after {partial.pos} of {shard.size} bytes")
+            if response.status in (404, 503):
+                raise _Unavailable()
+            if response.status != (206 if resuming else 200):
+                raise SourceError(f"{url} answered {response.status}")
+            remaining = shard.size - partial.pos
+            if response.content_length is None:
+                raise SourceError(f"{url} sent no Content-Length")
+            partial.contributors.add(source.url)
+            if response.content_length != remaining:
+                raise ShardHashError(f"{url} announced {response.content_length} bytes, expected {remaining}")
+            # Writing (to the page cache) and hashing (blake3, ~5 GB/s) run inline on the event loop:
+            # both are far faster than the network, and handing them to a worker thread cost more CPU in
+            # GIL hand-overs and wake-ups than the work itself. `partial.pos` counts bytes written; when
+            # the stream breaks, what the buffer holds is written too, so a resume continues after it.
+            prefix = response.prefix[:remaining]
+            filled = len(prefix)
+            buffer[:filled] = prefix
+            received = filled
+            self._count(filled)
+            try:
+                while received < remaining:
+                    if filled == len(buffer):
+                        _absorb(partial, buffer[:filled])
+                        filled = 0
+                    n = await conn.recv_into(buffer[filled : filled + min(len(buffer) - filled, remaining - received)])
+                    if n == 0:
+                        raise SourceError(f"{url} ended after {partial.pos + filled} of {shard.size} bytes")
+                    filled += n
+                    received += n
+                    self._count(n)
+            finally:
+                if filled:
+                    _absorb(partial, buffer[:filled])
+            conn.reusable = response.keep_alive and len(response.prefix) <= remaining
+        finally:
+            pool.release(conn)
         digest = partial.hasher.hexdigest()
         if digest != shard.hash:
             raise ShardHashError(f"shard {shard.index} of v{self.manifest.version}: hash {digest[:16]}… != {shard.hash[:16]}…")
+
+    def _count(self, n: int) -> None:
+        self.stats.bytes_fetched += n
+        if self.on_bytes is not None and n:
+            self.on_bytes(n)
