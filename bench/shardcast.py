@@ -29,6 +29,7 @@ import platform
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -138,6 +139,48 @@ def wait_http(url: str, timeout: float = 30) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+WARM = True  # --cold turns the warm-up off
+
+
+def available_memory() -> int:
+    """MemAvailable in bytes (Linux); 0 where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def warm_memory(nbytes: int) -> None:
+    """Write `nbytes` of fresh anonymous memory, then free it, just before a system's clock starts.
+
+    On a VM with free-page reporting (this one has virtio-balloon with it on), memory the guest frees
+    is handed back to the host, and the first write to such a page afterwards costs about ten times a
+    normal one: 2.4-2.9 s of system time per GiB written into the page cache here, against 0.25 s
+    when warm (measured with 1 GiB file writes). Every byte a client stores is such a write, so left
+    alone a system's time depends on how much memory the system before it freed and how long ago:
+    raw copy took 3.6 s right after another system and 12.7 s after a pause. Warming the memory each
+    system will write (capped by what is available) gives every system the same start, the state of
+    a bare-metal or long-running machine. `--cold` skips it.
+    """
+    if not WARM:
+        return
+    nbytes = min(nbytes, max(0, available_memory() - (2 << 30)))
+    if nbytes <= 0:
+        return
+    import mmap
+
+    started = time.monotonic()
+    block = bytes(64 * MiB)
+    with mmap.mmap(-1, nbytes) as area:
+        for offset in range(0, nbytes, len(block)):
+            end = min(nbytes, offset + len(block))
+            area[offset:end] = block[: end - offset]
+    print(f"  warmed {nbytes / (1 << 30):.1f} GiB of memory in {time.monotonic() - started:.1f} s", flush=True)
 
 
 def me(*role: str) -> list[str]:
@@ -364,6 +407,7 @@ def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
         procs += clients
         for c in clients:
             c.wait_line("READY", 60)
+        warm_memory((CLIENTS + RELAYS + 1) * source.stat().st_size)  # clients, relays, origin store
         time.sleep(0.5)  # let every long-poll reach its server
         origin.send("go")
         t0 = float(origin.wait_line("T0", 30).split()[1])
@@ -426,6 +470,8 @@ def run_reference(work: Path, source: Path, shard_mib: int, timeout: float, inte
             clients.append(Proc([py, "-c", REF_CLIENT, str(work / f"client{i}" / "out.bin"), ",".join(middles)], cwd=cwd))
             procs.append(clients[-1])
             clients[-1].wait_line("READY", 60)
+        # clients (shards, then the reassembled file), middles, origin store
+        warm_memory((2 * CLIENTS + RELAYS + 1) * source.stat().st_size)
         origin.send("go")
         t0 = float(origin.wait_line("T0", 30).split()[1])
         seconds = finish(clients, t0, timeout)
@@ -448,6 +494,7 @@ def run_plain(work: Path, source: Path, timeout: float) -> float:
         procs += clients
         for c in clients:
             c.wait_line("READY", 60)
+        warm_memory(CLIENTS * source.stat().st_size)
         t0 = time.time()
         for c in clients:
             c.send("go")
@@ -471,6 +518,7 @@ def run_raw(work: Path, source: Path, timeout: float) -> float:
         procs += receivers
         for r in receivers:
             r.wait_line("READY", 60)
+        warm_memory(CLIENTS * source.stat().st_size)
         t0 = time.time()
         for r in receivers:
             r.send("go")
@@ -487,7 +535,7 @@ def run_raw(work: Path, source: Path, timeout: float) -> float:
 
 
 def main() -> int:
-    global CLIENTS
+    global CLIENTS, WARM
     if len(sys.argv) > 2 and sys.argv[1] == "_role":
         ROLES[sys.argv[2]](*sys.argv[3:])
         return 0
@@ -503,8 +551,14 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=CLIENTS, help="number of pulling clients (default 8)")
     parser.add_argument("--timeout", type=float, default=None, help="per-system limit in seconds")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir, removed)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every system this many times, in rotated order; report medians (default 1)")
+    parser.add_argument("--cold", action="store_true",
+                        help="skip the memory warm-up before each system (see warm_memory: on a VM with free-page "
+                             "reporting each system then pays for whatever memory the one before it gave back)")
     args = parser.parse_args()
     CLIENTS = args.clients
+    WARM = not args.cold
     size_mib = args.size_mib or (256 if args.quick else 1024)
     timeout = args.timeout or max(120.0, size_mib * 0.6)
     args.shard_mib = args.shard_mib or max(4, min(32, size_mib // 32))
@@ -519,9 +573,9 @@ def main() -> int:
     load = os.getloadavg()
     print(f"checkpoint {size_mib} MiB, shards {args.shard_mib} MiB, {RELAYS} relays, {CLIENTS} clients, "
           f"{os.cpu_count()} CPUs, load {load[0]:.2f}", flush=True)
-    results: dict[str, float | None] = {}
+    runs: dict[str, list[float]] = {name: [] for name in systems}
+    cpu_runs: dict[str, list[float]] = {name: [] for name in systems}  # user+sys s of its processes
     notes: dict[str, str] = {}
-    cpu: dict[str, float] = {}  # user+sys seconds of each system's processes (start-up included)
     runners = {
         "ours": lambda w: run_ours(w, source, args.shard_mib, timeout),
         "reference": lambda w: run_reference(w, source, args.shard_mib, timeout, args.ref_check_interval),
@@ -529,25 +583,31 @@ def main() -> int:
         "raw_copy": lambda w: run_raw(w, source, timeout),
     }
     try:
-        for name in systems:
-            work = scratch / name
-            work.mkdir()
-            print(f"running {name} ...", flush=True)
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            try:
-                results[name] = runners[name](work)
-                after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                cpu[name] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
-                print(f"  {name}: {results[name]:.2f} s (CPU of its processes: {cpu[name]:.1f} s)", flush=True)
-            except (RuntimeError, TimeoutError, AssertionError, subprocess.CalledProcessError) as exc:
-                results[name] = None
-                notes[name] = f"{exc.__class__.__name__}: {str(exc)[-800:]}"
-                print(f"  {name}: FAILED: {notes[name]}", flush=True)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+        for round_ in range(args.rounds):
+            order = systems[round_ % len(systems):] + systems[: round_ % len(systems)]
+            for name in order:
+                work = scratch / f"{name}-{round_}"
+                work.mkdir()
+                print(f"running {name} (round {round_ + 1}/{args.rounds}) ...", flush=True)
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                try:
+                    seconds = runners[name](work)
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    used = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
+                    runs[name].append(round(seconds, 3))
+                    cpu_runs[name].append(used)
+                    print(f"  {name}: {seconds:.2f} s (CPU of its processes: {used:.1f} s)", flush=True)
+                except (RuntimeError, TimeoutError, AssertionError, subprocess.CalledProcessError) as exc:
+                    notes[name] = f"{exc.__class__.__name__}: {str(exc)[-800:]}"
+                    print(f"  {name}: FAILED: {notes[name]}", flush=True)
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+    results: dict[str, float | None] = {n: (statistics.median(v) if v else None) for n, v in runs.items()}
+    cpu = {n: statistics.median(v) for n, v in cpu_runs.items() if v}
 
     def ratio(a: str, b: str) -> float | None:
         x, y = results.get(a), results.get(b)
@@ -560,7 +620,10 @@ def main() -> int:
             "reference_over_ours": ratio("reference", "ours"),  # goal >= 2
             "ours_over_raw_copy": ratio("ours", "raw_copy"),    # goal <= 3
             "ours_over_plain_http": ratio("ours", "plain_http"),
+            "ours_over_raw_copy_cpu": round(cpu["ours"] / cpu["raw_copy"], 2) if "ours" in cpu and "raw_copy" in cpu
+            else None,
         },
+        "rounds": runs, "memory_warmed": WARM,
         "size_mib": size_mib, "shard_mib": args.shard_mib, "relays": RELAYS, "clients": CLIENTS,
         "ref_check_interval_s": args.ref_check_interval, "reference_version": REF_VERSION,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
