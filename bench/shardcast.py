@@ -121,6 +121,14 @@ def cpu_seconds(pid: int, kind: str = "all") -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+STARTUP_CPU: dict[str, float] = {}  # per system: CPU s its processes had used when the clock started
+
+
+def note_startup(name: str, procs: list[Proc]) -> None:
+    """Record the CPU its processes spent starting (imports, connecting) before the clock, to subtract."""
+    STARTUP_CPU[name] = sum(cpu_seconds(p.p.pid) for p in procs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -155,21 +163,23 @@ def available_memory() -> int:
     return 0
 
 
-def warm_memory(nbytes: int) -> None:
-    """Write `nbytes` of fresh anonymous memory, then free it, just before a system's clock starts.
+def warm_memory() -> None:
+    """Write all available memory but 2 GiB, then free it, just before a system's clock starts.
 
     On a VM with free-page reporting (this one has virtio-balloon with it on), memory the guest frees
     is handed back to the host, and the first write to such a page afterwards costs about ten times a
     normal one: 2.4-2.9 s of system time per GiB written into the page cache here, against 0.25 s
     when warm (measured with 1 GiB file writes). Every byte a client stores is such a write, so left
     alone a system's time depends on how much memory the system before it freed and how long ago:
-    raw copy took 3.6 s right after another system and 12.7 s after a pause. Warming the memory each
-    system will write (capped by what is available) gives every system the same start, the state of
-    a bare-metal or long-running machine. `--cold` skips it.
+    raw copy took 3.6 s right after another system and 12.7 s after a pause. The host takes freed
+    pages back at ~150 MiB/s, also during a run, so warming only what a system will write still left
+    ours (11 GiB written over ~12 s) paying for cold pages (44 % of all CPU samples in the page-cache
+    copy, against 12 % after warming everything). Warming all available memory gives every system the
+    same start, the state of a bare-metal or long-running machine. `--cold` skips it.
     """
     if not WARM:
         return
-    nbytes = min(nbytes, max(0, available_memory() - (2 << 30)))
+    nbytes = max(0, available_memory() - (2 << 30))
     if nbytes <= 0:
         return
     import mmap
@@ -205,9 +215,13 @@ def finish(procs: list[Proc], t0: float, timeout: float) -> float:
 
 def role_ours_origin(store: str, source: str, shard_mib: str) -> None:
     import asyncio
+    import gc
 
     from protocol.identity import Identity
     from shardcast import Origin
+
+    gc.collect()
+    gc.freeze()  # as `prime-relay origin` does
 
     async def main() -> None:
         identity = Identity.from_key(os.environ["BENCH_TRAINER_KEY"])
@@ -226,8 +240,12 @@ def role_ours_origin(store: str, source: str, shard_mib: str) -> None:
 
 def role_ours_client(out: str, trainer: str, *sources: str) -> None:
     import asyncio
+    import gc
 
     from shardcast import Client
+
+    gc.collect()
+    gc.freeze()  # as `prime-relay pull` does (shardcast.cli._freeze_heap)
 
     async def main() -> None:
         client = Client(list(sources), trainer=trainer, out_dir=out, progress=False, concurrency=4)
@@ -407,8 +425,9 @@ def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
         procs += clients
         for c in clients:
             c.wait_line("READY", 60)
-        warm_memory((CLIENTS + RELAYS + 1) * source.stat().st_size)  # clients, relays, origin store
+        warm_memory()
         time.sleep(0.5)  # let every long-poll reach its server
+        note_startup("ours", procs)
         origin.send("go")
         t0 = float(origin.wait_line("T0", 30).split()[1])
         seconds = finish(clients, t0, timeout)
@@ -470,8 +489,8 @@ def run_reference(work: Path, source: Path, shard_mib: int, timeout: float, inte
             clients.append(Proc([py, "-c", REF_CLIENT, str(work / f"client{i}" / "out.bin"), ",".join(middles)], cwd=cwd))
             procs.append(clients[-1])
             clients[-1].wait_line("READY", 60)
-        # clients (shards, then the reassembled file), middles, origin store
-        warm_memory((2 * CLIENTS + RELAYS + 1) * source.stat().st_size)
+        warm_memory()
+        note_startup("reference", procs)
         origin.send("go")
         t0 = float(origin.wait_line("T0", 30).split()[1])
         seconds = finish(clients, t0, timeout)
@@ -494,7 +513,8 @@ def run_plain(work: Path, source: Path, timeout: float) -> float:
         procs += clients
         for c in clients:
             c.wait_line("READY", 60)
-        warm_memory(CLIENTS * source.stat().st_size)
+        warm_memory()
+        note_startup("plain_http", procs)
         t0 = time.time()
         for c in clients:
             c.send("go")
@@ -518,7 +538,8 @@ def run_raw(work: Path, source: Path, timeout: float) -> float:
         procs += receivers
         for r in receivers:
             r.wait_line("READY", 60)
-        warm_memory(CLIENTS * source.stat().st_size)
+        warm_memory()
+        note_startup("raw_copy", procs)
         t0 = time.time()
         for r in receivers:
             r.send("go")
@@ -574,7 +595,7 @@ def main() -> int:
     print(f"checkpoint {size_mib} MiB, shards {args.shard_mib} MiB, {RELAYS} relays, {CLIENTS} clients, "
           f"{os.cpu_count()} CPUs, load {load[0]:.2f}", flush=True)
     runs: dict[str, list[float]] = {name: [] for name in systems}
-    cpu_runs: dict[str, list[float]] = {name: [] for name in systems}  # user+sys s of its processes
+    cpu_runs: dict[str, list[float]] = {name: [] for name in systems}  # user+sys s, start-up excluded
     notes: dict[str, str] = {}
     runners = {
         "ours": lambda w: run_ours(w, source, args.shard_mib, timeout),
@@ -593,10 +614,11 @@ def main() -> int:
                 try:
                     seconds = runners[name](work)
                     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    used = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
+                    used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                    used = round(used - STARTUP_CPU.pop(name, 0.0), 2)
                     runs[name].append(round(seconds, 3))
                     cpu_runs[name].append(used)
-                    print(f"  {name}: {seconds:.2f} s (CPU of its processes: {used:.1f} s)", flush=True)
+                    print(f"  {name}: {seconds:.2f} s (CPU of its processes after start-up: {used:.1f} s)", flush=True)
                 except (RuntimeError, TimeoutError, AssertionError, subprocess.CalledProcessError) as exc:
                     notes[name] = f"{exc.__class__.__name__}: {str(exc)[-800:]}"
                     print(f"  {name}: FAILED: {notes[name]}", flush=True)

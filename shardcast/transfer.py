@@ -308,6 +308,7 @@ class Downloader:
                     if filled == len(buffer):
                         _absorb(partial, buffer[:filled])
                         filled = 0
+                        await asyncio.sleep(0)  # data may be waiting on every recv: let other tasks run
                     n = await conn.recv_into(buffer[filled : filled + min(len(buffer) - filled, remaining - received)])
                     if n == 0:
                         raise SourceError(f"{url} ended after {partial.pos + filled} of {shard.size} bytes")
