@@ -34,6 +34,7 @@ from shardcast.errors import ManifestError, SourceError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard
 from shardcast.transfer import Downloader, fetch_index, fetch_manifest, new_session
+from shardcast.wire import parse_source
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,8 @@ class Client:
         if not sources:
             raise RelayError("at least one source URL is needed")
         self.sources = [s.rstrip("/") for s in sources]
+        for url in self.sources:
+            parse_source(url)  # SourceError now, not at the first shard
         self.trainer = checksum(trainer)
         self.out_dir = Path(out_dir)
         self.run_id = run_id

@@ -28,6 +28,7 @@ from shardcast.server import ShardServer
 from shardcast.sources import SourceBoard
 from shardcast.store import Store, VersionState
 from shardcast.transfer import Downloader, fetch_index, fetch_manifest, new_session
+from shardcast.wire import parse_source
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class Relay:
         if not upstreams:
             raise RelayError("a relay needs at least one upstream")
         self.upstreams = [u.rstrip("/") for u in upstreams]
+        for url in self.upstreams:
+            parse_source(url)  # SourceError now, not at the first shard
         self.trainer = checksum(trainer)
         self.run_id = run_id
         self.store = Store(Path(store_root), retention=retention, check=self._check)

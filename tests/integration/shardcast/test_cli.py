@@ -61,3 +61,11 @@ def test_origin_publish_ls_pull(tmp_path: Path) -> None:
     finally:
         origin.terminate()
         origin.wait(10)
+
+
+def test_pull_refuses_a_source_that_is_not_plain_http(tmp_path: Path) -> None:
+    trainer = "0x" + "11" * 20
+    result = _cli("pull", "--from", "https://127.0.0.1:9", "--trainer", trainer, "--out", str(tmp_path / "w"))
+    assert result.returncode == 2
+    assert "SourceError" in result.stderr and "plain http://" in result.stderr
+    assert not (tmp_path / "w").exists()

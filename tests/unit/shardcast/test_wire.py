@@ -659,3 +659,15 @@ def test_stalled_pooled_connection_is_not_retried() -> None:
             assert server.connections == 1 and len(server.requests) == 2
 
     run(body_())
+
+
+@pytest.mark.parametrize("url", ["https://127.0.0.1:1", "http://127.0.0.1:1/relay", "127.0.0.1:1"])
+def test_client_and_relay_refuse_bad_source_urls_at_construction(tmp_path: Path, url: str) -> None:
+    from protocol.identity import Identity
+    from shardcast import Client, Relay
+
+    trainer = Identity.create().address
+    with pytest.raises(SourceError, match="bad source URL"):
+        Client(["http://127.0.0.1:1", url], trainer=trainer, out_dir=tmp_path / "c")
+    with pytest.raises(SourceError, match="bad source URL"):
+        Relay([url], trainer=trainer, store_root=tmp_path / "r")
