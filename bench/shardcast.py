@@ -13,11 +13,17 @@ for four systems, each run as separate processes on 127.0.0.1:
     raw_copy     8 loopback TCP streams, sendfile -> recv_into + write, no protocol, no hashing
 
 Every client writes its copy to disk. Client processes start (and import) before the clock starts and
-wait for the version (long-poll / polling), so start-up cost is not measured. Prints a table and
-ratios; `--json PATH` writes them (keys ours_s, reference_s, plain_http_s, raw_copy_s).
+wait for the version (long-poll / polling), so start-up cost is not measured, neither in seconds nor
+in the CPU seconds reported (`cpu_s`: user + system of a system's processes after the clock started).
+Just before each clock starts, all available memory but 2 GiB is written once and freed (see
+`warm_memory`; `--cold` skips it): on a VM that hands freed memory back to its host, as this one
+does, the first write to a page costs ten times a later one, and without the warm-up each system's
+time depends on which system ran before it. `--rounds N` runs every system N times in rotated order
+and reports medians. Prints a table and ratios; `--json PATH` writes them (keys ours_s, reference_s,
+plain_http_s, raw_copy_s, ratios, rounds, cpu_s).
 
-    python bench/shardcast.py --quick                  # 256 MiB (8 MiB shards), a minute or two
-    python bench/shardcast.py --size-mib 1024 --json bench/results/shardcast.json
+    python bench/shardcast.py --quick                  # 256 MiB (8 MiB shards), a few minutes
+    python bench/shardcast.py --size-mib 1024 --rounds 3 --json bench/results/shardcast.json
 """
 
 from __future__ import annotations
