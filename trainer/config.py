@@ -104,6 +104,26 @@ class LocalPublish(Section):
     """Directory each finished checkpoint is copied into (`step-<n>/`), off the training thread."""
 
 
+class ShardcastPublish(Section):
+    type: Literal["shardcast"] = "shardcast"
+    store: Path = Path("origin")
+    """Store of a SHARDCAST origin (`prime-relay origin --store DIR` serves it to the relays); each
+    checkpoint's weights and config become version <step>, signed by the trainer's key."""
+    run_id: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    """Run id written into every manifest; relays and nodes accept only this run's manifests."""
+    keystore: Path | None = None
+    """The trainer's encrypted keystore (`prime-keys new`); password from $PRIME_KEYSTORE_PASSWORD or
+    `password_file`."""
+    password_file: Path | None = None
+    """A file holding the keystore password (first line)."""
+    key_env: str | None = None
+    """Dev chains only: read a raw private key from this environment variable instead of a keystore."""
+    shard_mib: int = Field(32, ge=1, le=1024)
+    """Shard size in MiB."""
+    retention: int = Field(3, ge=1)
+    """Versions the store keeps (older ones are removed after each publish)."""
+
+
 class CheckpointSettings(Section):
     dir: Path = Path("checkpoints")
     """Where checkpoints go (`step-<n>/`, HF safetensors + optimizer + trainer state)."""
@@ -128,8 +148,8 @@ class TrainerConfig(PrimeConfig):
     """Batching, packing and the async window."""
     data: Annotated[Union[DirectoryData, LocalData], Field(discriminator="type")] = DirectoryData()  # noqa: UP007
     """Where rollouts come from: a directory of rollout files or local generation."""
-    publish: Annotated[Union[NoPublish, LocalPublish], Field(discriminator="type")] = NoPublish()  # noqa: UP007
-    """Where finished checkpoints are handed for broadcast."""
+    publish: Annotated[Union[NoPublish, LocalPublish, ShardcastPublish], Field(discriminator="type")] = NoPublish()  # noqa: UP007, E501
+    """Where finished checkpoints are handed for broadcast: none, a local directory, or a SHARDCAST origin store."""
     checkpoint: CheckpointSettings = CheckpointSettings()
     """Checkpointing and resume."""
     max_steps: int = Field(100, ge=0)

@@ -7,6 +7,7 @@ counted in `failures`, and the checkpoint being published is protected from rota
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -14,8 +15,16 @@ import shutil
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocol.identity import Identity
+    from trainer.config import ShardcastPublish
 
 log = logging.getLogger(__name__)
+
+# Optimizer and RNG state are the trainer's private business: never published.
+PRIVATE_FILES = ("optimizer.pt", "rng.pt", "trainer_state.json")
 
 
 class Publisher(ABC):
@@ -37,8 +46,7 @@ class LocalDirectoryPublisher(Publisher):
         tmp = self.root / f".step-{step}.tmp"
         if tmp.exists():
             shutil.rmtree(tmp)
-        # Weights and config only: optimizer and RNG state are the trainer's private business.
-        shutil.copytree(path, tmp, ignore=shutil.ignore_patterns("optimizer.pt", "rng.pt", "trainer_state.json"))
+        shutil.copytree(path, tmp, ignore=shutil.ignore_patterns(*PRIVATE_FILES))
         final = self.root / f"step-{step}"
         if final.exists():
             shutil.rmtree(final)
@@ -46,6 +54,68 @@ class LocalDirectoryPublisher(Publisher):
         latest_tmp = self.root / "latest.tmp"
         latest_tmp.write_text(f"{step}\n")
         os.replace(latest_tmp, self.root / "latest")
+
+
+def trainer_identity(settings: ShardcastPublish) -> Identity:
+    """The key that signs manifests: a keystore (password from env or file), or a raw dev key from env."""
+    import sys
+
+    from protocol.errors import ConfigError
+    from protocol.identity import Identity, read_password
+
+    if (settings.keystore is None) == (settings.key_env is None):
+        raise ConfigError("publish.type = shardcast needs exactly one of publish.keystore and publish.key_env")
+    if settings.key_env is not None:
+        value = os.environ.get(settings.key_env)
+        if not value:
+            raise ConfigError(f"publish.key_env: ${settings.key_env} is empty")
+        return Identity.from_key(value)
+    assert settings.keystore is not None
+    password = read_password(env="PRIME_KEYSTORE_PASSWORD", file=settings.password_file,
+                             prompt="Trainer keystore password: " if sys.stdin.isatty() else None)
+    return Identity.load_keystore(settings.keystore, password)
+
+
+class ShardcastPublisher(Publisher):
+    """Signs each checkpoint's weights and config into a SHARDCAST origin store as version <step>.
+
+    The origin serving the store (`prime-relay origin --store DIR`, another process) notices the new
+    version and the relays below it pull it; nodes then `prime-relay pull` it. The identity is loaded
+    when the publisher is built, so a wrong password stops the trainer before its first step, not
+    at its first checkpoint.
+    """
+
+    def __init__(self, settings: ShardcastPublish, identity: Identity | None = None) -> None:
+        self.settings = settings
+        self.identity = identity or trainer_identity(settings)
+        self.store = Path(settings.store)
+        self.store.mkdir(parents=True, exist_ok=True)
+
+    def publish(self, step: int, path: Path) -> None:
+        from shardcast.publisher import publish_blocking
+        from shardcast.store import Store
+
+        staging = self.store / ".trainer-staging" / f"step-{step}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        try:
+            for item in sorted(Path(path).iterdir()):
+                if item.name in PRIVATE_FILES or not item.is_file():
+                    continue
+                try:  # checkpoints are immutable once written: a hard link is enough, a copy otherwise
+                    os.link(item, staging / item.name)
+                except OSError:
+                    shutil.copy2(item, staging / item.name)
+            signed = publish_blocking(staging, self.store, identity=self.identity, run_id=self.settings.run_id,
+                                      version=step, shard_size=self.settings.shard_mib << 20)
+            Store(self.store, retention=self.settings.retention).scan()  # applies retention
+            log.info("checkpoint %d is SHARDCAST version %d (%d shards, %d bytes)", step, signed.manifest.version,
+                     len(signed.manifest.shards), signed.manifest.total_bytes)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                staging.parent.rmdir()  # only when empty
 
 
 class PublishHook:

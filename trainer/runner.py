@@ -13,7 +13,7 @@ from trainer.config import TrainerConfig
 from trainer.distributed import DistInfo, init_distributed
 from trainer.grpo import Trainer
 from trainer.metrics import MetricsSink
-from trainer.publish import LocalDirectoryPublisher, PublishHook
+from trainer.publish import LocalDirectoryPublisher, PublishHook, ShardcastPublisher
 from trainer.source import DirectorySource, RolloutSource
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
     hook = None
     if cfg.publish.type == "local" and dist_info.is_main:
         hook = PublishHook(LocalDirectoryPublisher(cfg.publish.path))
+    elif cfg.publish.type == "shardcast" and dist_info.is_main:
+        hook = PublishHook(ShardcastPublisher(cfg.publish))
     metrics = None
     if dist_info.is_main:
         metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps)

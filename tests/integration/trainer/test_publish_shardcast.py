@@ -1,0 +1,109 @@
+"""The trainer publishes its checkpoints through SHARDCAST: signed versions an origin serves and a node pulls."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import ConfigError, KeystoreError
+from protocol.identity import Identity
+from shardcast import Client, Origin, Relay
+from shardcast.manifest import SignedManifest
+from tests.unit.trainer.rollout_factory import write_step_files
+from trainer.config import ShardcastPublish
+from trainer.publish import ShardcastPublisher
+
+ROOT = Path(__file__).resolve().parents[3]
+STEPS = 3
+
+CONFIG = """
+max_steps = {steps}
+progress = false
+torch_threads = 1
+[model]
+type = "tiny"
+vocab_size = 320
+hidden_size = 32
+intermediate_size = 64
+[optim]
+lr = 0.01
+[batch]
+groups_per_step = 2
+seq_len = 32
+async_level = 1
+[data]
+type = "directory"
+path = "{rollouts}"
+wait_timeout_s = 5
+[checkpoint]
+dir = "{ckpt}"
+keep = 2
+[publish]
+type = "shardcast"
+store = "{store}"
+run_id = "run-7"
+key_env = "TEST_TRAINER_KEY"
+retention = 2
+"""
+
+
+@pytest.mark.timeout(180)
+def test_trainer_checkpoints_reach_a_node_through_origin_and_relay(tmp_path: Path) -> None:
+    trainer = Identity.create()  # a throwaway key for this test only
+    rollouts, ckpt, store = tmp_path / "rollouts", tmp_path / "ckpt", tmp_path / "origin"
+    write_step_files(rollouts, STEPS, groups=2, size=4, vocab=320)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.format(steps=STEPS, rollouts=rollouts, ckpt=ckpt, store=store))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "TEST_TRAINER_KEY": "0x" + bytes(trainer.account.key).hex()}
+    subprocess.run([sys.executable, "-m", "trainer.cli", "--config", str(cfg), "--metrics-file",
+                    str(tmp_path / "m.jsonl")], env=env, check=True, timeout=150, capture_output=True)
+
+    # Version numbers are the trainer's steps; retention kept the newest two; nothing private left the trainer.
+    versions = sorted(int(p.name) for p in (store / "versions").iterdir())
+    assert versions == [STEPS - 1, STEPS]
+    assert not (store / ".trainer-staging").exists()
+    for version in versions:
+        signed = SignedManifest.parse((store / "versions" / str(version) / "manifest.json").read_bytes())
+        signed.verify(trainer.address, run_id="run-7", version=version)
+        names = {f.path for f in signed.manifest.files}
+        assert "model.safetensors" in names
+        assert not names & {"optimizer.pt", "rng.pt", "trainer_state.json"}
+
+    async def broadcast() -> Path:
+        async with Origin(store, run_id="run-7", port=0) as origin, \
+                Relay([origin.url], trainer=trainer.address, store_root=tmp_path / "relay", port=0) as relay:
+            client = Client([relay.url], trainer=trainer.address, run_id="run-7", out_dir=tmp_path / "node",
+                            progress=False, wait_s=30)
+            result = await client.pull()
+            assert result.version == STEPS
+            return result.path
+
+    pulled = asyncio.run(asyncio.wait_for(broadcast(), 90))
+    final = ckpt / f"step-{STEPS}"
+    for name in ("model.safetensors", "config.json"):
+        assert (pulled / name).read_bytes() == (final / name).read_bytes()
+    assert not (pulled / "optimizer.pt").exists()
+
+
+def test_publisher_needs_exactly_one_key_source(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="exactly one"):
+        ShardcastPublisher(ShardcastPublish(store=tmp_path / "s"))
+    with pytest.raises(ConfigError, match="exactly one"):
+        ShardcastPublisher(ShardcastPublish(store=tmp_path / "s", keystore=tmp_path / "k.json", key_env="X"))
+
+
+def test_wrong_keystore_password_fails_when_the_publisher_is_built(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    keystore = tmp_path / "trainer.json"
+    Identity.create().save_keystore(keystore, "right-password")
+    monkeypatch.setenv("PRIME_KEYSTORE_PASSWORD", "wrong-password")
+    with pytest.raises(KeystoreError):
+        ShardcastPublisher(ShardcastPublish(store=tmp_path / "s", keystore=keystore))
+    monkeypatch.setenv("PRIME_KEYSTORE_PASSWORD", "right-password")
+    assert ShardcastPublisher(ShardcastPublish(store=tmp_path / "s", keystore=keystore)).identity.address
