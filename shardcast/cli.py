@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     pull.add_argument("--keep", type=int, default=2, help="installed versions kept")
     pull.add_argument("--fsync", action="store_true", help="fsync files before the swap")
     pull.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    pull.add_argument("--ban-hours", type=float, default=24.0,
+                      help="how long a relay that served bad bytes or a bad manifest stays banned for later pulls "
+                           "(remembered in OUT/bans.json; 0: only for this pull)")
+    pull.add_argument("--forget-bans", action="store_true", help="clear the remembered bans before pulling")
     pull.add_argument("--json", action="store_true", help="print the result as JSON")
 
     ls = sub.add_parser("ls", help="list the versions a server holds")
@@ -150,7 +154,10 @@ def _run(args: argparse.Namespace) -> int:
         version = None if args.version == "latest" else int(args.version)
         client = Client(args.sources, trainer=args.trainer, out_dir=args.out, run_id=args.run_id,
                         concurrency=args.concurrency, keep=args.keep, fsync=args.fsync, wait_s=args.wait,
+                        ban_s=args.ban_hours * 3600,
                         progress=False if args.no_progress else None)
+        if args.forget_bans:
+            client.forget_bans()
         _freeze_heap()
         result = asyncio.run(client.pull(version))
         if args.json:

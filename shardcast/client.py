@@ -30,6 +30,7 @@ import blake3
 
 from protocol.errors import RelayError
 from protocol.identity import checksum
+from shardcast.bans import DEFAULT_BAN_S, BanList
 from shardcast.errors import ManifestError, SourceError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard
@@ -140,6 +141,7 @@ class Client:
         progress: bool | None = None,
         fsync: bool = False,
         wait_s: float = 0.0,
+        ban_s: float = DEFAULT_BAN_S,
     ) -> None:
         if not sources:
             raise RelayError("at least one source URL is needed")
@@ -155,6 +157,9 @@ class Client:
         self.fsync = fsync
         self.wait_s = wait_s
         self.board = SourceBoard(self.sources)
+        self.bans = BanList(self.out_dir / "bans.json", duration_s=ban_s)
+        """Relays banned by earlier pulls are skipped (`ban_s`: how long a ban lasts; 0: not remembered)."""
+        self.bans.apply(self.board)
         self.on_shard: Any = None  # test/observer hook: called with each verified ShardEntry
 
     # -- local state -------------------------------------------------------------------------------
@@ -181,8 +186,10 @@ class Client:
     # -- finding a version -------------------------------------------------------------------------
 
     async def latest_available(self, session: aiohttp.ClientSession) -> dict[str, int | None]:
-        """Each source's newest version (None where unreachable)."""
+        """Each source's newest version (None where unreachable or banned)."""
         async def one(url: str) -> int | None:
+            if self.board.sources[url].banned:  # never asked again, not even where to look
+                return None
             try:
                 return (await fetch_index(session, url)).latest
             except RelayError as exc:
@@ -195,7 +202,8 @@ class Client:
     async def wait_for_version(self, after: int, timeout: float) -> int | None:
         """Long-poll every source until one advertises a version newer than `after` (None on timeout)."""
         async with new_session() as session:
-            tasks = [asyncio.ensure_future(fetch_index(session, u, after=after, wait=timeout)) for u in self.sources]
+            tasks = [asyncio.ensure_future(fetch_index(session, u, after=after, wait=timeout)) for u in self.sources
+                     if not self.board.sources[u].banned]
             deadline = time.monotonic() + timeout + 1
             try:
                 while tasks and time.monotonic() < deadline:
@@ -253,6 +261,18 @@ class Client:
 
     async def pull(self, version: int | None = None) -> PullResult:
         """Download `version` (None: the newest available), verify it, and install it."""
+        try:
+            return await self._pull(version)
+        finally:
+            self.bans.record(self.board)  # relays banned during this pull stay banned for the next ones
+
+    def forget_bans(self) -> None:
+        """Clear the remembered bans (and lift them on this client)."""
+        self.bans.forget()
+        for source in self.board.sources.values():
+            source.banned, source.ban_reason = False, None
+
+    async def _pull(self, version: int | None) -> PullResult:
         started = time.monotonic()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         async with new_session() as session:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import aiohttp
@@ -177,6 +178,24 @@ def test_client_handles_relays_serving_bad_shard_bytes(tmp_path: Path, trainer: 
                 assert fake.hits.get("/v/1/shards/{i}", 0) >= 1
                 # Lying gets a ban; a cut connection only a failure (and a Range resume elsewhere).
                 assert result.sources[fake.url]["banned"] is (kind != "truncated_then_close")
+                if kind == "truncated_then_close":
+                    return
+                # The ban outlives the pull: a later pull with this ban list never asks the liar.
+                (tmp_path / "out2").mkdir()
+                shutil.copy(tmp_path / "out" / "bans.json", tmp_path / "out2" / "bans.json")
+                hits = dict(fake.hits)
+                again = Client([fake.url, origin.url], trainer=trainer.address, out_dir=tmp_path / "out2",
+                               progress=False)
+                assert again.board.sources[fake.url].banned
+                second = await again.pull(1)
+                assert second.fetched_shards == len(state.manifest.shards)
+                assert same_tree(tmp_path / "out2" / "current", ckpt)
+                assert fake.hits == hits  # not even its index or manifest was asked for
+                # --forget-bans lifts it.
+                again.forget_bans()
+                assert not (tmp_path / "out2" / "bans.json").exists()
+                assert not Client([fake.url], trainer=trainer.address, out_dir=tmp_path / "out2",
+                                  progress=False).board.sources[fake.url].banned
     run(body())
 
 
