@@ -72,7 +72,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="how long a relay that served bad bytes or a bad manifest stays banned for later pulls "
                            "(remembered in OUT/bans.json; 0: only for this pull)")
     pull.add_argument("--forget-bans", action="store_true", help="clear the remembered bans before pulling")
-    pull.add_argument("--json", action="store_true", help="print the result as JSON")
+    pull.add_argument("--json", action="store_true", help="print the result as JSON (with --follow: one line per install)")
+    pull.add_argument("--follow", action="store_true",
+                      help="keep running: install every newer version as soon as a source advertises it "
+                           "(stop with SIGINT/SIGTERM)")
+    pull.add_argument("--poll", type=float, default=60.0, help="with --follow: long-poll window in seconds")
 
     ls = sub.add_parser("ls", help="list the versions a server holds")
     ls.add_argument("url")
@@ -106,6 +110,33 @@ async def _serve(server: Any) -> None:
         await stop.wait()
     finally:
         await server.stop()
+
+
+async def _follow(client: Any, poll_s: float, as_json: bool) -> None:
+    import asyncio
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def installs() -> None:
+        async for result in client.follow(poll_s=poll_s):
+            if as_json:
+                print(json.dumps(result.as_dict()), flush=True)
+            else:
+                print(f"v{result.version} installed at {result.path} ({result.fetched_shards} shards fetched, "
+                      f"{result.reused_shards} reused, {result.seconds:.2f} s)", flush=True)
+
+    task = asyncio.create_task(installs())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    for pending in (task, stopper):
+        pending.cancel()
+    await asyncio.gather(task, stopper, return_exceptions=True)
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
 
 
 def _freeze_heap() -> None:
@@ -159,6 +190,11 @@ def _run(args: argparse.Namespace) -> int:
         if args.forget_bans:
             client.forget_bans()
         _freeze_heap()
+        if args.follow:
+            if version is not None:
+                raise SystemExit("prime-relay: --follow always installs the newest version; drop --version")
+            asyncio.run(_follow(client, args.poll, args.json))
+            return 0
         result = asyncio.run(client.pull(version))
         if args.json:
             print(json.dumps(result.as_dict()))

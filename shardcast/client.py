@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ from shardcast.transfer import Downloader, fetch_index, fetch_manifest, new_sess
 from shardcast.wire import parse_source
 
 log = logging.getLogger(__name__)
+
+_WATCH_INTERVAL_S = 0.5
+_FOLLOW_BACKOFF_START_S = 0.5
+_FOLLOW_BACKOFF_MAX_S = 30.0
 
 
 @dataclass
@@ -142,6 +147,7 @@ class Client:
         fsync: bool = False,
         wait_s: float = 0.0,
         ban_s: float = DEFAULT_BAN_S,
+        stall_s: float = 5.0,
     ) -> None:
         if not sources:
             raise RelayError("at least one source URL is needed")
@@ -160,6 +166,8 @@ class Client:
         self.bans = BanList(self.out_dir / "bans.json", duration_s=ban_s)
         """Relays banned by earlier pulls are skipped (`ban_s`: how long a ban lasts; 0: not remembered)."""
         self.bans.apply(self.board)
+        self.stall_s = stall_s
+        """A `latest` pull whose download made no progress this long switches to a newer signed version."""
         self.on_shard: Any = None  # test/observer hook: called with each verified ShardEntry
 
     # -- local state -------------------------------------------------------------------------------
@@ -218,6 +226,39 @@ class Client:
                     task.cancel()
         return None
 
+    async def follow(self, *, poll_s: float = 60.0) -> AsyncIterator[PullResult]:
+        """Install the newest version, then every newer one as soon as a source advertises it.
+
+        Yields the result of each install (a version already installed is not yielded again). Behind by
+        several versions, it jumps to the newest; it never goes backwards. Errors (no source reachable,
+        every source banned, a pull that failed) are logged and retried with backoff; it runs until
+        cancelled. `poll_s`: the long-poll window on the sources' version index.
+        """
+        backoff = _FOLLOW_BACKOFF_START_S
+        while True:
+            before = self.installed_version()
+            try:
+                result = await self.pull()
+            except RelayError as exc:
+                log.warning("follow: %s; retrying within %.1f s", exc, backoff)
+                await self._pause(before if before is not None else -1, backoff)
+                backoff = min(_FOLLOW_BACKOFF_MAX_S, backoff * 2)
+                continue
+            if result.version != before:
+                yield result
+            backoff = _FOLLOW_BACKOFF_START_S
+            await self._pause(result.version, poll_s)
+
+    async def _pause(self, after: int, seconds: float) -> None:
+        """Wait up to `seconds`, returning as soon as a source advertises a version newer than `after`.
+
+        If every source answers at once without one (unreachable, or banned), sleep out the rest of
+        `seconds` rather than ask again straight away.
+        """
+        started = time.monotonic()
+        if await self.wait_for_version(after, seconds) is None:
+            await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+
     async def _resolve(self, session: aiohttp.ClientSession, version: int | None) -> tuple[SignedManifest, list[str]]:
         """A verified manifest for `version` (None: the newest anyone has) and the sources holding it."""
         run_id = self.run_id or self._installed_run_id()
@@ -274,6 +315,13 @@ class Client:
 
     async def _pull(self, version: int | None) -> PullResult:
         started = time.monotonic()
+        while True:
+            try:
+                return await self._pull_once(version, started)
+            except _Superseded as exc:
+                log.info("v%d stopped arriving and v%d is out: pulling v%d instead", exc.old, exc.new, exc.new)
+
+    async def _pull_once(self, version: int | None, started: float) -> PullResult:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         async with new_session() as session:
             try:
@@ -308,7 +356,10 @@ class Client:
                 log.info("pulling v%d: %d shards (%d already verified) from %d source(s)",
                          manifest.version, len(todo), len(done), len(holders))
                 try:
-                    await downloader.run(todo)
+                    if version is None:  # "latest": a version the relays gave up on must not hold us
+                        await self._download_unless_superseded(session, downloader, todo, manifest)
+                    else:
+                        await downloader.run(todo)
                 finally:
                     if bar is not None:
                         bar.close()
@@ -321,6 +372,58 @@ class Client:
         stats = downloader.stats
         return PullResult(manifest.version, final, manifest, stats.shards_fetched, len(done), stats.bytes_fetched,
                           seconds, self.board.summary(), stats.range_resumes, stats.hash_failures)
+
+    async def _download_unless_superseded(
+        self, session: aiohttp.ClientSession, downloader: Downloader, todo: list[int], manifest: Manifest
+    ) -> None:
+        """Run the download; give it up for a newer version when it stalls and a newer one is out.
+
+        A relay that sees a newer version stops fetching the older one (pre-emption), so a client in
+        the middle of the older version would wait for shards that never come. When no byte arrived
+        for `stall_s` seconds and a source offers a newer version whose manifest verifies (signed by
+        the trainer, same run: an unsigned index alone cannot make us drop a pull), the pull restarts
+        on that version. A download that makes progress is never interrupted.
+        """
+        download = asyncio.create_task(downloader.run(todo))
+        watch = asyncio.create_task(self._newer_when_stalled(session, downloader, manifest))
+        try:
+            await asyncio.wait({download, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if download.done():
+                download.result()  # raises what the download raised
+                return
+            raise _Superseded(manifest.version, watch.result())
+        finally:
+            for task in (download, watch):
+                task.cancel()
+            await asyncio.gather(download, watch, return_exceptions=True)
+
+    async def _newer_when_stalled(self, session: aiohttp.ClientSession, downloader: Downloader,
+                                  manifest: Manifest) -> int:
+        """A verified newer version, once the download has stalled for `stall_s` (never returns otherwise)."""
+        last_bytes, last_change = downloader.stats.bytes_fetched, time.monotonic()
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            now = time.monotonic()
+            if downloader.stats.bytes_fetched != last_bytes:
+                last_bytes, last_change = downloader.stats.bytes_fetched, now
+                continue
+            if now - last_change < self.stall_s:
+                continue
+            latest = await self.latest_available(session)
+            for url, newest in latest.items():
+                if newest is None or newest <= manifest.version or self.board.sources[url].banned:
+                    continue
+                try:
+                    signed = await fetch_manifest(session, url, newest)
+                    signed.verify(self.trainer, run_id=manifest.run_id, version=newest, min_version=manifest.version + 1)
+                except ManifestError as exc:
+                    log.warning("banning %s: %s", url, exc)
+                    self.board.ban(self.board.sources[url], f"manifest: {exc}")
+                    continue
+                except SourceError:
+                    continue
+                return newest
+            last_change = now  # nothing newer yet: look again after another stall period
 
     def _progress_bar(self, manifest: Manifest, todo: list[int]) -> Any:
         if not self.progress:
@@ -345,6 +448,9 @@ class Client:
             shutil.rmtree(final)
         os.rename(staging, final)
         self._swap(version)
+        for partial in (self.out_dir / ".partial").glob("*"):  # older pulls given up for this one
+            if partial.name.isdigit() and int(partial.name) < version:
+                shutil.rmtree(partial, ignore_errors=True)
 
     def _swap(self, version: int) -> None:
         """Point `current` at v<version> atomically, unless it already points at something newer."""
@@ -362,6 +468,11 @@ class Client:
         for old in [v for v in versions if v != current][: max(0, len(versions) - self.keep)]:
             shutil.rmtree(self.out_dir / f"v{old}", ignore_errors=True)
             (self.out_dir / "manifests" / f"{old}.json").unlink(missing_ok=True)
+
+
+class _Superseded(Exception):
+    def __init__(self, old: int, new: int) -> None:
+        self.old, self.new = old, new
 
 
 class _NothingNewer(Exception):
