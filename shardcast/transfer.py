@@ -181,6 +181,8 @@ class Downloader:
         concurrency: int = 8,
         max_failures_per_shard: int = 8,
         unavailable_timeout_s: float = 180.0,
+        min_rate: float = 16 * 1024,
+        min_rate_grace_s: float = 20.0,
         on_bytes: Callable[[int], None] | None = None,
         on_shard: Callable[[ShardEntry], None] | None = None,
     ) -> None:
@@ -190,6 +192,10 @@ class Downloader:
         self.concurrency = concurrency
         self.max_failures_per_shard = max_failures_per_shard
         self.unavailable_timeout_s = unavailable_timeout_s
+        self.min_rate = min_rate
+        """Bytes/s below which a shard transfer is given up (after `min_rate_grace_s`) and resumed elsewhere:
+        a source dripping a byte now and then would otherwise hold a worker for as long as it likes."""
+        self.min_rate_grace_s = min_rate_grace_s
         self.on_bytes = on_bytes
         self.on_shard = on_shard
         self.stats = TransferStats()
@@ -302,6 +308,7 @@ class Downloader:
             filled = len(prefix)
             buffer[:filled] = prefix
             received = filled
+            body_started = time.monotonic()
             self._count(filled)
             try:
                 while received < remaining:
@@ -314,6 +321,10 @@ class Downloader:
                         raise SourceError(f"{url} ended after {partial.pos + filled} of {shard.size} bytes")
                     filled += n
                     received += n
+                    elapsed = time.monotonic() - body_started
+                    if elapsed > self.min_rate_grace_s and received < self.min_rate * elapsed:
+                        raise SourceError(f"{url}: {received / elapsed:.0f} B/s over {elapsed:.1f} s, below the "
+                                          f"{self.min_rate:.0f} B/s floor")
                     self._count(n)
             finally:
                 if filled:

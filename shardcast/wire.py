@@ -150,17 +150,23 @@ class Connection:
         buffer = bytearray(MAX_HEADER_BYTES + 1)
         view = memoryview(buffer)
         filled = 0
-        while True:
-            n = await self.recv_into(view[filled:])
-            if n == 0:
-                cls = _ClosedEarly if filled == 0 else SourceError
-                raise cls(f"{host}:{port} closed the connection before a response")
-            filled += n
-            end = buffer.find(b"\r\n\r\n", max(0, filled - n - 3), filled)
-            if end >= 0:
-                break
-            if filled > MAX_HEADER_BYTES:
-                raise SourceError(f"{host}:{port} sent more than {MAX_HEADER_BYTES} bytes of headers")
+        try:
+            # The whole head within `read_timeout` (a relay may hold a request while the shard arrives,
+            # 30 s by default), not just each read: a peer dripping a byte at a time cannot stretch it.
+            async with asyncio.timeout(self.read_timeout):
+                while True:
+                    n = await self.recv_into(view[filled:])
+                    if n == 0:
+                        cls = _ClosedEarly if filled == 0 else SourceError
+                        raise cls(f"{host}:{port} closed the connection before a response")
+                    filled += n
+                    end = buffer.find(b"\r\n\r\n", max(0, filled - n - 3), filled)
+                    if end >= 0:
+                        break
+                    if filled > MAX_HEADER_BYTES:
+                        raise SourceError(f"{host}:{port} sent more than {MAX_HEADER_BYTES} bytes of headers")
+        except TimeoutError:
+            raise SourceError(f"{host}:{port} sent no complete response head in {self.read_timeout:g} s") from None
         status, parsed, length, keep_alive = parse_head(bytes(buffer[:end]))
         return Response(status, parsed, length, keep_alive, bytes(buffer[end + 4 : filled]))
 

@@ -7,6 +7,7 @@ import asyncio
 import os
 import random
 import socket
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -271,7 +272,7 @@ def test_silent_server_is_a_source_error_after_read_timeout() -> None:
     async def body_() -> None:
         async with Scripted(silent) as server:
             pool = ConnectionPool(read_timeout=0.3)
-            with pytest.raises(SourceError, match="no bytes"):
+            with pytest.raises(SourceError, match="no bytes|no complete response head"):
                 await pool.request(server.url, "/x", {})
             pool.close()
 
@@ -290,7 +291,7 @@ def test_silent_server_mid_body_is_a_source_error() -> None:
             pool = ConnectionPool(read_timeout=0.3)
             conn, resp = await pool.request(server.url, "/x", {})
             assert resp.prefix == b"abc"
-            with pytest.raises(SourceError, match="no bytes"):
+            with pytest.raises(SourceError, match="no bytes|no complete response head"):
                 await read_body(conn, 10, resp.prefix)
             pool.release(conn)
             pool.close()
@@ -653,7 +654,7 @@ def test_stalled_pooled_connection_is_not_retried() -> None:
             assert await read_body(conn, 5, resp.prefix) == b"hello"
             conn.reusable = True
             pool.release(conn)
-            with pytest.raises(SourceError, match="no bytes"):
+            with pytest.raises(SourceError, match="no bytes|no complete response head"):
                 await pool.request(server.url, "/y", {})
             pool.close()
             assert server.connections == 1 and len(server.requests) == 2
@@ -671,3 +672,57 @@ def test_client_and_relay_refuse_bad_source_urls_at_construction(tmp_path: Path,
         Client(["http://127.0.0.1:1", url], trainer=trainer, out_dir=tmp_path / "c")
     with pytest.raises(SourceError, match="bad source URL"):
         Relay([url], trainer=trainer, store_root=tmp_path / "r")
+
+
+def test_dripping_head_is_cut_off_by_the_total_deadline() -> None:
+    """Each byte arrives within the read timeout, but the head as a whole must too."""
+    async def body_() -> None:
+        async def script(server: Scripted, conn_no: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                try:
+                    await asyncio.wait_for(server.stop.wait(), 0.05)
+                    return False
+                except TimeoutError:
+                    pass
+            return False
+
+        async with Scripted(script) as server:
+            pool = ConnectionPool(read_timeout=0.6)
+            with pytest.raises(SourceError, match="no complete response head"):
+                await pool.request(server.url, "/x", {})
+            pool.close()
+
+    run(body_())
+
+
+def test_dripping_body_falls_below_the_rate_floor_and_resumes_elsewhere(tmp_path: Path) -> None:
+    data = random.Random(10).randbytes(50_000)
+    manifest = make_manifest(data, 50_000)
+
+    async def body_() -> None:
+        async def drip(server: Scripted, conn_no: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+            writer.write(response(200, data[:1000], length=len(data)))  # a fair start, then a byte now and then
+            await writer.drain()
+            for byte in data[1000:]:
+                try:
+                    await asyncio.wait_for(server.stop.wait(), 0.05)
+                    return False
+                except TimeoutError:
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+            return False
+
+        async with Scripted(drip) as slow, Scripted(shard_server(data, manifest)) as good:
+            downloader, sink = pull(tmp_path / "w.bin", manifest, [slow.url, good.url],
+                                    min_rate=100_000, min_rate_grace_s=0.5)
+            downloader.board.sources[good.url].cooldown_until = time.monotonic() + 0.2  # the slow one goes first
+            await downloader.run([0])
+            sink.close()
+            assert sink.path.read_bytes() == data
+            assert downloader.board.sources[slow.url].failures == 1
+            assert not downloader.board.sources[slow.url].banned
+            assert downloader.stats.range_resumes == 1
+
+    run(body_())
