@@ -14,32 +14,14 @@ from protocol.errors import ConfigError, KeystoreError
 from protocol.identity import Identity
 from shardcast import Client, Origin, Relay
 from shardcast.manifest import SignedManifest
-from tests.unit.trainer.rollout_factory import write_step_files
+from tests.unit.trainer.rollout_factory import directory_run_config, write_step_files
 from trainer.config import ShardcastPublish
 from trainer.publish import ShardcastPublisher
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 3
 
-CONFIG = """
-max_steps = {steps}
-progress = false
-torch_threads = 1
-[model]
-type = "tiny"
-vocab_size = 320
-hidden_size = 32
-intermediate_size = 64
-[optim]
-lr = 0.01
-[batch]
-groups_per_step = 2
-seq_len = 32
-async_level = 1
-[data]
-type = "directory"
-path = "{rollouts}"
-wait_timeout_s = 5
+PUBLISH = """
 [checkpoint]
 dir = "{ckpt}"
 keep = 2
@@ -58,7 +40,7 @@ def test_trainer_checkpoints_reach_a_node_through_origin_and_relay(tmp_path: Pat
     rollouts, ckpt, store = tmp_path / "rollouts", tmp_path / "ckpt", tmp_path / "origin"
     write_step_files(rollouts, STEPS, groups=2, size=4, vocab=320)
     cfg = tmp_path / "c.toml"
-    cfg.write_text(CONFIG.format(steps=STEPS, rollouts=rollouts, ckpt=ckpt, store=store))
+    cfg.write_text(directory_run_config(steps=STEPS, rollouts=rollouts, extra=PUBLISH.format(ckpt=ckpt, store=store)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
            "TEST_TRAINER_KEY": "0x" + bytes(trainer.account.key).hex()}
     subprocess.run([sys.executable, "-m", "trainer.cli", "--config", str(cfg), "--metrics-file",

@@ -36,3 +36,27 @@ def write_step_files(root: Path, steps: int, groups: int, size: int, vocab: int,
     for n in range(steps):
         samples = [s for g in range(groups) for s in make_group(rng, f"s{n}g{g}", max(0, n - 1), size, vocab)]
         write_rollouts(root / f"{n:06d}.parquet", samples)
+
+
+def directory_run_config(*, steps: int, rollouts: Path, groups_per_step: int = 2, extra: str = "") -> str:
+    """The TOML of a short trainer run on the tiny model that reads rollout files from `rollouts`."""
+    return f"""
+max_steps = {steps}
+progress = false
+torch_threads = 1
+[model]
+type = "tiny"
+vocab_size = 320
+hidden_size = 32
+intermediate_size = 64
+[optim]
+lr = 0.01
+[batch]
+groups_per_step = {groups_per_step}
+seq_len = 32
+async_level = 1
+[data]
+type = "directory"
+path = "{rollouts}"
+wait_timeout_s = 5
+{extra}"""

@@ -13,28 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.unit.trainer.rollout_factory import write_step_files
-
-CONFIG = """
-max_steps = 3
-progress = false
-torch_threads = 1
-[model]
-type = "tiny"
-vocab_size = 320
-hidden_size = 32
-intermediate_size = 64
-[optim]
-lr = 0.01
-[batch]
-groups_per_step = 4
-seq_len = 32
-async_level = 1
-[data]
-type = "directory"
-path = "{rollouts}"
-wait_timeout_s = 5
-"""
+from tests.unit.trainer.rollout_factory import directory_run_config, write_step_files
 
 
 def _free_port() -> int:
@@ -52,7 +31,7 @@ def _run(args: list[str], cwd: Path) -> None:
 def test_two_process_fsdp2_equals_one_process(tmp_path: Path) -> None:
     write_step_files(tmp_path / "roll", 3, groups=4, size=4, vocab=320)
     cfg = tmp_path / "c.toml"
-    cfg.write_text(CONFIG.format(rollouts=tmp_path / "roll"))
+    cfg.write_text(directory_run_config(steps=3, rollouts=tmp_path / "roll", groups_per_step=4))
     common = ["-m", "trainer.cli", "--config", str(cfg)]
     _run([sys.executable, *common, "--metrics-file", "one.jsonl", "--checkpoint.dir", "ck1"], tmp_path)
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",

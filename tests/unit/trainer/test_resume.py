@@ -12,38 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.trainer.rollout_factory import write_step_files
+from tests.unit.trainer.rollout_factory import directory_run_config, write_step_files
 
 STEPS = 6
 
-CONFIG = """
-max_steps = {steps}
-progress = false
-torch_threads = 1
-[model]
-type = "tiny"
-vocab_size = 320
-hidden_size = 32
-intermediate_size = 64
-[optim]
-lr = 0.01
-[batch]
-groups_per_step = 2
-seq_len = 32
-async_level = 1
-[data]
-type = "directory"
-path = "{rollouts}"
-wait_timeout_s = 5
-[checkpoint]
-dir = "{ckpt}"
-keep = 2
-"""
 
 
 def _write_config(tmp: Path, name: str, rollouts: Path) -> Path:
     cfg = tmp / f"{name}.toml"
-    cfg.write_text(CONFIG.format(steps=STEPS, rollouts=rollouts, ckpt=tmp / f"ckpt-{name}"))
+    cfg.write_text(directory_run_config(steps=STEPS, rollouts=rollouts,
+                                        extra=f'[checkpoint]\ndir = "{tmp / f"ckpt-{name}"}"\nkeep = 2\n'))
     return cfg
 
 
