@@ -259,6 +259,23 @@ class Client:
         if await self.wait_for_version(after, seconds) is None:
             await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
 
+    async def _verified_manifest(self, session: aiohttp.ClientSession, url: str, version: int, *,
+                                 run_id: str | None, min_version: int | None) -> SignedManifest | None:
+        """`version`'s manifest from `url` if it verifies; a source serving one that does not is banned."""
+        source = self.board.sources[url]
+        try:
+            signed = await fetch_manifest(session, url, version)
+            signed.verify(self.trainer, run_id=run_id, version=version, min_version=min_version)
+        except ManifestError as exc:
+            log.warning("banning %s: %s", url, exc)
+            self.board.ban(source, f"manifest: {exc}")
+            return None
+        except SourceError as exc:
+            log.info("%s: %s", url, exc)
+            self.board.failure(source)
+            return None
+        return signed
+
     async def _resolve(self, session: aiohttp.ClientSession, version: int | None) -> tuple[SignedManifest, list[str]]:
         """A verified manifest for `version` (None: the newest anyone has) and the sources holding it."""
         run_id = self.run_id or self._installed_run_id()
@@ -277,20 +294,10 @@ class Client:
                            and not self.board.sources[u].banned]
                 holders.sort(key=lambda u: -self.board.sources[u].score())
                 for url in holders:
-                    source = self.board.sources[url]
-                    try:
-                        signed = await fetch_manifest(session, url, candidate)
-                        signed.verify(self.trainer, run_id=run_id, version=candidate,
-                                      min_version=installed if version is None else None)
-                    except ManifestError as exc:
-                        log.warning("banning %s: %s", url, exc)
-                        self.board.ban(source, f"manifest: {exc}")
-                        continue
-                    except SourceError as exc:
-                        log.info("%s: %s", url, exc)
-                        self.board.failure(source)
-                        continue
-                    return signed, holders
+                    signed = await self._verified_manifest(session, url, candidate, run_id=run_id,
+                                                           min_version=installed if version is None else None)
+                    if signed is not None:
+                        return signed, holders
             if time.monotonic() >= deadline:
                 if version is None and installed is not None:
                     raise _NothingNewer(installed)
@@ -413,16 +420,9 @@ class Client:
             for url, newest in latest.items():
                 if newest is None or newest <= manifest.version or self.board.sources[url].banned:
                     continue
-                try:
-                    signed = await fetch_manifest(session, url, newest)
-                    signed.verify(self.trainer, run_id=manifest.run_id, version=newest, min_version=manifest.version + 1)
-                except ManifestError as exc:
-                    log.warning("banning %s: %s", url, exc)
-                    self.board.ban(self.board.sources[url], f"manifest: {exc}")
-                    continue
-                except SourceError:
-                    continue
-                return newest
+                if await self._verified_manifest(session, url, newest, run_id=manifest.run_id,
+                                                 min_version=manifest.version + 1) is not None:
+                    return newest
             last_change = now  # nothing newer yet: look again after another stall period
 
     def _progress_bar(self, manifest: Manifest, todo: list[int]) -> Any:
