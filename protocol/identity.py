@@ -194,3 +194,20 @@ def read_password(
             except (EOFError, OSError, getpass.GetPassWarning) as exc:
                 raise KeystoreError("no password: no env var, no file, and no terminal to prompt on") from exc
     raise KeystoreError("no password source configured (env var, file or prompt)")
+
+
+def load_identity(
+    *, keystore: str | Path | None = None, key_env: str | None = None,
+    password_env: str | None = "PRIME_KEYSTORE_PASSWORD", password_file: str | Path | None = None,
+    prompt: str | None = "Keystore password: ",
+) -> Identity:
+    """A role's signing key: an encrypted keystore (password via `read_password`), or, for dev chains
+    only, a raw private key in the environment variable `key_env`. `KeystoreError` when neither works."""
+    if key_env:
+        value = os.environ.get(key_env)
+        if not value:
+            raise KeystoreError(f"environment variable {key_env} is empty or not set")
+        return Identity.from_key(value)
+    if keystore is None:
+        raise KeystoreError("no key: give a keystore (or, on a dev chain, an environment variable with a raw key)")
+    return Identity.load_keystore(keystore, read_password(env=password_env, file=password_file, prompt=prompt))

@@ -84,16 +84,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _identity(args: argparse.Namespace) -> Any:
-    from protocol.identity import Identity, read_password
+    from protocol.identity import load_identity
 
-    if args.key_env:
-        value = os.environ.get(args.key_env)
-        if not value:
-            raise SystemExit(f"prime-relay: ${args.key_env} is empty")
-        return Identity.from_key(value)
-    password = read_password(env="PRIME_KEYSTORE_PASSWORD", file=args.password_file,
-                             prompt="Keystore password: " if sys.stdin.isatty() else None)
-    return Identity.load_keystore(args.keystore, password)
+    return load_identity(keystore=args.keystore, key_env=args.key_env, password_file=args.password_file)
 
 
 async def _serve(server: Any) -> None:

@@ -58,22 +58,13 @@ class LocalDirectoryPublisher(Publisher):
 
 def trainer_identity(settings: ShardcastPublish) -> Identity:
     """The key that signs manifests: a keystore (password from env or file), or a raw dev key from env."""
-    import sys
-
     from protocol.errors import ConfigError
-    from protocol.identity import Identity, read_password
+    from protocol.identity import load_identity
 
     if (settings.keystore is None) == (settings.key_env is None):
         raise ConfigError("publish.type = shardcast needs exactly one of publish.keystore and publish.key_env")
-    if settings.key_env is not None:
-        value = os.environ.get(settings.key_env)
-        if not value:
-            raise ConfigError(f"publish.key_env: ${settings.key_env} is empty")
-        return Identity.from_key(value)
-    assert settings.keystore is not None
-    password = read_password(env="PRIME_KEYSTORE_PASSWORD", file=settings.password_file,
-                             prompt="Trainer keystore password: " if sys.stdin.isatty() else None)
-    return Identity.load_keystore(settings.keystore, password)
+    return load_identity(keystore=settings.keystore, key_env=settings.key_env, password_file=settings.password_file,
+                         prompt="Trainer keystore password: ")
 
 
 class ShardcastPublisher(Publisher):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from protocol.identity import Identity
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -74,3 +76,23 @@ def test_address_of_garbage(tmp_path: Path) -> None:
     bad.write_text("{}")
     proc = _run("address", str(bad))
     assert proc.returncode == 1 and "cannot read an address" in proc.stderr
+
+
+def test_load_identity_from_keystore_or_dev_key_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from protocol.errors import KeystoreError
+    from protocol.identity import Identity, load_identity
+
+    ident = Identity.create()
+    keystore = ident.save_keystore(tmp_path / "k.json", "pw", scrypt_n=2)
+    monkeypatch.setenv("PRIME_KEYSTORE_PASSWORD", "pw")
+    assert load_identity(keystore=keystore, prompt=None).address == ident.address
+    monkeypatch.setenv("DEV_KEY", "0x" + bytes(ident.account.key).hex())
+    assert load_identity(key_env="DEV_KEY").address == ident.address
+    monkeypatch.setenv("DEV_KEY", "")
+    with pytest.raises(KeystoreError, match="DEV_KEY"):
+        load_identity(key_env="DEV_KEY")
+    with pytest.raises(KeystoreError, match="no key"):
+        load_identity()
+    monkeypatch.setenv("PRIME_KEYSTORE_PASSWORD", "wrong")
+    with pytest.raises(KeystoreError):
+        load_identity(keystore=keystore, prompt=None)
