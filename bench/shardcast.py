@@ -130,8 +130,10 @@ def cpu_seconds(pid: int, kind: str = "all") -> float:
 STARTUP_CPU: dict[str, float] = {}  # per system: CPU s its processes had used when the clock started
 
 
-def note_startup(name: str, procs: list[Proc]) -> None:
-    """Record the CPU its processes spent starting (imports, connecting) before the clock, to subtract."""
+def ready_to_start(name: str, procs: list[Proc]) -> None:
+    """Just before a system's clock starts: warm the memory (`warm_memory`), then record the CPU its
+    processes spent starting (imports, connecting), to subtract from what the run used."""
+    warm_memory()
     STARTUP_CPU[name] = sum(cpu_seconds(p.p.pid) for p in procs)
 
 
@@ -431,9 +433,8 @@ def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
         procs += clients
         for c in clients:
             c.wait_line("READY", 60)
-        warm_memory()
+        ready_to_start("ours", procs)
         time.sleep(0.5)  # let every long-poll reach its server
-        note_startup("ours", procs)
         origin.send("go")
         t0 = float(origin.wait_line("T0", 30).split()[1])
         seconds = finish(clients, t0, timeout)
@@ -495,8 +496,7 @@ def run_reference(work: Path, source: Path, shard_mib: int, timeout: float, inte
             clients.append(Proc([py, "-c", REF_CLIENT, str(work / f"client{i}" / "out.bin"), ",".join(middles)], cwd=cwd))
             procs.append(clients[-1])
             clients[-1].wait_line("READY", 60)
-        warm_memory()
-        note_startup("reference", procs)
+        ready_to_start("reference", procs)
         origin.send("go")
         t0 = float(origin.wait_line("T0", 30).split()[1])
         seconds = finish(clients, t0, timeout)
@@ -519,8 +519,7 @@ def run_plain(work: Path, source: Path, timeout: float) -> float:
         procs += clients
         for c in clients:
             c.wait_line("READY", 60)
-        warm_memory()
-        note_startup("plain_http", procs)
+        ready_to_start("plain_http", procs)
         t0 = time.time()
         for c in clients:
             c.send("go")
@@ -544,8 +543,7 @@ def run_raw(work: Path, source: Path, timeout: float) -> float:
         procs += receivers
         for r in receivers:
             r.wait_line("READY", 60)
-        warm_memory()
-        note_startup("raw_copy", procs)
+        ready_to_start("raw_copy", procs)
         t0 = time.time()
         for r in receivers:
             r.send("go")
