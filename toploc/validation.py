@@ -69,6 +69,8 @@ class SequenceReport:
     termination: TerminationCheck | None
     error: str | None = None
     """Why the rollout could not be measured (a malformed proof or token list), else None."""
+    logprobs: tuple[float, ...] = ()
+    """The replayed sampling logprob of each submitted token (what the node should have reported)."""
 
 
 def _precheck(loaded: LoadedModel, r: Rollout, cfg: ToplocThresholds) -> str | None:
@@ -156,9 +158,14 @@ def _measure_one(
                                      cfg.topk, skip_prefill=True)
     except ProofError as exc:
         return SequenceReport((), None, None, f"malformed proof: {exc}")
+    from models.sampling import process_logits
+
     try:
         sampling = check_sampling(logits, list(r.tokens), params, r.seed, tolerance=cfg.sampling_margin_tolerance)
         termination = check_termination(list(r.tokens), eos_token_ids, r.max_tokens, sampling)
     except ProtocolError as exc:
         return SequenceReport(tuple(proofs), None, None, f"malformed rollout: {exc}")
-    return SequenceReport(tuple(proofs), sampling, termination)
+    processed = process_logits(logits, params)
+    chosen = processed.gather(-1, torch.tensor(list(r.tokens), dtype=torch.long).unsqueeze(-1)).squeeze(-1)
+    logprobs = (chosen - torch.logsumexp(processed, dim=-1)).tolist()
+    return SequenceReport(tuple(proofs), sampling, termination, logprobs=tuple(float(x) for x in logprobs))
