@@ -12,6 +12,7 @@ here (2.8 vs 1.3 GB/s) and every byte is hashed once per hop; the hash is named 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -151,6 +152,11 @@ class Manifest(BaseModel):
         return json.dumps(
             self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
         ).encode("utf-8")
+
+    def content_hash(self) -> bytes:
+        """SHA-256 of `canonical_bytes()`: the manifest hash the trainer records on chain
+        (`publishPolicy(version, hash)`) and a node names in its submissions."""
+        return hashlib.sha256(self.canonical_bytes()).digest()
 
 
 class SignedManifest(BaseModel):
