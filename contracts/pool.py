@@ -345,6 +345,11 @@ class PoolClient(ContractClient):
     def domain_separator(self) -> bytes:
         return bytes(self._call("domainSeparator", self._f("domainSeparator")))
 
+    def pool_time(self) -> int:
+        """The pool clock: block time less every second spent paused (it stands still while paused).
+        Every period (window, lock, unbonding) and `recorded_at`/`unbonding_end` are on this clock."""
+        return int(self._call("poolTime", self._f("poolTime")))
+
     # -- events ---------------------------------------------------------------------------
 
     def events(

@@ -15,6 +15,9 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 /// invalidation removes the work, slashes a penalty from the node's stake to the treasury (never to
 /// the slasher) and ejects the node; a soft invalidation only removes the work. Each accepted work unit
 /// earns a reward that stays locked (and removable by invalidation) for a period, then is claimable.
+/// Every period (invalidation window, reward lock, unbonding) runs on the pool clock, `poolTime()`,
+/// which stands still while the pool is paused: nobody can act during a pause, so a pause must not use
+/// up a window (a verdict could no longer land, yet the reward would unlock).
 contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     using SafeERC20 for IERC20;
 
@@ -76,6 +79,10 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     uint64 public policyVersion;
     bytes32 public policyManifestHash;
 
+    // The pool clock (one slot): seconds spent in finished pauses, and when the current pause began.
+    uint64 private _pausedTotal;
+    uint64 private _pausedAt;
+
     mapping(address node => Node) private _nodes;
     mapping(bytes32 workKey => Work) private _work;
 
@@ -129,6 +136,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     error WorkOfOtherNode(bytes32 workKey, address node);
     error InsufficientRewardBudget(uint256 needed, uint256 available);
     error PolicyVersionNotIncreasing(uint64 current, uint64 proposed);
+    error ZeroManifestHash();
 
     constructor(
         IERC20 token_,
@@ -205,7 +213,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     function leavePool(address node) external whenNotPaused nonReentrant {
         Node storage n = _onlyOperator(node);
         if (n.status != NodeStatus.Active) revert NodeNotActive(node);
-        uint64 end = uint64(block.timestamp) + unbondingPeriod;
+        uint64 end = _now() + unbondingPeriod;
         n.status = NodeStatus.Leaving;
         n.unbondingEnd = end;
         emit LeaveStarted(node, msg.sender, end);
@@ -215,7 +223,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     function withdraw(address node) external whenNotPaused nonReentrant {
         Node storage n = _onlyOperator(node);
         if (n.status != NodeStatus.Leaving && n.status != NodeStatus.Ejected) revert NotUnbonding(node);
-        if (block.timestamp < n.unbondingEnd) revert StillUnbonding(n.unbondingEnd);
+        if (_now() < n.unbondingEnd) revert StillUnbonding(n.unbondingEnd);
         uint256 amount = n.stake;
         if (amount == 0) revert NothingToWithdraw(node);
         // Effects before the transfer: a token with receive hooks finds nothing left to take.
@@ -273,7 +281,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         n.stake -= penalty;
         totalStake -= penalty;
         if (n.status == NodeStatus.Active || n.status == NodeStatus.Leaving) {
-            uint64 end = uint64(block.timestamp) + unbondingPeriod;
+            uint64 end = _now() + unbondingPeriod;
             n.status = NodeStatus.Ejected;
             n.unbondingEnd = end;
             emit NodeEjected(node, workKey, end);
@@ -297,9 +305,12 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         emit WorkInvalidated(node, workKey, msg.sender, false, reasonCode, bytes32(0));
     }
 
-    /// @notice Claim the unlocked rewards of `node`'s accepted work `workKeys`; paid to its operator.
+    /// @notice Claim the unlocked rewards of `node`'s accepted work `workKeys`; paid to its operator. A reward
+    /// unlocks at `recordedAt + rewardLockPeriod` (pool clock), the moment its invalidation window has closed
+    /// at the latest (the constructor enforces `rewardLockPeriod >= invalidationWindow`).
     function claimRewards(address node, bytes32[] calldata workKeys) external whenNotPaused nonReentrant {
         _onlyOperator(node);
+        uint64 now_ = _now();
         uint256 total;
         for (uint256 i = 0; i < workKeys.length; ++i) {
             bytes32 key = workKeys[i];
@@ -308,7 +319,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
             if (w.node != node) revert WorkOfOtherNode(key, w.node);
             if (w.status != WorkStatus.Accepted) revert WorkNotAccepted(key, w.status);
             uint64 unlockAt = uint64(w.recordedAt) + rewardLockPeriod;
-            if (block.timestamp < unlockAt) revert RewardLocked(key, unlockAt);
+            if (now_ < unlockAt) revert RewardLocked(key, unlockAt);
             w.status = WorkStatus.Claimed;
             total += w.reward;
         }
@@ -321,8 +332,11 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     // ------------------------------------------------------------------ trainer
 
     /// @notice Announce policy `version` (the trainer step) and the hash of its signed SHARDCAST manifest.
+    /// Versions only increase; the first may be any number (0 included). A zero hash is refused, so a
+    /// non-zero `policyManifestHash` always means "something was published" and versions cannot go back.
     function publishPolicy(uint64 version, bytes32 manifestHash) external onlyRole(TRAINER_ROLE) whenNotPaused {
-        if (version <= policyVersion && policyManifestHash != bytes32(0)) {
+        if (manifestHash == bytes32(0)) revert ZeroManifestHash();
+        if (policyManifestHash != bytes32(0) && version <= policyVersion) {
             revert PolicyVersionNotIncreasing(policyVersion, version);
         }
         policyVersion = version;
@@ -374,12 +388,16 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         emit SlashPenaltyChanged(slashPenalty_);
     }
 
+    /// @notice Stop every state change except admin configuration, and stop the pool clock.
     function pause() external onlyRole(DEFAULT_ADMIN_ROLE) {
         _pause();
+        _pausedAt = uint64(block.timestamp);
     }
 
+    /// @notice Resume; the pool clock goes on from where it stood when the pool was paused.
     function unpause() external onlyRole(DEFAULT_ADMIN_ROLE) {
         _unpause();
+        _pausedTotal += uint64(block.timestamp) - _pausedAt;
     }
 
     // ------------------------------------------------------------------ views
@@ -400,12 +418,24 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         return _domainSeparatorV4();
     }
 
+    /// @notice The pool clock: `block.timestamp` less every second spent paused (standing still during a
+    /// pause). `recordedAt`, `unbondingEnd` and the times in `RewardLocked`, `InvalidationWindowClosed`
+    /// and `StillUnbonding` are on this clock.
+    function poolTime() external view returns (uint64) {
+        return paused() ? _pausedAt - _pausedTotal : _now();
+    }
+
     // ------------------------------------------------------------------ internals
 
     /// A validator may never receive slashed stake, so the treasury can never hold the validator role.
     function _grantRole(bytes32 role, address account) internal override returns (bool) {
         if (role == VALIDATOR_ROLE && account == treasury) revert TreasuryIsValidator(account);
         return super._grantRole(role, account);
+    }
+
+    /// The pool clock while not paused (every caller is `whenNotPaused`).
+    function _now() private view returns (uint64) {
+        return uint64(block.timestamp) - _pausedTotal;
     }
 
     function _onlyOperator(address node) private view returns (Node storage n) {
@@ -427,7 +457,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         _work[workKey] = Work({
             node: node,
             status: WorkStatus.Accepted,
-            recordedAt: uint40(block.timestamp),
+            recordedAt: uint40(_now()),
             units: units,
             reward: reward
         });
@@ -438,8 +468,10 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         w = _work[workKey];
         if (w.status == WorkStatus.None) revert UnknownWorkKey(workKey);
         if (w.status != WorkStatus.Accepted) revert WorkNotAccepted(workKey, w.status);
+        // Open while now < recordedAt + window; a reward unlocks at recordedAt + lock >= that moment, so no
+        // second exists in which work can be both invalidated and paid.
         uint64 closedAt = uint64(w.recordedAt) + invalidationWindow;
-        if (block.timestamp > closedAt) revert InvalidationWindowClosed(workKey, closedAt);
+        if (_now() >= closedAt) revert InvalidationWindowClosed(workKey, closedAt);
     }
 
     function _removeWork(Work storage w, WorkStatus status) private {

@@ -103,6 +103,32 @@ def test_publish_policy(pools: Pools) -> None:
     assert exc.value.reason == "AccessControlUnauthorizedAccount"
 
 
+def test_policy_versions_never_go_back(pools: Pools) -> None:
+    """A zero manifest hash used to reset "nothing published yet", after which any version was accepted."""
+    with pytest.raises(ChainError) as exc:
+        pools.trainer.publish_policy(11, bytes(32))
+    assert exc.value.reason == "ZeroManifestHash"
+    pools.trainer.publish_policy(11, MANIFEST)
+    for version in (1, 11):
+        with pytest.raises(ChainError) as exc:
+            pools.trainer.publish_policy(version, keccak(text=f"step {version}"))
+        assert exc.value.reason == "PolicyVersionNotIncreasing"
+    with pytest.raises(ChainError) as exc:
+        pools.trainer.publish_policy(12, bytes(32))
+    assert exc.value.reason == "ZeroManifestHash"
+    assert pools.admin.policy() == (11, MANIFEST)
+
+
+def test_the_first_policy_version_may_be_zero(pools: Pools) -> None:
+    pools.trainer.publish_policy(0, MANIFEST)
+    assert pools.admin.policy() == (0, MANIFEST)
+    with pytest.raises(ChainError) as exc:
+        pools.trainer.publish_policy(0, keccak(text="again"))
+    assert exc.value.reason == "PolicyVersionNotIncreasing"
+    pools.trainer.publish_policy(1, keccak(text="step 1"))
+    assert pools.admin.policy()[0] == 1
+
+
 def test_fund_and_defund_rewards(pools: Pools) -> None:
     receipt = pools.stranger.fund_rewards(5 * TOKEN)
     assert pools.admin.reward_budget() == BUDGET + 5 * TOKEN
