@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.rollouts import Sample
+from protocol.rollout_files import Sample
 
 
 @dataclass

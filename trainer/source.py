@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.errors import PrimeError, ProtocolError
-from trainer.rollouts import Sample, read_rollouts
+from protocol.rollout_files import Sample, read_rollouts
 
 log = logging.getLogger(__name__)
 

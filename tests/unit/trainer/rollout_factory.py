@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from trainer.rollouts import Sample, write_rollouts
+from protocol.rollout_files import Sample, write_rollouts
 
 
 def make_group(rng: random.Random, gid: str, version: int, size: int, vocab: int, prompt: int = 4) -> list[Sample]:

@@ -5,7 +5,7 @@ import torch
 
 from tests.unit.trainer.conftest import tiny_llama
 from trainer.packing import pack, plan_rows, token_logprobs
-from trainer.rollouts import Sample
+from protocol.rollout_files import Sample
 
 
 def _sample(tokens: list[int], prompt: int) -> Sample:
