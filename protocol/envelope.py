@@ -5,6 +5,9 @@ A message type is a frozen pydantic model deriving from `Body` that names its `k
 receiver parses bytes with `Envelope.from_bytes` (size limit first) and `open_envelope`s them, which
 returns the typed body only after every check passed. See protocol/README.md for the wire format.
 
+`from_bytes` accepts only the canonical encoding (bytes equal to `to_bytes()` of what they parse
+to; signature with v in {27, 28}), so each envelope has one byte string.
+
 Checks on open, cheapest first, each with its own error (all `ProtocolError` subclasses):
 
 1. domain equals the receiver's (`DomainError`): a message for one network/run is useless on another;
@@ -12,7 +15,8 @@ Checks on open, cheapest first, each with its own error (all `ProtocolError` sub
 3. timestamp inside [now - max_age_s, now + max_skew_s] (`ExpiredError`);
 4. the signature recovers to the claimed signer, and that signer is the expected one (`SignatureError`);
 5. the body validates against its model and is in canonical form (`ProtocolError`);
-6. (domain, signer, nonce) was never accepted before (`ReplayError`), recorded atomically.
+6. (domain, signer, nonce) was never accepted before (`ReplayError`), recorded atomically; a message
+   sent at or before the guard's pruning horizon is refused (`ExpiredError`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from protocol.errors import (
     SignatureError,
     UnknownVersionError,
 )
-from protocol.identity import SIGNATURE_BYTES, Identity, checksum, recover_message
+from protocol.identity import Identity, check_signature_form, checksum, recover_message
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +54,9 @@ _REGISTRY: dict[tuple[str, int], type[Body]] = {}
 class NonceGuard(Protocol):
     """What `open_envelope` needs from a replay guard (see `protocol.replay.ReplayGuard`)."""
 
-    def check_and_record(self, domain: str, signer: str, nonce: int, *, expires_at: float) -> None: ...
+    def check_and_record(
+        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
+    ) -> None: ...
 
 
 def _has_bare_bytes(tp: Any, metadata: Iterable[Any] = (), seen: set[int] | None = None) -> bool:
@@ -151,10 +157,12 @@ class Envelope(BaseModel):
 
     @field_validator("signature")
     @classmethod
-    def _signature_length(cls, value: bytes) -> bytes:
-        if len(value) != SIGNATURE_BYTES:
-            raise ValueError(f"signature must be {SIGNATURE_BYTES} bytes, got {len(value)}")
-        return value
+    def _signature_form(cls, value: bytes) -> bytes:
+        # One spelling per signature (65 bytes, low s, v in {27, 28}), checked before anything else.
+        try:
+            return check_signature_form(value)
+        except SignatureError as exc:
+            raise ValueError(str(exc)) from None
 
     def signing_bytes(self) -> bytes:
         """The exact bytes the signature is over."""
@@ -174,16 +182,25 @@ class Envelope(BaseModel):
 
     @classmethod
     def from_bytes(cls, data: bytes, *, max_bytes: int) -> Envelope:
-        """Parse wire bytes; `OversizeError` before parsing if too big, `ProtocolError` if malformed."""
+        """Parse wire bytes; `OversizeError` before parsing if too big, `ProtocolError` if malformed.
+
+        Only the canonical encoding is accepted: the bytes must equal `to_bytes()` of what they
+        parse to. Whitespace, key order, duplicate keys, `\\u` or `\\/` escapes, number spellings
+        (`1.50`, `15e-1`), upper-case hex and the v = 0/1 signature form are all refused, so one
+        envelope has exactly one byte string and a hash of the bytes is a safe identity.
+        """
         if len(data) > max_bytes:
             raise OversizeError(f"envelope is {len(data)} bytes, limit {max_bytes}")
         obj = parse_json(data)
         if not isinstance(obj, dict):
             raise ProtocolError("envelope must be a JSON object")
         try:
-            return cls.model_validate(obj)
+            envelope = cls.model_validate(obj)
         except ValidationError as exc:
             raise ProtocolError(f"malformed envelope: {_short(exc)}") from exc
+        if envelope.to_bytes() != data:
+            raise ProtocolError("envelope bytes are not in canonical form")
+        return envelope
 
 
 def signing_bytes(
@@ -273,7 +290,9 @@ def open_envelope(
     # canonical form of the body, so one body has exactly one signed encoding.
     if canonical_bytes(body.model_dump(mode="json")) != canonical_bytes(envelope.body):
         raise ProtocolError(f"{envelope.kind} v{envelope.version} body is not in canonical form")
-    replay_guard.check_and_record(domain, signer, envelope.nonce, expires_at=sent_s + max_age_s + max_skew_s)
+    replay_guard.check_and_record(
+        domain, signer, envelope.nonce, sent_at=sent_s, expires_at=sent_s + max_age_s + max_skew_s, now=now_s
+    )
     log.debug("opened %s v%d from %s nonce %d", envelope.kind, envelope.version, signer, envelope.nonce)
     return body
 

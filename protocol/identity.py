@@ -128,14 +128,27 @@ class Identity:
         return bytes(self.account.sign_message(encode_typed_data(full_message=full_message)).signature)
 
 
-def _recover(signable: SignableMessage, signature: bytes) -> str:
+def check_signature_form(signature: object) -> bytes:
+    """`signature` as bytes if it is in the one accepted form, else `SignatureError`.
+
+    65 bytes r || s || v with s in the low half of the group order (EIP-2: the high-s twin of a
+    valid signature is refused) and v in {27, 28}, the form signing produces and contracts'
+    `ecrecover` takes. eth-account would also recover from v in {0, 1}; refusing that spelling
+    leaves each message exactly one valid signature encoding. Does not verify anything.
+    """
     if not isinstance(signature, bytes | bytearray):
         raise SignatureError(f"signature must be bytes, got {type(signature).__name__}")
     if len(signature) != SIGNATURE_BYTES:
         raise SignatureError(f"signature must be {SIGNATURE_BYTES} bytes, got {len(signature)}")
-    # Reject the high-s twin (EIP-2) so each message has exactly one valid signature encoding.
     if int.from_bytes(signature[32:64], "big") > _SECP256K1_N // 2:
         raise SignatureError("signature is not in canonical low-s form")
+    if signature[64] not in (27, 28):
+        raise SignatureError(f"signature recovery byte must be 27 or 28, got {signature[64]}")
+    return bytes(signature)
+
+
+def _recover(signable: SignableMessage, signature: bytes) -> str:
+    signature = check_signature_form(signature)
     try:
         return str(Account.recover_message(signable, signature=signature))
     except Exception as exc:  # eth-keys raises several unrelated types for malformed signatures

@@ -359,3 +359,108 @@ def test_seal_refuses_unencodable(ident: Identity) -> None:
         seal(ident, EnvTestOther(x=float("nan")), domain=DOMAIN, nonce=1, now=NOW)
     with pytest.raises(ProtocolError):
         seal(ident, EnvTestPing(n=1), domain=DOMAIN, nonce=-1, now=NOW)
+
+
+# -- one envelope, one encoding ------------------------------------------------------------------
+# Every variant below decodes to the same (validly signed) envelope as the canonical bytes. The
+# receiver must refuse all of them, so "hash of the envelope bytes" is a safe identity.
+
+
+def _canonical_pair() -> tuple[Identity, bytes]:
+    ident = Identity.from_key(ANVIL_KEY_0)
+    env = seal(ident, EnvTestPing(n=3, note="é/x", blob=b"\xab\xcd"), domain=DOMAIN, nonce=7, now=NOW)
+    return ident, env.to_bytes()
+
+
+def _respell_signature(data: bytes, change: Any) -> bytes:
+    obj = json.loads(data)
+    obj["signature"] = change(obj["signature"])
+    return canonical_bytes(obj)
+
+
+def _flip_v(sig_hex: str) -> str:
+    sig = bytes.fromhex(sig_hex[2:])
+    return "0x" + (sig[:64] + bytes([sig[64] - 27])).hex()
+
+
+_VARIANTS: dict[str, Any] = {
+    "v-byte-0-1": lambda d: _respell_signature(d, _flip_v),
+    "upper-hex-signature": lambda d: _respell_signature(d, lambda s: "0x" + s[2:].upper()),
+    "escaped-non-ascii": lambda d: d.replace("é".encode(), b"\\u00e9"),
+    "escaped-slash": lambda d: d.replace(b"/x", b"\\/x"),
+    "escaped-ascii": lambda d: d.replace(b'"test.ping"', b'"\\u0074est.ping"'),
+    "duplicate-key": lambda d: b'{"nonce":99,' + d[1:],
+    "duplicate-key-same-value": lambda d: b'{"nonce":7,' + d[1:],
+    "whitespace-pretty": lambda d: json.dumps(json.loads(d), indent=1, sort_keys=True, ensure_ascii=False).encode(),
+    "whitespace-trailing": lambda d: d + b"\n",
+    "whitespace-leading": lambda d: b" " + d,
+    "unsorted-keys": lambda d: json.dumps(dict(reversed(list(json.loads(d).items()))), separators=(",", ":"),
+                                          ensure_ascii=False).encode(),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(_VARIANTS))
+def test_only_the_canonical_encoding_is_accepted(variant: str) -> None:
+    _, data = _canonical_pair()
+    other = _VARIANTS[variant](data)
+    assert other != data
+    # Sanity: the variant is the same envelope in a different spelling (or, for the v byte, the
+    # same signature in eth-account's other recovery-byte convention), not a broken one.
+    assert {k: v for k, v in json.loads(other).items() if k != "signature"} == {
+        k: v for k, v in json.loads(data).items() if k != "signature"
+    }
+    guard = ReplayGuard(":memory:")
+    with pytest.raises(ProtocolError, match="canonical|recovery byte"):
+        open_bytes(other, max_bytes=4096, domain=DOMAIN, replay_guard=guard, now=NOW)
+    assert len(guard) == 0  # refused before anything was recorded
+    open_bytes(data, max_bytes=4096, domain=DOMAIN, replay_guard=guard, now=NOW)
+
+
+def test_float_body_spellings_refused(ident: Identity, guard: ReplayGuard) -> None:
+    data = seal(ident, EnvTestOther(x=1.5), domain=DOMAIN, nonce=1, now=NOW).to_bytes()
+    for spelling in (b"1.50", b"15e-1", b"1.5E0"):
+        other = data.replace(b'"x":1.5', b'"x":' + spelling)
+        assert other != data
+        with pytest.raises(ProtocolError, match="canonical"):
+            open_bytes(other, max_bytes=4096, domain=DOMAIN, replay_guard=guard, now=NOW)
+    open_bytes(data, max_bytes=4096, domain=DOMAIN, replay_guard=guard, now=NOW)
+
+
+def test_sealed_envelopes_are_canonical(ident: Identity) -> None:
+    # Whatever `seal` produces, `from_bytes` takes back unchanged (floats, unicode, control
+    # characters, big ints, empty and long blobs), so nothing that worked before is refused now.
+    rng = random.Random(7)
+    alphabet = ["a", "é", "\n", "\t", '"', "\\", "/", "\u2028", "\x00", "\x7f", "😀", "<", "&"]
+    for i in range(200):
+        note = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        blob = rng.randbytes(rng.randint(0, 40))
+        body: Body = (
+            EnvTestOther(x=rng.choice([rng.uniform(-1e6, 1e6), rng.random() * 1e-300, 1e300, 0.1, -0.0, 2.0]))
+            if i % 3 == 0
+            else EnvTestPing(n=rng.randint(-(2**70), 2**70), note=note, blob=blob)
+        )
+        env = seal(ident, body, domain=DOMAIN, nonce=rng.randrange(2**128), now=NOW)
+        data = env.to_bytes()
+        assert Envelope.from_bytes(data, max_bytes=1 << 16) == env
+        got_env, got = open_bytes(data, max_bytes=1 << 16, domain=DOMAIN, replay_guard=ReplayGuard(":memory:"),
+                                  now=NOW)
+        assert got == body and got_env.to_bytes() == data
+
+
+@pytest.mark.parametrize("how", ["prune", "lazy"], ids=["pruned", "expired-not-pruned"])
+def test_raising_max_age_does_not_reopen_pruned_replays(ident: Identity, tmp_path: Path, how: str) -> None:
+    # Accepted under max_age 600, its record expires at NOW + 660 and is pruned; the receiver then
+    # restarts with max_age 3600, under which the envelope is young enough again.
+    data = seal(ident, EnvTestPing(n=1), domain=DOMAIN, nonce=1, now=NOW).to_bytes()
+    path = tmp_path / "replay.sqlite"
+    with ReplayGuard(path) as g:
+        open_bytes(data, max_bytes=4096, domain=DOMAIN, replay_guard=g, now=NOW, max_age_s=600)
+        if how == "prune":
+            assert g.prune(now=NOW + 700) == 1
+            assert len(g) == 0
+    with ReplayGuard(path) as g:
+        with pytest.raises((ReplayError, ExpiredError)):
+            open_bytes(data, max_bytes=4096, domain=DOMAIN, replay_guard=g, now=NOW + 700, max_age_s=3600)
+        # A fresh message from the same sender is still fine, and so is one sent after the horizon.
+        fresh = seal(ident, EnvTestPing(n=2), domain=DOMAIN, nonce=2, now=NOW + 690).to_bytes()
+        open_bytes(fresh, max_bytes=4096, domain=DOMAIN, replay_guard=g, now=NOW + 700, max_age_s=3600)

@@ -222,3 +222,25 @@ def test_read_password_prompt_without_tty() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("KeystoreError"), proc.stdout
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["eip191", "eip712"])
+def test_recovery_byte_has_one_form(typed: bool) -> None:
+    # eth-account recovers from v = 0/1 as well as 27/28: two encodings of one signature.
+    # Only the 27/28 form that signing produces (and contracts' ecrecover takes) is accepted.
+    ident = Identity.create()
+    if typed:
+        message = _typed(5)
+        sig = ident.sign_typed_data(message)
+        assert recover_typed_data(message, sig) == ident.address
+    else:
+        sig = ident.sign_message(b"x")
+        assert recover_message(b"x", sig) == ident.address
+    assert sig[64] in (27, 28)
+    for v in (sig[64] - 27, sig[64] + 8, 29, 0xFF):
+        other = sig[:64] + bytes([v])
+        with pytest.raises(SignatureError, match="recovery byte"):
+            if typed:
+                recover_typed_data(message, other)
+            else:
+                recover_message(b"x", other)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from pathlib import Path
 
 import pytest
 
-from protocol.errors import ReplayError
+from protocol.errors import ExpiredError, ReplayError
 from protocol.nonce import NonceCounter, random_nonce
 from protocol.replay import ReplayGuard
 
@@ -18,21 +19,21 @@ NOW = 1_800_000_000.0
 def test_survives_restart(tmp_path: Path) -> None:
     path = tmp_path / "guard.sqlite"
     with ReplayGuard(path) as g:
-        g.check_and_record("d", SIGNER, 2**127 + 5, expires_at=NOW + 600, now=NOW)
+        g.check_and_record("d", SIGNER, 2**127 + 5, sent_at=NOW, expires_at=NOW + 600, now=NOW)
     with ReplayGuard(path) as g:
         with pytest.raises(ReplayError):
-            g.check_and_record("d", SIGNER, 2**127 + 5, expires_at=NOW + 600, now=NOW + 1)
-        g.check_and_record("d", SIGNER, 2**127 + 6, expires_at=NOW + 600, now=NOW + 1)
+            g.check_and_record("d", SIGNER, 2**127 + 5, sent_at=NOW + 1, expires_at=NOW + 600, now=NOW + 1)
+        g.check_and_record("d", SIGNER, 2**127 + 6, sent_at=NOW + 1, expires_at=NOW + 600, now=NOW + 1)
     assert (tmp_path / "guard.sqlite-wal").exists() or (tmp_path / "guard.sqlite").stat().st_size > 0
 
 
 def test_keys_are_independent() -> None:
     g = ReplayGuard(":memory:")
-    g.check_and_record("d", SIGNER, 1, expires_at=NOW + 10, now=NOW)
-    g.check_and_record("d2", SIGNER, 1, expires_at=NOW + 10, now=NOW)
-    g.check_and_record("d", "0x70997970C51812dc3A010C7d01b50e0d17dc79C8", 1, expires_at=NOW + 10, now=NOW)
+    g.check_and_record("d", SIGNER, 1, sent_at=NOW, expires_at=NOW + 10, now=NOW)
+    g.check_and_record("d2", SIGNER, 1, sent_at=NOW, expires_at=NOW + 10, now=NOW)
+    g.check_and_record("d", "0x70997970C51812dc3A010C7d01b50e0d17dc79C8", 1, sent_at=NOW, expires_at=NOW + 10, now=NOW)
     # Out-of-order nonces from one sender are fine (several messages in flight).
-    g.check_and_record("d", SIGNER, 0, expires_at=NOW + 10, now=NOW)
+    g.check_and_record("d", SIGNER, 0, sent_at=NOW, expires_at=NOW + 10, now=NOW)
     assert len(g) == 4
 
 
@@ -50,7 +51,7 @@ def test_race_exactly_one_wins(tmp_path: Path, shared: bool) -> None:
         barrier.wait(timeout=10)
         for nonce in range(20):
             try:
-                guards[i].check_and_record("d", SIGNER, nonce, expires_at=NOW + 60, now=NOW)
+                guards[i].check_and_record("d", SIGNER, nonce, sent_at=NOW, expires_at=NOW + 60, now=NOW)
                 wins.append(nonce)
             except ReplayError:
                 losses.append(nonce)
@@ -73,7 +74,7 @@ def test_prune_bounds_growth() -> None:
     g = ReplayGuard(":memory:", prune_every=50)
     for i in range(500):
         t = NOW + i  # one message per second, each valid for 100 s
-        g.check_and_record("d", SIGNER, i, expires_at=t + 100, now=t)
+        g.check_and_record("d", SIGNER, i, sent_at=t, expires_at=t + 100, now=t)
     assert len(g) <= 150  # only the last window (plus one prune interval) is kept
     assert g.prune(now=NOW + 10_000) > 0
     assert len(g) == 0
@@ -81,13 +82,57 @@ def test_prune_bounds_growth() -> None:
 
 def test_expired_entry_behaves_like_pruned() -> None:
     g = ReplayGuard(":memory:")
-    g.check_and_record("d", SIGNER, 1, expires_at=NOW + 10, now=NOW)
+    g.check_and_record("d", SIGNER, 1, sent_at=NOW, expires_at=NOW + 10, now=NOW)
     with pytest.raises(ReplayError):
-        g.check_and_record("d", SIGNER, 1, expires_at=NOW + 15, now=NOW + 5)
-    # After expiry the entry no longer protects anything (the envelope age check does).
-    g.check_and_record("d", SIGNER, 1, expires_at=NOW + 30, now=NOW + 20)
+        g.check_and_record("d", SIGNER, 1, sent_at=NOW, expires_at=NOW + 10, now=NOW + 5)
+    # Once expired the entry is as good as pruned, whether or not prune() ran: the same message is
+    # refused by the horizon (not re-accepted), a later message reusing the nonce is accepted.
+    with pytest.raises(ExpiredError, match="horizon"):
+        g.check_and_record("d", SIGNER, 1, sent_at=NOW, expires_at=NOW + 100, now=NOW + 20)
+    assert g.horizon == NOW and len(g) == 0
+    g.check_and_record("d", SIGNER, 1, sent_at=NOW + 19, expires_at=NOW + 29, now=NOW + 20)
     with pytest.raises(ReplayError):
-        g.check_and_record("d", SIGNER, 1, expires_at=NOW + 30, now=NOW + 21)
+        g.check_and_record("d", SIGNER, 1, sent_at=NOW + 19, expires_at=NOW + 29, now=NOW + 21)
+
+
+@pytest.mark.parametrize("prune", [True, False], ids=["pruned", "expired-not-pruned"])
+def test_horizon_refuses_forgotten_messages_across_restart(tmp_path: Path, prune: bool) -> None:
+    path = tmp_path / "guard.sqlite"
+    with ReplayGuard(path) as g:
+        assert g.horizon == float("-inf")
+        g.check_and_record("d", SIGNER, 1, sent_at=NOW, expires_at=NOW + 660, now=NOW)
+        g.check_and_record("d", SIGNER, 2, sent_at=NOW + 50, expires_at=NOW + 710, now=NOW + 50)
+        if prune:
+            assert g.prune(now=NOW + 700) == 1
+            assert g.horizon == NOW and len(g) == 1
+    with ReplayGuard(path) as g:
+        # The receiver now allows an hour (expires_at = sent + 3660): message 1 is young enough
+        # for it, but its record is gone, so it is refused rather than accepted a second time.
+        for nonce, sent in [(1, NOW), (3, NOW - 1)]:  # any message at or before the horizon
+            with pytest.raises(ExpiredError, match="horizon"):
+                g.check_and_record("d", SIGNER, nonce, sent_at=sent, expires_at=sent + 3660, now=NOW + 700)
+        with pytest.raises(ReplayError):  # still remembered
+            g.check_and_record("d", SIGNER, 2, sent_at=NOW + 50, expires_at=NOW + 3710, now=NOW + 700)
+        g.check_and_record("d", SIGNER, 4, sent_at=NOW + 1, expires_at=NOW + 3661, now=NOW + 700)
+        assert g.horizon == NOW
+
+
+def test_old_schema_file_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE seen (domain TEXT NOT NULL, signer TEXT NOT NULL, nonce TEXT NOT NULL,"
+        " expires_at REAL NOT NULL, PRIMARY KEY (domain, signer, nonce)) WITHOUT ROWID;"
+        f"INSERT INTO seen VALUES ('d', '{SIGNER}', '1', {NOW + 660});"
+    )
+    conn.commit()
+    conn.close()
+    with ReplayGuard(path) as g:
+        with pytest.raises(ReplayError):
+            g.check_and_record("d", SIGNER, 1, sent_at=NOW, expires_at=NOW + 660, now=NOW + 1)
+        assert g.prune(now=NOW + 700) == 1
+        # The send time of a migrated entry is unknown; its expiry is an upper bound of it.
+        assert g.horizon == NOW + 660
 
 
 def test_nonce_counter_monotonic_and_durable(tmp_path: Path) -> None:
