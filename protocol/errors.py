@@ -100,6 +100,17 @@ class EnvironmentError_(PrimeError):
 TaskEnvironmentError = EnvironmentError_
 
 
+class UngradableError(EnvironmentError_):
+    """Grading itself failed (a timeout on a starved grader, a dead worker, a sandbox that could not
+    start, the grader out of memory): the answer was not judged, so this is not a low reward.
+
+    Raised by `Environment.reward`; a wrong or malformed answer still returns a low reward. A
+    validator turns this into a soft verdict (no slash), a trainer drops the sample's group.
+    """
+
+    code = "ungradable"
+
+
 class DomainError(ProtocolError):
     """A signed message belongs to another network or run (its domain is not the receiver's)."""
 
