@@ -26,6 +26,7 @@ from eth_account import Account
 from web3 import Web3
 from web3.providers.rpc import HTTPProvider
 
+from contracts.transactor import RPC_FAILURES, chain_error
 from protocol.errors import ChainError
 from protocol.identity import Identity
 
@@ -140,7 +141,10 @@ class DevChain:
 
     def rpc(self, method: str, params: list[Any] | None = None) -> Any:
         """A raw JSON-RPC call (anvil's `evm_*` / `anvil_*` methods)."""
-        response = self.web3().provider.make_request(method, params or [])  # type: ignore[arg-type]
+        try:
+            response = self.web3().provider.make_request(method, params or [])  # type: ignore[arg-type]
+        except RPC_FAILURES as exc:
+            raise chain_error(exc, method) from exc
         if "error" in response:
             raise ChainError(f"{method}: {response['error']}")
         return response.get("result")

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from eth_abi.exceptions import DecodingError
 from eth_utils.abi import event_abi_to_log_topic
 from hexbytes import HexBytes
 from web3._utils.events import get_event_data
+from web3.exceptions import Web3Exception
 
 from contracts.transactor import Transactor
 from protocol.errors import ChainError
@@ -59,7 +61,13 @@ def read_events(
             item = by_topic.get(HexBytes(log["topics"][0])) if log["topics"] else None
             if item is None:
                 continue
-            data = get_event_data(w3.codec, item, log)
+            try:
+                data = get_event_data(w3.codec, item, log)
+            except (Web3Exception, DecodingError) as exc:  # e.g. an ABI older than the deployed contract
+                raise ChainError(
+                    f"log {log.get('logIndex')} of block {log.get('blockNumber')} does not decode as "
+                    f"{item['name']}: {exc}", reason="bad_log"
+                ) from exc
             events.append(
                 ChainEvent(
                     name=str(data["event"]),

@@ -22,7 +22,7 @@ from web3.exceptions import Web3Exception
 from contracts.artifacts import load_artifact
 from contracts.events import ChainEvent, read_events
 from contracts.transactor import Receipt, Transactor
-from protocol.errors import ChainError
+from protocol.errors import ChainError, PrimeError
 from protocol.identity import Identity, checksum
 
 logger = logging.getLogger(__name__)
@@ -116,10 +116,21 @@ def registration_typed_data(
 
 
 def _key32(value: bytes | str) -> bytes:
-    raw = bytes.fromhex(value.removeprefix("0x")) if isinstance(value, str) else bytes(value)
+    try:
+        raw = bytes.fromhex(value.removeprefix("0x")) if isinstance(value, str) else bytes(value)
+    except (ValueError, TypeError) as exc:
+        raise ChainError(f"a work key / hash must be 32 bytes or their hex: {value!r}", reason="bad_argument") from exc
     if len(raw) != 32:
-        raise ChainError(f"a work key / hash must be 32 bytes, got {len(raw)}")
+        raise ChainError(f"a work key / hash must be 32 bytes, got {len(raw)}", reason="bad_argument")
     return raw
+
+
+def _address(value: str) -> str:
+    """The checksum form of an address argument; ChainError (not SignatureError) when it is none."""
+    try:
+        return checksum(value)
+    except PrimeError as exc:
+        raise ChainError(str(exc), reason="bad_argument") from exc
 
 
 class ContractClient:
@@ -129,7 +140,7 @@ class ContractClient:
 
     def __init__(self, w3: Web3, address: str, identity: Identity, transactor: Transactor | None = None) -> None:
         self.w3 = w3
-        self.address = checksum(address)
+        self.address = _address(address)
         self.identity = identity
         self.tx = transactor or Transactor(w3, identity)
         self.abi = load_artifact(self.artifact).abi
@@ -155,24 +166,24 @@ class TokenClient(ContractClient):
     artifact = "PoolToken"
 
     def balance_of(self, account: str) -> int:
-        return int(self._call("balanceOf", self._f("balanceOf", checksum(account))))
+        return int(self._call("balanceOf", self._f("balanceOf", _address(account))))
 
     def allowance(self, owner: str, spender: str) -> int:
-        fn = self._f("allowance", checksum(owner), checksum(spender))
+        fn = self._f("allowance", _address(owner), _address(spender))
         return int(self._call("allowance", fn))
 
     def total_supply(self) -> int:
         return int(self._call("totalSupply", self._f("totalSupply")))
 
     def approve(self, spender: str, amount: int) -> Receipt:
-        return self._send("approve", self._f("approve", checksum(spender), amount))
+        return self._send("approve", self._f("approve", _address(spender), amount))
 
     def transfer(self, to: str, amount: int) -> Receipt:
-        return self._send("transfer", self._f("transfer", checksum(to), amount))
+        return self._send("transfer", self._f("transfer", _address(to), amount))
 
     def mint(self, to: str, amount: int) -> Receipt:
         """PoolToken only (owner mints on a dev chain)."""
-        return self._send("mint", self._f("mint", checksum(to), amount))
+        return self._send("mint", self._f("mint", _address(to), amount))
 
 
 class PoolClient(ContractClient):
@@ -199,13 +210,13 @@ class PoolClient(ContractClient):
             nonce = self.get_node(node.address).nonce
         message = registration_typed_data(
             chain_id=self.tx.chain_id(), pool=self.address, node=node.address,
-            operator=checksum(operator), nonce=nonce, deadline=deadline,
+            operator=_address(operator), nonce=nonce, deadline=deadline,
         )
         return node.sign_typed_data(message)
 
     def register_signed(self, node: str, amount: int, deadline: int, signature: bytes) -> Receipt:
         """register(node, amount, deadline, signature): the raw contract call (token allowance must exist)."""
-        fn = self._f("register", checksum(node), amount, deadline, signature)
+        fn = self._f("register", _address(node), amount, deadline, signature)
         return self._send("register", fn)
 
     def register(self, node: Identity, amount: int, *, deadline: int | None = None, approve: bool = True) -> Receipt:
@@ -220,23 +231,23 @@ class PoolClient(ContractClient):
     def add_stake(self, node: str, amount: int, *, approve: bool = True) -> Receipt:
         if approve and self.token.allowance(self.identity.address, self.address) < amount:
             self.token.approve(self.address, amount)
-        return self._send("addStake", self._f("addStake", checksum(node), amount))
+        return self._send("addStake", self._f("addStake", _address(node), amount))
 
     def leave_pool(self, node: str) -> Receipt:
-        return self._send("leavePool", self._f("leavePool", checksum(node)))
+        return self._send("leavePool", self._f("leavePool", _address(node)))
 
     def withdraw(self, node: str) -> Receipt:
-        return self._send("withdraw", self._f("withdraw", checksum(node)))
+        return self._send("withdraw", self._f("withdraw", _address(node)))
 
     # -- work -----------------------------------------------------------------------------
 
     def record_work(self, node: str, work_key: bytes | str, units: int) -> Receipt:
-        fn = self._f("recordWork", checksum(node), _key32(work_key), units)
+        fn = self._f("recordWork", _address(node), _key32(work_key), units)
         return self._send("recordWork", fn)
 
     def record_work_batch(self, items: list[tuple[str, bytes | str, int]]) -> Receipt:
         """recordWorkBatch: [(node, work_key, units), ...] in one transaction, all or nothing."""
-        nodes = [checksum(node) for node, _, _ in items]
+        nodes = [_address(node) for node, _, _ in items]
         keys = [_key32(key) for _, key, _ in items]
         units = [u for _, _, u in items]
         return self._send("recordWorkBatch", self._f("recordWorkBatch", nodes, keys, units))
@@ -250,7 +261,7 @@ class PoolClient(ContractClient):
 
     def claim_rewards(self, node: str, work_keys: list[bytes | str]) -> Receipt:
         keys = [_key32(k) for k in work_keys]
-        return self._send("claimRewards", self._f("claimRewards", checksum(node), keys))
+        return self._send("claimRewards", self._f("claimRewards", _address(node), keys))
 
     # -- trainer and budget ---------------------------------------------------------------
 
@@ -263,22 +274,22 @@ class PoolClient(ContractClient):
         return self._send("fundRewards", self._f("fundRewards", amount))
 
     def defund_rewards(self, to: str, amount: int) -> Receipt:
-        return self._send("defundRewards", self._f("defundRewards", checksum(to), amount))
+        return self._send("defundRewards", self._f("defundRewards", _address(to), amount))
 
     # -- admin ----------------------------------------------------------------------------
 
     def grant_role(self, role: str, account: str) -> Receipt:
-        return self._send("grantRole", self._f("grantRole", ROLES[role], checksum(account)))
+        return self._send("grantRole", self._f("grantRole", ROLES[role], _address(account)))
 
     def revoke_role(self, role: str, account: str) -> Receipt:
-        return self._send("revokeRole", self._f("revokeRole", ROLES[role], checksum(account)))
+        return self._send("revokeRole", self._f("revokeRole", ROLES[role], _address(account)))
 
     def renounce_role(self, role: str) -> Receipt:
         fn = self._f("renounceRole", ROLES[role], self.identity.address)
         return self._send("renounceRole", fn)
 
     def set_treasury(self, treasury: str) -> Receipt:
-        return self._send("setTreasury", self._f("setTreasury", checksum(treasury)))
+        return self._send("setTreasury", self._f("setTreasury", _address(treasury)))
 
     def set_min_stake(self, amount: int) -> Receipt:
         return self._send("setMinStake", self._f("setMinStake", amount))
@@ -298,27 +309,27 @@ class PoolClient(ContractClient):
     # -- views ----------------------------------------------------------------------------
 
     def get_node(self, node: str) -> NodeInfo:
-        r = self._call("getNode", self._f("getNode", checksum(node)))
-        return NodeInfo(checksum(node), checksum(r[0]), NodeStatus(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
+        r = self._call("getNode", self._f("getNode", _address(node)))
+        return NodeInfo(_address(node), _address(r[0]), NodeStatus(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
 
     def get_work(self, work_key: bytes | str) -> WorkInfo:
         key = _key32(work_key)
         r = self._call("getWork", self._f("getWork", key))
-        return WorkInfo(key, checksum(r[0]), WorkStatus(r[1]), int(r[2]), int(r[3]), int(r[4]))
+        return WorkInfo(key, _address(r[0]), WorkStatus(r[1]), int(r[2]), int(r[3]), int(r[4]))
 
     def is_active(self, node: str) -> bool:
-        return bool(self._call("isActive", self._f("isActive", checksum(node))))
+        return bool(self._call("isActive", self._f("isActive", _address(node))))
 
     def has_role(self, role: str, account: str) -> bool:
-        return bool(self._call("hasRole", self._f("hasRole", ROLES[role], checksum(account))))
+        return bool(self._call("hasRole", self._f("hasRole", ROLES[role], _address(account))))
 
     def paused(self) -> bool:
         return bool(self._call("paused", self._f("paused")))
 
     def params(self) -> PoolParams:
         return PoolParams(
-            token=checksum(self._call("token", self._f("token"))),
-            treasury=checksum(self._call("treasury", self._f("treasury"))),
+            token=_address(self._call("token", self._f("token"))),
+            treasury=_address(self._call("treasury", self._f("treasury"))),
             min_stake=int(self._call("minStake", self._f("minStake"))),
             unbonding_period=int(self._call("unbondingPeriod", self._f("unbondingPeriod"))),
             invalidation_window=int(self._call("invalidationWindow", self._f("invalidationWindow"))),

@@ -1,8 +1,9 @@
 """Sending transactions: local signing, nonces, gas, fees, receipts, revert reasons, transient retries.
 
-Every failure leaves as `ChainError`; a contract revert carries its reason (custom error name, require
-string or panic code) in `ChainError.reason`. Only connection-level RPC failures are retried; a revert
-or a rejected transaction is never retried.
+Every failure leaves as `ChainError`, classified once here (`chain_error`); a contract revert carries its
+reason (custom error name, require string or panic code) in `ChainError.reason`. Only connection-level RPC
+failures are retried; a revert or a rejected transaction is never retried. The original web3/requests
+exception stays attached as `__cause__`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import requests
 from eth_utils.conversions import to_bytes
 from hexbytes import HexBytes
 from web3 import Web3
-from web3.exceptions import ContractLogicError, ProviderConnectionError, TimeExhausted, Web3RPCError
+from web3.exceptions import (
+    ContractLogicError,
+    ProviderConnectionError,
+    TimeExhausted,
+    TransactionNotFound,
+    Web3Exception,
+    Web3RPCError,
+)
 from web3.providers.rpc import HTTPProvider
 
 from contracts.artifacts import decode_revert
@@ -30,6 +38,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GAS_MARGIN = 1.2  # estimates can be a little low when state shifts between estimate and inclusion
+
+# What web3.py and its transport raise for a failed or malformed RPC exchange (web3 also raises plain
+# ValueError from eth_utils/hexbytes on odd responses). Anything else is a bug here and stays uncaught.
+RPC_FAILURES: tuple[type[Exception], ...] = (Web3Exception, requests.RequestException, ValueError)
 
 
 def connect(rpc_url: str, timeout: float = 30.0) -> Web3:
@@ -56,6 +68,22 @@ def revert_error(exc: ContractLogicError | Web3RPCError, action: str) -> ChainEr
         reason, detail = decode_revert(to_bytes(hexstr=data))
         return ChainError(f"{action} reverted: {detail}", reason=reason)
     return ChainError(f"{action} failed: {exc}", reason=None)
+
+
+def chain_error(exc: Exception, action: str) -> ChainError:
+    """Classify a failure of an RPC exchange once, as a ChainError (`reason` = the revert reason, or a
+    short word for the kind of failure)."""
+    if isinstance(exc, ChainError):
+        return exc
+    if isinstance(exc, ContractLogicError | Web3RPCError):
+        return revert_error(exc, action)
+    if isinstance(exc, TimeExhausted):
+        return ChainError(f"{action}: timed out: {exc}", reason="timeout")
+    if isinstance(exc, requests.HTTPError) and exc.response is not None:
+        return ChainError(f"{action}: HTTP {exc.response.status_code} from the RPC: {exc}", reason="http")
+    if is_transient(exc):
+        return ChainError(f"{action}: RPC unreachable: {exc}", reason="unreachable")
+    return ChainError(f"{action} failed: {type(exc).__name__}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -98,7 +126,15 @@ class Transactor:
     # -- transport ------------------------------------------------------------------------
 
     def rpc(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one RPC call, retrying transient transport failures with backoff."""
+        """Run one RPC call, retrying transient transport failures with backoff; any failure is ChainError."""
+        try:
+            return self._retrying(what, fn)
+        except RPC_FAILURES as exc:
+            raise chain_error(exc, what) from exc
+
+    def _retrying(self, what: str, fn: Callable[[], T]) -> T:
+        """`fn()` with transient failures retried; other failures are raised as they came (for callers that
+        look at them before classifying)."""
         for attempt in range(self.retries + 1):
             try:
                 return fn()
@@ -106,7 +142,9 @@ class Transactor:
                 if not is_transient(exc):
                     raise
                 if attempt == self.retries:
-                    raise ChainError(f"{what}: RPC unreachable after {attempt + 1} tries: {exc}") from exc
+                    raise ChainError(
+                        f"{what}: RPC unreachable after {attempt + 1} tries: {exc}", reason="unreachable"
+                    ) from exc
                 delay = self.retry_backoff * (2**attempt)
                 logger.warning("%s: transient RPC error (%s), retry in %.1fs", what, exc, delay)
                 time.sleep(delay)
@@ -124,10 +162,7 @@ class Transactor:
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
         """A read-only contract call; reverts become ChainError with the reason."""
-        try:
-            return self.rpc(what, fn)
-        except (ContractLogicError, Web3RPCError) as exc:
-            raise revert_error(exc, what) from exc
+        return self.rpc(what, fn)
 
     # -- sending --------------------------------------------------------------------------
 
@@ -142,9 +177,9 @@ class Transactor:
             tx["nonce"] = nonce
             if gas is None:
                 try:
-                    estimate = int(self.rpc(f"{what}: estimate", lambda: self.w3.eth.estimate_gas(tx)))  # type: ignore[arg-type]
-                except (ContractLogicError, Web3RPCError) as exc:
-                    raise revert_error(exc, what) from exc
+                    estimate = int(self._retrying(what, lambda: self.w3.eth.estimate_gas(tx)))  # type: ignore[arg-type]
+                except RPC_FAILURES as exc:
+                    raise chain_error(exc, what) from exc
                 gas = int(estimate * GAS_MARGIN)
             tx["gas"] = gas
             self._fill_fees(tx)
@@ -166,7 +201,7 @@ class Transactor:
 
     def _send_raw(self, what: str, raw: bytes, tx_hash: HexBytes) -> None:
         try:
-            self.rpc(f"{what}: send", lambda: self.w3.eth.send_raw_transaction(raw))
+            self._retrying(f"{what}: send", lambda: self.w3.eth.send_raw_transaction(raw))
         except (ContractLogicError, Web3RPCError) as exc:
             message = str(exc).lower()
             # A retried send after a lost response: the node already has our (identical) transaction.
@@ -177,24 +212,32 @@ class Transactor:
                 if self._transaction_exists(tx_hash):
                     return
             raise ChainError(f"{what}: transaction rejected: {exc}", reason="rejected") from exc
+        except RPC_FAILURES as exc:  # the outcome is unknown (the node may hold it): not "rejected"
+            raise chain_error(exc, f"{what}: send") from exc
 
     def _transaction_exists(self, tx_hash: HexBytes) -> bool:
         try:
-            self.w3.eth.get_transaction(tx_hash)
+            self.rpc("transaction lookup", lambda: self.w3.eth.get_transaction(tx_hash))
             return True
-        except Exception:
-            return False
+        except ChainError as exc:
+            if isinstance(exc.__cause__, TransactionNotFound):
+                return False
+            raise
 
     def _await_receipt(self, what: str, tx: dict[str, Any], tx_hash: HexBytes) -> Receipt:
         try:
-            receipt = self.rpc(
+            receipt = self._retrying(
                 f"{what}: receipt",
                 lambda: self.w3.eth.wait_for_transaction_receipt(
                     tx_hash, timeout=self.receipt_timeout, poll_latency=0.05
                 ),
             )
         except TimeExhausted as exc:
-            raise ChainError(f"{what}: no receipt for {tx_hash.to_0x_hex()} after {self.receipt_timeout}s") from exc
+            raise ChainError(
+                f"{what}: no receipt for {tx_hash.to_0x_hex()} after {self.receipt_timeout}s", reason="timeout"
+            ) from exc
+        except RPC_FAILURES as exc:
+            raise chain_error(exc, f"{what}: receipt of {tx_hash.to_0x_hex()}") from exc
         if receipt["status"] != 1:
             raise self._failure(what, tx, receipt)
         return Receipt(
@@ -213,16 +256,18 @@ class Transactor:
             err = revert_error(exc, what)
             err.args = (f"{err.args[0]} (tx {receipt['transactionHash'].to_0x_hex()})",)
             return err
-        except Exception:
-            pass
+        except RPC_FAILURES as exc:  # the replay is a courtesy: without it the failure is still reported
+            logger.debug("%s: could not replay the reverted transaction: %s", what, exc)
         if receipt["gasUsed"] >= tx["gas"]:
             return ChainError(f"{what}: out of gas ({tx['gas']})", reason="out_of_gas")
         return ChainError(f"{what}: reverted (tx {receipt['transactionHash'].to_0x_hex()})", reason="revert")
 
     def deploy(self, what: str, abi: list[dict[str, Any]], bytecode: str, *args: Any) -> tuple[str, Receipt]:
         """Deploy a contract; returns (address, receipt)."""
-        factory = self.w3.eth.contract(abi=abi, bytecode=bytecode)
-        data = factory.constructor(*args).data_in_transaction
+        try:
+            data = self.w3.eth.contract(abi=abi, bytecode=bytecode).constructor(*args).data_in_transaction
+        except (*RPC_FAILURES, TypeError) as exc:  # eth_utils raises TypeError for a wrong argument count
+            raise ChainError(f"{what}: constructor arguments do not fit the ABI: {exc}", reason="bad_argument") from exc
         receipt = self.send(what, {"data": data, "value": 0})
         raw = self.rpc("deploy receipt", lambda: self.w3.eth.get_transaction_receipt(HexBytes(receipt.tx_hash)))
         return str(raw["contractAddress"]), receipt

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from contracts import build, deploy
 from contracts.artifacts import decode_revert, error_selector
 from contracts.deployment import Deployment
 from contracts.devchain import DEV_ACCOUNTS, DevChain, dev_identity
+from contracts.events import read_events
 from contracts.pool import PoolClient
 from contracts.transactor import Transactor, connect, is_transient
 from protocol.errors import ChainError
@@ -79,14 +83,108 @@ def test_transient_error_then_success_and_no_retry_on_logic_errors() -> None:
         calls.append(1)
         raise ValueError("not transient")
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ChainError) as exc:  # classified once, not retried, the original kept as the cause
         tx.rpc("broken", broken)
-    assert len(calls) == 1
+    assert len(calls) == 1 and isinstance(exc.value.__cause__, ValueError)
     response = requests.Response()
     response.status_code = 503
     assert is_transient(requests.HTTPError(response=response))
     response.status_code = 400
     assert not is_transient(requests.HTTPError(response=response))
+
+
+class _BadRPC(BaseHTTPRequestHandler):
+    """A JSON-RPC endpoint that answers every request with `status` and `body` (a broken proxy or node)."""
+
+    status = 500
+    body = b"internal error"
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(self.status)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def bad_rpc() -> Iterator[Callable[[int, bytes], str]]:
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(status: int, body: bytes) -> str:
+        handler = type("Handler", (_BadRPC,), {"status": status, "body": body})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("status", "body", "reason"), [
+    (500, b"internal error", "http"),  # a non-transient HTTP failure
+    (200, b"<html>not json</html>", None),  # a proxy's page instead of JSON-RPC
+    (200, b'{"jsonrpc": "2.0", "id": 0, "result": "0xnothex"}', None),  # garbage in a valid envelope
+])
+def test_rpc_failures_leave_as_chain_errors(bad_rpc: Callable[[int, bytes], str], status: int, body: bytes,
+                                            reason: str | None) -> None:
+    """The transactor promises ChainError for every failure; raw requests/web3 errors used to escape."""
+    url = bad_rpc(status, body)
+    tx = Transactor(connect(url, timeout=5), dev_identity(0), retries=1, retry_backoff=0.01)
+    with pytest.raises(ChainError) as exc:
+        tx.chain_id()
+    assert exc.value.reason == reason and exc.value.__cause__ is not None
+    pool = PoolClient(connect(url, timeout=5), "0x" + "11" * 20, dev_identity(0), tx)
+    with pytest.raises(ChainError):
+        pool.get_work(work_key())
+    with pytest.raises(ChainError):
+        pool.record_work(dev_identity(3).address, work_key(), 1)
+
+
+def test_a_pool_address_without_code_is_a_chain_error(pools: Pools) -> None:
+    empty = PoolClient(connect(pools.chain.rpc_url), "0x" + "22" * 20, pools.chain.account(VALIDATOR))
+    with pytest.raises(ChainError):  # web3 raises BadFunctionCallOutput on empty return data
+        empty.params()
+
+
+def test_a_log_that_does_not_decode_is_a_chain_error(pools: Pools) -> None:
+    """Reading with an ABI that no longer matches the contract (same event signature, other indexing)."""
+    start = pools.chain.web3().eth.block_number + 1
+    node = pools.new_node()
+    pools.validator.record_work(node.address, work_key(), 2)
+    stale = [
+        {**item, "inputs": [{**arg, "indexed": not arg["indexed"]} for arg in item["inputs"]]}
+        for item in pools.admin.abi if item["type"] == "event" and item["name"] == "WorkRecorded"
+    ]
+    with pytest.raises(ChainError) as exc:
+        read_events(pools.admin.tx, pools.admin.address, stale, start, names={"WorkRecorded"})
+    assert exc.value.reason == "bad_log"
+
+
+def test_bad_arguments_are_chain_errors(pools: Pools) -> None:
+    for key in ("0x" + "zz" * 32, "0x1234", b"short"):
+        with pytest.raises(ChainError) as exc:
+            pools.validator.get_work(key)
+        assert exc.value.reason == "bad_argument"
+    with pytest.raises(ChainError) as exc:
+        pools.validator.get_node("not an address")
+    assert exc.value.reason == "bad_argument"
+    with pytest.raises(ChainError) as exc:
+        pools.admin.tx.deploy("pool", pools.admin.abi, "0x00", "not", "enough", "arguments")
+    assert exc.value.reason == "bad_argument"
+
+
+def test_devchain_rpc_on_a_stopped_chain_is_a_chain_error() -> None:
+    with DevChain.start() as chain:
+        pass
+    with pytest.raises(ChainError):
+        chain.rpc("evm_mine")
 
 
 def test_mined_revert_is_decoded_from_the_receipt(pools: Pools) -> None:
