@@ -42,6 +42,8 @@ GAS_MARGIN = 1.2  # estimates can be a little low when state shifts between esti
 # What web3.py and its transport raise for a failed or malformed RPC exchange (web3 also raises plain
 # ValueError from eth_utils/hexbytes on odd responses). Anything else is a bug here and stays uncaught.
 RPC_FAILURES: tuple[type[Exception], ...] = (Web3Exception, requests.RequestException, ValueError)
+# Encoding arguments for the ABI: eth_utils raises TypeError for a wrong argument count.
+ENCODING_FAILURES: tuple[type[Exception], ...] = (*RPC_FAILURES, TypeError)
 
 
 def connect(rpc_url: str, timeout: float = 30.0) -> Web3:
@@ -266,7 +268,7 @@ class Transactor:
         """Deploy a contract; returns (address, receipt)."""
         try:
             data = self.w3.eth.contract(abi=abi, bytecode=bytecode).constructor(*args).data_in_transaction
-        except (*RPC_FAILURES, TypeError) as exc:  # eth_utils raises TypeError for a wrong argument count
+        except ENCODING_FAILURES as exc:
             raise ChainError(f"{what}: constructor arguments do not fit the ABI: {exc}", reason="bad_argument") from exc
         receipt = self.send(what, {"data": data, "value": 0})
         raw = self.rpc("deploy receipt", lambda: self.w3.eth.get_transaction_receipt(HexBytes(receipt.tx_hash)))
