@@ -85,12 +85,20 @@ def main() -> int:
             validator.record_work(nodes[0].address, k, 8)
         items = [(nodes[0].address, key(), 8) for _ in range(batch)]
         measure(f"recordWorkBatch ({batch})", lambda: validator.record_work_batch(items), items=batch)
-        measure("invalidateSoft", lambda: validator.invalidate_soft(keys[3], 2))
+        measure(f"recordWorkBatch ({batch}) resent, all skipped", lambda: validator.record_work_batch(items),
+                items=batch)
+        measure("invalidateSoft", lambda: validator.invalidate_soft(nodes[0].address, keys[3], 2))
+        measure("invalidateSoft (never recorded)", lambda: validator.invalidate_soft(nodes[0].address, key(), 2))
         measure("publishPolicy (first)", lambda: trainer.publish_policy(1, keccak(text="m1")))
         measure("publishPolicy", lambda: trainer.publish_policy(2, keccak(text="m2")))
         bad = key()
         validator.record_work(nodes[1].address, bad, 8)
-        measure("invalidateHard (slash+eject)", lambda: validator.invalidate_hard(bad, 7, keccak(text="evidence")))
+        evidence = keccak(text="evidence")
+        measure("invalidateHard (slash+eject)", lambda: validator.invalidate_hard(nodes[1].address, bad, 7, evidence))
+        unrecorded = Identity.create()
+        op.register(unrecorded, settings.min_stake)
+        measure("invalidateHard (never recorded, slash+eject)",
+                lambda: validator.invalidate_hard(unrecorded.address, key(), 7, evidence))
         chain.advance_time(settings.reward_lock_period + 1)
         measure("claimRewards (1 key)", lambda: op.claim_rewards(nodes[0].address, [first]))
         claim_keys = keys[:3] + [k for _, k, _ in items]
@@ -109,9 +117,9 @@ def main() -> int:
 
     for row in rows:
         row["ratio"] = round(row["gas_per_item"] / anchor.gas_used, 2)
-    print(f"{'call':34} {'gas':>9} {'items':>5} {'gas/item':>9} {'x transfer':>10} {'ms':>8}")
+    print(f"{'call':46} {'gas':>9} {'items':>5} {'gas/item':>9} {'x transfer':>10} {'ms':>8}")
     for r in rows:
-        print(f"{r['call']:34} {r['gas']:>9} {r['items']:>5} {r['gas_per_item']:>9} {r['ratio']:>10} {r['ms']:>8}")
+        print(f"{r['call']:46} {r['gas']:>9} {r['items']:>5} {r['gas_per_item']:>9} {r['ratio']:>10} {r['ms']:>8}")
     result = {
         "bench": "gas", "anchor": "ERC20.transfer to a fresh address", "anchor_gas": anchor.gas_used,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},

@@ -44,11 +44,13 @@ class NodeStatus(IntEnum):
 
 
 class WorkStatus(IntEnum):
-    NONE = 0
-    ACCEPTED = 1
-    CLAIMED = 2
-    SOFT_INVALIDATED = 3
-    HARD_INVALIDATED = 4
+    """What the pool holds for a work key (the contract's `WorkStatus`)."""
+
+    NONE = 0  # unknown: never recorded nor invalidated
+    ACCEPTED = 1  # recorded, reward reserved, not yet claimed
+    CLAIMED = 2  # recorded and paid
+    SOFT_INVALIDATED = 3  # removed (or consumed before recording) without a slash
+    HARD_INVALIDATED = 4  # removed (or consumed before recording) with a slash
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,12 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class WorkInfo:
-    """One recorded piece of work (a submission) and its reward."""
+    """What the pool holds for one work key (a submission).
+
+    `status` says recorded (ACCEPTED, CLAIMED), invalidated (HARD_INVALIDATED, SOFT_INVALIDATED) or unknown
+    (NONE). A key invalidated before it was ever recorded has `units == reward == 0` and `recorded_at` =
+    when it was invalidated; `recorded_at` is on the pool clock (`PoolClient.pool_time`).
+    """
 
     work_key: bytes
     node: str
@@ -74,6 +81,20 @@ class WorkInfo:
     recorded_at: int
     units: int
     reward: int
+
+    @property
+    def known(self) -> bool:
+        """The key is used for good: recordWork refuses it, recordWorkBatch skips it."""
+        return self.status is not WorkStatus.NONE
+
+    @property
+    def was_recorded(self) -> bool:
+        """It was recorded as accepted work at some point (recorded work always has units > 0)."""
+        return self.units > 0
+
+    @property
+    def invalidated(self) -> bool:
+        return self.status in (WorkStatus.HARD_INVALIDATED, WorkStatus.SOFT_INVALIDATED)
 
 
 @dataclass(frozen=True)
@@ -242,22 +263,30 @@ class PoolClient(ContractClient):
     # -- work -----------------------------------------------------------------------------
 
     def record_work(self, node: str, work_key: bytes | str, units: int) -> Receipt:
+        """recordWork: strict, a key already known reverts with reason "DuplicateWorkKey"."""
         fn = self._f("recordWork", _address(node), _key32(work_key), units)
         return self._send("recordWork", fn)
 
     def record_work_batch(self, items: list[tuple[str, bytes | str, int]]) -> Receipt:
-        """recordWorkBatch: [(node, work_key, units), ...] in one transaction, all or nothing."""
+        """recordWorkBatch: [(node, work_key, units), ...] in one transaction. Idempotent: keys already known
+        (recorded or invalidated, earlier or in this batch) are skipped with a `WorkSkipped` event, so a batch
+        whose outcome is unknown can be sent again. Any other failure reverts the whole batch."""
         nodes = [_address(node) for node, _, _ in items]
         keys = [_key32(key) for _, key, _ in items]
         units = [u for _, _, u in items]
         return self._send("recordWorkBatch", self._f("recordWorkBatch", nodes, keys, units))
 
-    def invalidate_hard(self, work_key: bytes | str, reason_code: int, evidence_hash: bytes | str) -> Receipt:
-        fn = self._f("invalidateHard", _key32(work_key), reason_code, _key32(evidence_hash))
+    def invalidate_hard(self, node: str, work_key: bytes | str, reason_code: int, evidence_hash: bytes | str) -> Receipt:
+        """invalidateHard: slash `node` for `work_key`, recorded (inside its window) or never recorded (the key
+        is then consumed). `evidence_hash` must be non-zero. Reverts: "WorkOfOtherNode", "WorkNotAccepted"
+        (already claimed or invalidated), "InvalidationWindowClosed", "ZeroEvidenceHash", "ZeroAddress"."""
+        fn = self._f("invalidateHard", _address(node), _key32(work_key), reason_code, _key32(evidence_hash))
         return self._send("invalidateHard", fn)
 
-    def invalidate_soft(self, work_key: bytes | str, reason_code: int) -> Receipt:
-        return self._send("invalidateSoft", self._f("invalidateSoft", _key32(work_key), reason_code))
+    def invalidate_soft(self, node: str, work_key: bytes | str, reason_code: int) -> Receipt:
+        """invalidateSoft: remove `node`'s recorded work, or consume a key never recorded; no slash."""
+        fn = self._f("invalidateSoft", _address(node), _key32(work_key), reason_code)
+        return self._send("invalidateSoft", fn)
 
     def claim_rewards(self, node: str, work_keys: list[bytes | str]) -> Receipt:
         keys = [_key32(k) for k in work_keys]
@@ -313,6 +342,7 @@ class PoolClient(ContractClient):
         return NodeInfo(_address(node), _address(r[0]), NodeStatus(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
 
     def get_work(self, work_key: bytes | str) -> WorkInfo:
+        """What the pool holds for `work_key`: recorded, claimed, invalidated (hard/soft) or unknown."""
         key = _key32(work_key)
         r = self._call("getWork", self._f("getWork", key))
         return WorkInfo(key, _address(r[0]), WorkStatus(r[1]), int(r[2]), int(r[3]), int(r[4]))

@@ -51,6 +51,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     }
 
     // Packed: node, status, recordedAt and units share one slot, so recording work writes two slots.
+    // A key invalidated before it was ever recorded keeps units == 0 and reward == 0 (recorded work always
+    // has units > 0) and recordedAt = the pool time of the invalidation.
     struct Work {
         address node;
         WorkStatus status;
@@ -102,6 +104,9 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         uint16 reasonCode,
         bytes32 evidenceHash
     );
+    /// recordWorkBatch met a key already known (recorded, claimed or invalidated): `node` and `status` are
+    /// what the pool holds for it. Nothing changed; a resent batch is harmless.
+    event WorkSkipped(address indexed node, bytes32 indexed workKey, address indexed validator, WorkStatus status);
     event StakeSlashed(address indexed node, bytes32 indexed workKey, address indexed treasury, uint256 amount);
     event NodeEjected(address indexed node, bytes32 indexed workKey, uint64 unbondingEnd);
     event RewardsClaimed(address indexed node, address indexed operator, uint256 amount, uint256 workCount);
@@ -137,6 +142,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     error InsufficientRewardBudget(uint256 needed, uint256 available);
     error PolicyVersionNotIncreasing(uint64 current, uint64 proposed);
     error ZeroManifestHash();
+    error ZeroEvidenceHash();
 
     constructor(
         IERC20 token_,
@@ -239,16 +245,21 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     // ------------------------------------------------------------------ work
 
     /// @notice Record accepted work of `node` under `workKey` (the submission hash). Reserves its reward.
+    /// Strict: a key already known (recorded, claimed or invalidated) reverts with `DuplicateWorkKey`.
     function recordWork(address node, bytes32 workKey, uint48 units)
         external
         onlyRole(VALIDATOR_ROLE)
         whenNotPaused
         nonReentrant
     {
+        if (_work[workKey].status != WorkStatus.None) revert DuplicateWorkKey(workKey);
         _recordWork(node, workKey, units);
     }
 
-    /// @notice recordWork for many submissions in one transaction (all or nothing).
+    /// @notice recordWork for many submissions in one transaction, idempotent so that a chain reporter may
+    /// resend a batch whose outcome it does not know: a key already known (recorded, claimed or invalidated,
+    /// by this batch or before) is skipped with `WorkSkipped`. Any other failure (inactive node, zero units,
+    /// budget) reverts the whole batch.
     function recordWorkBatch(address[] calldata nodes, bytes32[] calldata workKeys, uint48[] calldata units)
         external
         onlyRole(VALIDATOR_ROLE)
@@ -259,21 +270,30 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
             revert BadParameters();
         }
         for (uint256 i = 0; i < nodes.length; ++i) {
-            _recordWork(nodes[i], workKeys[i], units[i]);
+            bytes32 key = workKeys[i];
+            Work storage w = _work[key];
+            if (w.status != WorkStatus.None) {
+                emit WorkSkipped(w.node, key, msg.sender, w.status);
+                continue;
+            }
+            _recordWork(nodes[i], key, units[i]);
         }
     }
 
-    /// @notice Hard invalidation: remove the work, slash `slashPenalty` (at most the remaining stake) to the
-    /// treasury, and eject the node (its stake starts unbonding; the key is banned from this pool).
-    function invalidateHard(bytes32 workKey, uint16 reasonCode, bytes32 evidenceHash)
+    /// @notice Hard invalidation of `node`'s submission `workKey`, with the hash of the validator's evidence.
+    /// If the key was recorded (for `node`, inside its invalidation window) the work is removed and its reward
+    /// returned to the budget; if it was never recorded (it failed its checks) the key is marked invalidated
+    /// for `node`, so it can never be recorded or paid. Either way `slashPenalty` (at most the remaining
+    /// stake) goes to the treasury, never to the slasher, and an active or leaving node is ejected (its stake
+    /// starts unbonding; the key is banned from this pool).
+    function invalidateHard(address node, bytes32 workKey, uint16 reasonCode, bytes32 evidenceHash)
         external
         onlyRole(VALIDATOR_ROLE)
         whenNotPaused
         nonReentrant
     {
-        Work storage w = _removableWork(workKey);
-        address node = w.node;
-        _removeWork(w, WorkStatus.HardInvalidated);
+        if (evidenceHash == bytes32(0)) revert ZeroEvidenceHash();
+        _invalidate(node, workKey, WorkStatus.HardInvalidated);
         emit WorkInvalidated(node, workKey, msg.sender, true, reasonCode, evidenceHash);
 
         Node storage n = _nodes[node];
@@ -292,16 +312,16 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         }
     }
 
-    /// @notice Soft invalidation: remove the work and its reward, nothing else (honest but unusable work).
-    function invalidateSoft(bytes32 workKey, uint16 reasonCode)
+    /// @notice Soft invalidation of `node`'s submission `workKey` (honest but unusable: stale, not assigned
+    /// here, a validator-side failure). Recorded work is removed with its reward; a key never recorded is
+    /// marked consumed so it is never paid. No slash.
+    function invalidateSoft(address node, bytes32 workKey, uint16 reasonCode)
         external
         onlyRole(VALIDATOR_ROLE)
         whenNotPaused
         nonReentrant
     {
-        Work storage w = _removableWork(workKey);
-        address node = w.node;
-        _removeWork(w, WorkStatus.SoftInvalidated);
+        _invalidate(node, workKey, WorkStatus.SoftInvalidated);
         emit WorkInvalidated(node, workKey, msg.sender, false, reasonCode, bytes32(0));
     }
 
@@ -443,11 +463,11 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         if (n.operator != msg.sender) revert NotOperator(node, msg.sender);
     }
 
+    /// Record `node`'s work under `workKey`, which the caller checked is unknown.
     function _recordWork(address node, bytes32 workKey, uint48 units) private {
         Node storage n = _nodes[node];
         if (n.status != NodeStatus.Active) revert NodeNotActive(node);
         if (units == 0) revert ZeroUnits();
-        if (_work[workKey].status != WorkStatus.None) revert DuplicateWorkKey(workKey);
         uint256 reward = uint256(units) * rewardPerUnit;
         uint256 budget = rewardBudget;
         if (reward > budget) revert InsufficientRewardBudget(reward, budget);
@@ -464,20 +484,28 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         emit WorkRecorded(node, workKey, msg.sender, units, reward);
     }
 
-    function _removableWork(bytes32 workKey) private view returns (Work storage w) {
-        w = _work[workKey];
-        if (w.status == WorkStatus.None) revert UnknownWorkKey(workKey);
-        if (w.status != WorkStatus.Accepted) revert WorkNotAccepted(workKey, w.status);
+    /// Mark `workKey` invalidated (`status`) for `node`: recorded work inside its window is removed with its
+    /// reward; an unknown key is consumed. Anything else (another node's key, a key already claimed or
+    /// invalidated, a closed window) reverts.
+    function _invalidate(address node, bytes32 workKey, WorkStatus status) private {
+        if (node == address(0)) revert ZeroAddress();
+        Work storage w = _work[workKey];
+        WorkStatus current = w.status;
+        if (current == WorkStatus.None) {
+            // Failed before it was ever recorded: the key is used up for good (units and reward stay 0).
+            _work[workKey] = Work({node: node, status: status, recordedAt: uint40(_now()), units: 0, reward: 0});
+            return;
+        }
+        if (w.node != node) revert WorkOfOtherNode(workKey, w.node);
+        if (current != WorkStatus.Accepted) revert WorkNotAccepted(workKey, current);
         // Open while now < recordedAt + window; a reward unlocks at recordedAt + lock >= that moment, so no
         // second exists in which work can be both invalidated and paid.
         uint64 closedAt = uint64(w.recordedAt) + invalidationWindow;
         if (_now() >= closedAt) revert InvalidationWindowClosed(workKey, closedAt);
-    }
-
-    function _removeWork(Work storage w, WorkStatus status) private {
         w.status = status;
-        rewardsReserved -= w.reward;
-        rewardBudget += w.reward; // the reward was never earned: back to the run's budget
-        _nodes[w.node].acceptedUnits -= w.units;
+        uint256 reward = w.reward;
+        rewardsReserved -= reward;
+        rewardBudget += reward; // the reward was never earned: back to the run's budget
+        _nodes[node].acceptedUnits -= w.units;
     }
 }

@@ -39,12 +39,12 @@ def test_a_pause_does_not_eat_the_invalidation_window(pools: Pools) -> None:
     with pytest.raises(ChainError) as exc:
         pools.operator.claim_rewards(node.address, [other])
     assert exc.value.reason == "RewardLocked"
-    pools.validator.invalidate_hard(bad, 1, EVIDENCE)
+    pools.validator.invalidate_hard(node.address, bad, 1, EVIDENCE)
     assert pools.admin.get_work(bad).status is WorkStatus.HARD_INVALIDATED
     # The window still closes, and the lock still ends, after the unpaused time they were given.
     pools.chain.advance_time(SETTINGS.invalidation_window)
     with pytest.raises(ChainError) as exc:
-        pools.validator.invalidate_soft(other, 1)
+        pools.validator.invalidate_soft(node.address, other, 1)
     assert exc.value.reason == "InvalidationWindowClosed"
     pools.chain.advance_time(SETTINGS.reward_lock_period - SETTINGS.invalidation_window)
     pools.operator.claim_rewards(node.address, [other])
@@ -63,7 +63,7 @@ def test_a_pause_does_not_shorten_unbonding(pools: Pools) -> None:
     with pytest.raises(ChainError) as exc:
         pools.operator.withdraw(node.address)
     assert exc.value.reason == "StillUnbonding"
-    pools.validator.invalidate_hard(key, 1, EVIDENCE)
+    pools.validator.invalidate_hard(node.address, key, 1, EVIDENCE)
     assert pools.admin.get_node(node.address).stake == SETTINGS.min_stake - SETTINGS.slash_penalty
 
 
@@ -114,14 +114,14 @@ def test_window_and_lock_boundaries_are_disjoint(pools: Pools) -> None:
     with pytest.raises(ChainError) as exc:
         operator.claim_rewards(node.address, [late])
     assert exc.value.reason == "RewardLocked"
-    validator.invalidate_soft(early, 1)
+    validator.invalidate_soft(node.address, early, 1)
 
     _at(pools, closes)  # the lock's first second: claim only
     with pytest.raises(ChainError) as exc:
-        validator.invalidate_hard(late, 1, EVIDENCE)
+        validator.invalidate_hard(node.address, late, 1, EVIDENCE)
     assert exc.value.reason == "InvalidationWindowClosed"
     with pytest.raises(ChainError) as exc:
-        validator.invalidate_soft(late, 1)
+        validator.invalidate_soft(node.address, late, 1)
     assert exc.value.reason == "InvalidationWindowClosed"
     operator.claim_rewards(node.address, [late])
     assert validator.get_work(late).status is WorkStatus.CLAIMED

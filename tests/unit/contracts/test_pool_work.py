@@ -68,7 +68,7 @@ def test_hard_invalidation_slashes_to_treasury_and_ejects(pools: Pools) -> None:
     treasury_before, validator_before = token.balance_of(treasury), token.balance_of(validator)
     budget_before = pools.admin.reward_budget()
 
-    receipt = pools.validator.invalidate_hard(bad, 17, EVIDENCE)
+    receipt = pools.validator.invalidate_hard(node.address, bad, 17, EVIDENCE)
 
     assert token.balance_of(treasury) == treasury_before + SETTINGS.slash_penalty
     assert token.balance_of(validator) == validator_before  # the slasher earns nothing
@@ -93,7 +93,7 @@ def test_hard_invalidation_slashes_to_treasury_and_ejects(pools: Pools) -> None:
         pools.operator2.register(node, SETTINGS.min_stake)
     assert exc.value.reason == "NodeIsEjected"
     # Its other work can still be invalidated while the window is open (slashing the rest of the stake).
-    pools.validator.invalidate_hard(kept, 17, EVIDENCE)
+    pools.validator.invalidate_hard(node.address, kept, 17, EVIDENCE)
     assert pools.admin.get_node(node.address).stake == SETTINGS.min_stake + 2 * TOKEN - 2 * SETTINGS.slash_penalty
     # The remaining stake unbonds, then is withdrawable by the operator.
     with pytest.raises(ChainError) as exc:
@@ -112,20 +112,17 @@ def test_hard_invalidation_reverts(pools: Pools) -> None:
     pools.validator.record_work(node.address, key, 2)
     for client in (pools.stranger, pools.operator, pools.trainer, pools.admin):
         with pytest.raises(ChainError) as exc:
-            client.invalidate_hard(key, 1, EVIDENCE)
+            client.invalidate_hard(node.address, key, 1, EVIDENCE)
         assert exc.value.reason == "AccessControlUnauthorizedAccount"
         with pytest.raises(ChainError) as exc:
-            client.invalidate_soft(key, 1)
+            client.invalidate_soft(node.address, key, 1)
         assert exc.value.reason == "AccessControlUnauthorizedAccount"
-    with pytest.raises(ChainError) as exc:
-        pools.validator.invalidate_hard(work_key(), 1, EVIDENCE)
-    assert exc.value.reason == "UnknownWorkKey"
-    pools.validator.invalidate_hard(key, 1, EVIDENCE)
+    pools.validator.invalidate_hard(node.address, key, 1, EVIDENCE)
     with pytest.raises(ChainError) as exc:  # slashing one work key twice
-        pools.validator.invalidate_hard(key, 1, EVIDENCE)
+        pools.validator.invalidate_hard(node.address, key, 1, EVIDENCE)
     assert exc.value.reason == "WorkNotAccepted"
     with pytest.raises(ChainError) as exc:
-        pools.validator.invalidate_soft(key, 1)
+        pools.validator.invalidate_soft(node.address, key, 1)
     assert exc.value.reason == "WorkNotAccepted"
 
 
@@ -135,10 +132,10 @@ def test_invalidation_after_window_reverts(pools: Pools) -> None:
     pools.validator.record_work(node.address, key, 2)
     pools.chain.advance_time(SETTINGS.invalidation_window + 1)
     with pytest.raises(ChainError) as exc:
-        pools.validator.invalidate_hard(key, 1, EVIDENCE)
+        pools.validator.invalidate_hard(node.address, key, 1, EVIDENCE)
     assert exc.value.reason == "InvalidationWindowClosed"
     with pytest.raises(ChainError) as exc:
-        pools.validator.invalidate_soft(key, 1)
+        pools.validator.invalidate_soft(node.address, key, 1)
     assert exc.value.reason == "InvalidationWindowClosed"
     assert pools.admin.get_node(node.address).status is NodeStatus.ACTIVE
 
@@ -148,7 +145,7 @@ def test_penalty_is_capped_at_stake(pools: Pools) -> None:
     pools.admin.set_slash_penalty(10**30)
     key = work_key()
     pools.validator.record_work(node.address, key, 1)
-    receipt = pools.validator.invalidate_hard(key, 2, EVIDENCE)
+    receipt = pools.validator.invalidate_hard(node.address, key, 2, EVIDENCE)
     assert pools.admin.get_node(node.address).stake == 0
     (event,) = pools.admin.events(receipt.block_number, names={"StakeSlashed"})
     assert event.args["amount"] == SETTINGS.min_stake
@@ -164,7 +161,7 @@ def test_slashing_a_leaving_node(pools: Pools) -> None:
     key = work_key()
     pools.validator.record_work(node.address, key, 1)
     pools.operator.leave_pool(node.address)
-    pools.validator.invalidate_hard(key, 3, EVIDENCE)
+    pools.validator.invalidate_hard(node.address, key, 3, EVIDENCE)
     info = pools.admin.get_node(node.address)
     assert info.status is NodeStatus.EJECTED and info.stake == SETTINGS.min_stake - SETTINGS.slash_penalty
 
@@ -174,7 +171,7 @@ def test_soft_invalidation_removes_work_only(pools: Pools) -> None:
     key = work_key()
     pools.validator.record_work(node.address, key, 4)
     budget = pools.admin.reward_budget()
-    receipt = pools.validator.invalidate_soft(key, 9)
+    receipt = pools.validator.invalidate_soft(node.address, key, 9)
     info = pools.admin.get_node(node.address)
     assert info.status is NodeStatus.ACTIVE and info.stake == SETTINGS.min_stake and info.accepted_units == 0
     assert pools.admin.get_work(key).status is WorkStatus.SOFT_INVALIDATED
@@ -225,7 +222,7 @@ def test_rewards_lock_then_claim(pools: Pools) -> None:
     assert exc.value.reason == "WorkNotAccepted"
     # Claimed work is past its window anyway, and cannot be invalidated.
     with pytest.raises(ChainError) as exc:
-        pools.validator.invalidate_hard(keys[0], 1, EVIDENCE)
+        pools.validator.invalidate_hard(node.address, keys[0], 1, EVIDENCE)
     assert exc.value.reason == "WorkNotAccepted"
 
 
@@ -233,7 +230,7 @@ def test_invalidated_work_earns_nothing(pools: Pools) -> None:
     node = pools.new_node()
     key = work_key()
     pools.validator.record_work(node.address, key, 10)
-    pools.validator.invalidate_soft(key, 1)
+    pools.validator.invalidate_soft(node.address, key, 1)
     pools.chain.advance_time(SETTINGS.reward_lock_period + 1)
     with pytest.raises(ChainError) as exc:
         pools.operator.claim_rewards(node.address, [key])
@@ -260,9 +257,9 @@ def test_record_work_batch(pools: Pools) -> None:
     assert len(pools.admin.events(receipt.block_number, names={"WorkRecorded"})) == 3
     assert pools.admin.get_node(a.address).accepted_units == 4
     fresh = work_key()
-    with pytest.raises(ChainError) as exc:  # one duplicate spoils the batch: nothing is recorded
-        pools.validator.record_work_batch([(a.address, fresh, 1), (b.address, keys[0], 1)])
-    assert exc.value.reason == "DuplicateWorkKey"
+    with pytest.raises(ChainError) as exc:  # one bad item spoils the batch: nothing is recorded
+        pools.validator.record_work_batch([(a.address, fresh, 1), (b.address, work_key(), 0)])
+    assert exc.value.reason == "ZeroUnits"
     assert pools.admin.get_work(fresh).status is WorkStatus.NONE
     with pytest.raises(ChainError) as exc:
         pools.validator.record_work_batch([])
@@ -280,7 +277,7 @@ def test_zero_penalty_still_ejects_without_a_transfer(pools: Pools) -> None:
     pools.admin.set_slash_penalty(0)
     key = work_key()
     pools.validator.record_work(node.address, key, 1)
-    receipt = pools.validator.invalidate_hard(key, 4, EVIDENCE)
+    receipt = pools.validator.invalidate_hard(node.address, key, 4, EVIDENCE)
     names = [e.name for e in pools.admin.events(receipt.block_number)]
     assert names == ["WorkInvalidated", "NodeEjected"]
     info = pools.admin.get_node(node.address)
