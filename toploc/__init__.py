@@ -4,8 +4,10 @@ Measurements only: `ToplocThresholds` holds the limits a validator applies. torc
 lazily by the functions that take tensors.
 """
 
+from toploc.chunks import batch_activations
+from toploc.digest import sha256sum
 from toploc.field import PRIME
-from toploc.proof import ProofPoly
+from toploc.proof import ProofPoly, find_injective_modulus
 from toploc.proofs import (
     NO_MATCH,
     VerificationResult,
@@ -27,11 +29,14 @@ __all__ = [
     "TerminationCheck",
     "ToplocThresholds",
     "VerificationResult",
+    "batch_activations",
     "build_proofs",
     "build_proofs_base64",
     "build_proofs_bytes",
     "check_sampling",
     "check_termination",
+    "find_injective_modulus",
+    "sha256sum",
     "verify_proofs",
     "verify_proofs_base64",
     "verify_proofs_bytes",

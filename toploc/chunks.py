@@ -34,6 +34,25 @@ def split_chunks(
     activations: torch.Tensor | Sequence[torch.Tensor], decode_batching_size: int, skip_prefill: bool
 ) -> list[torch.Tensor]:
     """Flattened bf16 chunks, in proof order (see the module docstring)."""
+    return _chunks(activations, decode_batching_size, skip_prefill, bf16_only=True)
+
+
+def batch_activations(
+    activations: torch.Tensor | Sequence[torch.Tensor], decode_batching_size: int, skip_prefill: bool = False
+) -> list[torch.Tensor]:
+    """The reference's name for the chunking: flattened chunks in proof order, any dtype.
+
+    Same chunks as the proof functions use; `ProofError` on empty or non-tensor input.
+    """
+    if not isinstance(decode_batching_size, int) or decode_batching_size < 1:
+        raise ProofError(f"decode_batching_size must be a positive int, got {decode_batching_size!r}")
+    return _chunks(activations, decode_batching_size, skip_prefill, bf16_only=False)
+
+
+def _chunks(
+    activations: torch.Tensor | Sequence[torch.Tensor], decode_batching_size: int, skip_prefill: bool,
+    *, bf16_only: bool,
+) -> list[torch.Tensor]:
     import torch
 
     tensor: torch.Tensor | None = None
@@ -55,7 +74,7 @@ def split_chunks(
         n = len(items)
     else:
         raise ProofError(f"activations must be a tensor or a list of tensors, got {type(activations).__name__}")
-    if dtypes != {torch.bfloat16}:
+    if bf16_only and dtypes != {torch.bfloat16}:
         raise ProofError(f"activations must be bfloat16, got {sorted(map(str, dtypes))}")
 
     chunks: list[torch.Tensor] = []

@@ -21,6 +21,8 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import NDArray
 
+from protocol.errors import ProofError
+
 PRIME = 65497
 """The field's modulus (the largest prime below 2^16 that the reference uses)."""
 
@@ -104,7 +106,7 @@ def interpolate(x: Int64Array, y: Int64Array) -> Int64Array:
     derivative = (m[..., 1:] * np.arange(1, k + 1, dtype=np.int64)) % PRIME  # M'(X) coefficients
     m_prime_at_x = _exact_matmul(powers, derivative[..., :, None].astype(np.float64))[..., 0]
     if np.any(m_prime_at_x == 0):
-        raise ValueError("interpolation points are not distinct")
+        raise ProofError("interpolation points are not distinct (mod 65497)")
     weights = inverse_table()[m_prime_at_x]
     u = (y % PRIME) * weights % PRIME
     g = _exact_matmul(u[..., None, :].astype(np.float64), powers)[..., 0, :].astype(np.float64)  # (..., k)
@@ -133,7 +135,7 @@ def injective_modulus(x: Int64Array, start: int = PRIME) -> NDArray[np.int64]:
     m = start
     while pending.size:
         if m < 1:
-            raise ValueError("no injective modulus: indices are not distinct")
+            raise ProofError("no injective modulus: indices are not distinct")
         residues = np.sort(rows[pending] % m, axis=-1)
         ok = np.all(np.diff(residues, axis=-1) != 0, axis=-1)
         result[pending[ok]] = m

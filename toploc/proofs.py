@@ -72,7 +72,7 @@ def build_proofs(
 ) -> list[ProofPoly]:
     """One proof per chunk (see `toploc.chunks` for how chunks are formed)."""
     coeffs, moduli = _build_arrays(activations, decode_batching_size, topk, skip_prefill)
-    return [ProofPoly(tuple(int(c) for c in row), int(m)) for row, m in zip(coeffs, moduli, strict=True)]
+    return [ProofPoly(row, m) for row, m in zip(coeffs.tolist(), moduli.tolist(), strict=True)]
 
 
 def build_proofs_bytes(
@@ -159,6 +159,8 @@ def verify_proofs(
     for i, p in enumerate(proofs):
         if not isinstance(p, ProofPoly):
             raise ProofError(f"proof {i} must be a ProofPoly, got {type(p).__name__}")
+        if p.is_null:
+            raise ProofError(f"proof {i} is a null proof (the reference's failure marker), not a proof")
         if len(p) != topk:
             raise ProofError(f"proof {i} has {len(p)} coefficients, expected topk={topk}")
     coeffs, moduli = validate_proofs(

@@ -218,3 +218,61 @@ def test_thresholds_flag_chunks_over_the_defaults() -> None:
     assert t.failing_chunks(res) == [1, 2, 3]
     with pytest.raises(ValueError):
         toploc.ToplocThresholds(unknown=1)  # type: ignore[call-arg]
+
+
+# --- hand-built ProofPoly values: validated on construction, comparable and hashable ---
+
+@pytest.mark.parametrize(
+    ("coeffs", "modulus"),
+    [
+        ([1, 2, 3], 0),  # evaluating it divided by zero
+        ([1, 2, 3], 2),  # fewer residues than coefficients
+        ([1, 2, 3], P + 1),
+        ([1, 2, 3], -5),
+        ([1, 2, P], P),  # not a field element
+        ([1, -1, 3], P),
+        ([2**70, 1, 1], P),  # overflowed int64 when verified
+        ([], P),
+        ([1.5, 2, 3], P),
+        ("abc", P),
+        ([1, 2, 3], 7.0),
+        ([1, 2, 3], None),
+    ],
+)
+def test_proof_poly_refuses_out_of_range_values(coeffs: object, modulus: object) -> None:
+    with pytest.raises(ProofError):
+        toploc.ProofPoly(coeffs, modulus)  # type: ignore[arg-type]
+
+
+def test_hand_built_proofs_verify_or_raise_proof_error() -> None:
+    a, proofs = _good()
+    parsed = [toploc.ProofPoly.from_bytes(p) for p in proofs]
+    # A list-built copy is the same proof: it verifies like the parsed one.
+    by_hand = [toploc.ProofPoly(list(p.coeffs), p.modulus) for p in parsed]
+    assert toploc.verify_proofs(a, by_hand, 32, 128, skip_prefill=True) == toploc.verify_proofs_bytes(
+        a, proofs, 32, 128, skip_prefill=True)
+    with pytest.raises(ProofError, match="null"):
+        toploc.verify_proofs(a, [toploc.ProofPoly.null(128)] * 2, 32, 128, skip_prefill=True)
+    with pytest.raises(ProofError, match="null"):
+        toploc.ProofPoly.null(4)(3)
+    with pytest.raises(ProofError):  # the null proof's bytes are not a proof either
+        toploc.ProofPoly.from_bytes(toploc.ProofPoly.null(128).to_bytes())
+    with pytest.raises(AttributeError):
+        parsed[0].modulus = 0  # type: ignore[misc]
+
+
+def test_proof_poly_equality_and_hash_do_not_depend_on_how_it_was_made() -> None:
+    import pickle
+
+    listed = toploc.ProofPoly([1, 2, 3, 4], P)
+    parsed = toploc.ProofPoly.from_bytes(listed.to_bytes())
+    from_b64 = toploc.ProofPoly.from_base64(listed.to_base64())
+    tupled = toploc.ProofPoly((1, 2, 3, 4), P)
+    numpy_ints = toploc.ProofPoly(np.array([1, 2, 3, 4], dtype=np.int64), np.int64(P))
+    assert listed == parsed == from_b64 == tupled == numpy_ints
+    assert len({listed, parsed, from_b64, tupled, numpy_ints}) == 1
+    assert pickle.loads(pickle.dumps(listed)) == listed
+    assert listed != toploc.ProofPoly([1, 2, 3, 5], P) and listed != toploc.ProofPoly([1, 2, 3, 4], P - 1)
+    assert listed.coeffs == [1, 2, 3, 4] and type(listed.modulus) is int
+    listed.coeffs.append(9)  # a copy, as in the reference: the proof does not change
+    assert len(listed) == 4
