@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from protocol.errors import ProtocolError, UnknownVersionError
+from protocol.rollout import FeedItem
 
 SCHEMA_VERSION = "1"
 SCHEMA_KEY = b"prime.rollout.schema"
@@ -148,3 +149,29 @@ def read_rollouts(path: str | Path, vocab_size: int | None = None) -> list[Sampl
             raise RolloutError(f"{path}: row {i}: {exc}") from exc
         out.append(s)
     return out
+
+
+def feed_groups(item: FeedItem) -> list[list[Sample]]:
+    """A validator's accepted submission as trainer samples: one GRPO group per task.
+
+    The prompt comes from the validator (rebuilt from the task), the completion and its sampling
+    logprobs from the node (checked by the validator), the reward is the validator's recomputation.
+    """
+    groups = []
+    for t, g in enumerate(item.groups):
+        p = g.prompt_tokens
+        groups.append([
+            Sample(
+                tokens=tuple(p) + tuple(s.tokens),
+                loss_mask=(False,) * len(p) + (True,) * len(s.tokens),
+                sampling_logprobs=(0.0,) * len(p) + tuple(s.logprobs),
+                reward=float(s.reward),
+                group_id=f"{item.work_key.hex()[:24]}-{t}",
+                policy_version=item.policy_version,
+                task_id=g.task_id,
+                env_name=item.env,
+                env_version=item.env_version,
+            )
+            for s in g.samples
+        ])
+    return groups

@@ -91,3 +91,43 @@ def sampling_seed(
         _task_id(task_id),
         _uint(sample_index, "sample_index"),
     )
+
+
+def _digest(tag: bytes, *fields: bytes) -> bytes:
+    return hashlib.sha256(tag + b"\x00" + b"".join(fields)).digest()
+
+
+def work_key(run_id: str, node_address: str, policy_version: int, counter: int) -> bytes:
+    """The 32-byte key of one assignment: the `counter`-th batch of `node` at `policy_version`.
+
+    It is derived from the assignment, never from the payload, so one assignment is paid at most
+    once (the pool contract keys work by it) whichever validator sees it and however the payload is
+    varied. Same field encoding as the seeds above, tag `prime/work-key/v1`, full SHA-256 digest.
+    """
+    return _digest(
+        b"prime/work-key/v1",
+        _text(run_id, "run_id"),
+        _address(node_address),
+        _uint(policy_version, "policy_version"),
+        _uint(counter, "counter"),
+    )
+
+
+def assigned_validator(run_id: str, node_address: str, policy_version: int, validators: list[str]) -> str:
+    """Which of `validators` checks `node`'s work at `policy_version` (rendezvous hashing).
+
+    Every validator address gets the score SHA-256(tag, run, node, version, validator); the highest
+    wins. Deterministic from the announced set, so a node cannot shop for a lax validator; adding or
+    removing one validator moves only the nodes it wins or loses. Returns the checksummed address.
+    """
+    if not validators:
+        raise ProtocolError("no validators announced for this run")
+    head = (
+        _text(run_id, "run_id")
+        + _address(node_address)
+        + _uint(policy_version, "policy_version")
+    )
+    return max(
+        (checksum(v) for v in validators),
+        key=lambda v: _digest(b"prime/validator-rendezvous/v1", head, _address(v)),
+    )

@@ -1,0 +1,254 @@
+"""The rollout wire format: what a node submits, the rules of the run it follows, and the verdict.
+
+A node's `counter`-th batch at policy version v is `env.sample(task_seed(node, v, counter),
+tasks_per_batch)`; sample i of task t is generated with `sampling_seed(node, v, t.task_id, i)`.
+The node seals one `Submission` per batch with its key; the validator that `assigned_validator`
+names checks it and answers with a `Verdict` sealed with the validator's key, so a node can prove
+what it was told. Both sides read the same `RunSpec` (the validator serves its own at `/v1/info`).
+
+Everything here is schema only (no torch): `models`, `toploc` and `environments` do the work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from protocol.canonical import HexBytes
+from protocol.envelope import Body
+from protocol.identity import checksum
+
+TOKEN_ID = Annotated[int, Field(ge=0, lt=2**31)]
+MAX_TASKS = 256
+MAX_SAMPLES = 256
+MAX_TOKENS = 1 << 16
+
+
+class RunSpec(BaseModel):
+    """The rules of one training run that node and validator must agree on byte for byte."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    run_id: str = Field(default="devnet", min_length=1, max_length=128)
+    """Name of the training run; part of every seed, work key and envelope domain."""
+    env: str = Field(default="reverse-text", min_length=1, max_length=128)
+    """Environment name (`environments.get`), including any `+length-...` wrapper."""
+    env_version: str = Field(default="1", min_length=1, max_length=64)
+    """Environment version: node and validator grade with exactly this code."""
+    tasks_per_batch: int = Field(default=2, ge=1, le=MAX_TASKS)
+    """Tasks in one assignment (one submission)."""
+    samples_per_task: int = Field(default=4, ge=1, le=MAX_SAMPLES)
+    """Completions per task (the GRPO group size)."""
+    max_new_tokens: int = Field(default=32, ge=1, le=MAX_TOKENS)
+    """Generation limit per completion; a completion this long must finish with `length`."""
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)
+    """Sampling temperature of the protocol's seeded Gumbel-max sampler (greedy is not allowed:
+    every sample of a group would be identical)."""
+    top_k: int = Field(default=0, ge=0)
+    """Top-k cut of the sampler; 0 disables it (hard cuts are fragile under bf16 drift)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Top-p cut of the sampler; 1 disables it."""
+    max_batches_per_version: int = Field(default=1_000_000, ge=1)
+    """Assignment counters run from 0 to this minus one at each policy version."""
+    async_level: int = Field(default=2, ge=0, le=1000)
+    """Work generated with a policy more than this many versions behind the newest is stale."""
+
+
+class SampleRollout(BaseModel):
+    """One completion: its tokens, how it ended, what the node claims it earned, and its proofs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokens: tuple[TOKEN_ID, ...] = Field(min_length=1, max_length=MAX_TOKENS)
+    """Generated token ids (the EOS token included when `finish_reason` is `eos`)."""
+    logprobs: tuple[float, ...] = Field(max_length=MAX_TOKENS)
+    """Sampling log-probability of each generated token under the behaviour policy."""
+    finish_reason: Literal["eos", "length"]
+    """`eos`: the last token is an EOS token; `length`: the generation limit was reached."""
+    reward: float
+    """The environment's reward for the decoded completion, as the node computed it."""
+    proofs: tuple[HexBytes, ...] = Field(max_length=MAX_TOKENS)
+    """TOPLOC proofs (258 bytes each), one per 32 generated tokens."""
+
+    @model_validator(mode="after")
+    def _lengths(self) -> SampleRollout:
+        if len(self.logprobs) != len(self.tokens):
+            raise ValueError(f"{len(self.logprobs)} logprobs for {len(self.tokens)} tokens")
+        return self
+
+
+class TaskRollouts(BaseModel):
+    """All samples of one assigned task (one GRPO group)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    """The task's content digest (`environments.Task.task_id`)."""
+    samples: tuple[SampleRollout, ...] = Field(min_length=1, max_length=MAX_SAMPLES)
+    """Sample i was generated with `sampling_seed(node, version, task_id, i)`."""
+
+
+class Submission(Body):
+    """A node's signed work for one assignment (run, node, policy version, counter)."""
+
+    kind = "submission"
+    version = 1
+
+    run_id: str = Field(min_length=1, max_length=128)
+    """The training run."""
+    node: str
+    """The node's checksummed address (must equal the envelope's signer)."""
+    policy_version: int = Field(ge=0, lt=2**63)
+    """The policy (trainer step) whose weights generated every sample."""
+    manifest_hash: HexBytes
+    """Hash of the signed SHARDCAST manifest of those weights (as recorded on chain)."""
+    counter: int = Field(ge=0, lt=2**63)
+    """Which assignment of this node at this version."""
+    env: str = Field(min_length=1, max_length=128)
+    """Environment name."""
+    env_version: str = Field(min_length=1, max_length=64)
+    """Environment version."""
+    tasks: tuple[TaskRollouts, ...] = Field(min_length=1, max_length=MAX_TASKS)
+    """One entry per assigned task, in assignment order."""
+
+    @field_validator("node")
+    @classmethod
+    def _checksummed(cls, value: str) -> str:
+        if checksum(value) != value:
+            raise ValueError("node must be an EIP-55 checksummed address")
+        return value
+
+    @field_validator("manifest_hash")
+    @classmethod
+    def _hash32(cls, value: bytes) -> bytes:
+        if len(value) != 32:
+            raise ValueError(f"manifest_hash must be 32 bytes, got {len(value)}")
+        return value
+
+    def n_samples(self) -> int:
+        return sum(len(t.samples) for t in self.tasks)
+
+    def n_tokens(self) -> int:
+        return sum(len(s.tokens) for t in self.tasks for s in t.samples)
+
+
+class Outcome(StrEnum):
+    """What a validator decided about one assignment."""
+
+    ACCEPTED = "accepted"
+    REJECTED_HARD = "rejected_hard"
+    """Cheating or broken work: slashed on chain with an evidence hash."""
+    REJECTED_SOFT = "rejected_soft"
+    """Not paid, never slashed: stale, not ours to check, or our own failure."""
+
+
+class Reason(StrEnum):
+    """Why: a stable name (in the API and the ledger) and a uint16 code (on chain)."""
+
+    ACCEPTED = "accepted"
+    # soft: not the node's fault, or not provably so
+    STALE_VERSION = "stale_version"
+    FUTURE_VERSION = "future_version"
+    NOT_ASSIGNED_HERE = "not_assigned_here"
+    NODE_INACTIVE = "node_inactive"
+    VALIDATOR_ERROR = "validator_error"
+    UNGRADABLE = "ungradable"
+    WEIGHTS_UNAVAILABLE = "weights_unavailable"
+    SUSPECTED_SYSTEMIC = "suspected_systemic"
+    # hard: the node signed something that is provably wrong
+    WRONG_RUN = "wrong_run"
+    WRONG_MANIFEST = "wrong_manifest"
+    COUNTER_OUT_OF_RANGE = "counter_out_of_range"
+    WRONG_TASK = "wrong_task"
+    SCHEMA = "schema"
+    EQUIVOCATION = "equivocation"
+    REWARD_MISMATCH = "reward_mismatch"
+    PROOF_MISMATCH = "proof_mismatch"
+    SAMPLING_MISMATCH = "sampling_mismatch"
+    LOGPROB_MISMATCH = "logprob_mismatch"
+    TERMINATION = "termination"
+
+    @property
+    def code(self) -> int:
+        """The uint16 reason code recorded on chain."""
+        return _CODES[self]
+
+    @property
+    def hard(self) -> bool:
+        return self in _HARD
+
+
+_CODES: dict[Reason, int] = {r: i for i, r in enumerate(Reason)}
+_HARD = frozenset(list(Reason)[list(Reason).index(Reason.WRONG_RUN):])
+
+
+class Verdict(Body):
+    """A validator's signed answer about one assignment; what a node shows in an appeal."""
+
+    kind = "verdict"
+    version = 1
+
+    run_id: str = Field(min_length=1, max_length=128)
+    work_key: HexBytes
+    """`protocol.seeds.work_key(run, node, version, counter)`."""
+    node: str
+    policy_version: int = Field(ge=0, lt=2**63)
+    counter: int = Field(ge=0, lt=2**63)
+    submission_hash: HexBytes
+    """SHA-256 of the submission envelope's canonical bytes this verdict is about."""
+    outcome: Outcome
+    reason: Reason
+    evidence_hash: HexBytes | None = None
+    """For a hard verdict: SHA-256 of the stored evidence (what goes on chain)."""
+
+
+def submission_hash(envelope_bytes: bytes) -> bytes:
+    """The identity of one submission envelope (its canonical bytes are its only encoding)."""
+    return hashlib.sha256(envelope_bytes).digest()
+
+
+def submission_domain(chain_id: int, pool: str, run_id: str) -> str:
+    """The envelope domain of a run's submissions and verdicts: one network, one pool, one run."""
+    return f"prime/{chain_id}/{checksum(pool)}/{run_id}"
+
+
+class FeedSample(BaseModel):
+    """One accepted completion as the trainer consumes it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokens: tuple[TOKEN_ID, ...] = Field(min_length=1, max_length=MAX_TOKENS)
+    """Completion token ids."""
+    logprobs: tuple[float, ...] = Field(max_length=MAX_TOKENS)
+    """Sampling logprob of each completion token (checked against the validator's replay)."""
+    reward: float
+    """The reward the validator recomputed."""
+
+
+class FeedGroup(BaseModel):
+    """All accepted samples of one task (a GRPO group)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    prompt_tokens: tuple[TOKEN_ID, ...] = Field(min_length=1, max_length=MAX_TOKENS)
+    """The prompt the validator rebuilt from the task (never taken from the node)."""
+    samples: tuple[FeedSample, ...] = Field(min_length=1, max_length=MAX_SAMPLES)
+
+
+class FeedItem(Body):
+    """One accepted submission, signed by the validator that accepted it, for a trainer to train on."""
+
+    kind = "feed-item"
+    version = 1
+
+    run_id: str = Field(min_length=1, max_length=128)
+    work_key: HexBytes
+    node: str
+    policy_version: int = Field(ge=0, lt=2**63)
+    env: str
+    env_version: str
+    groups: tuple[FeedGroup, ...] = Field(min_length=1, max_length=MAX_TASKS)

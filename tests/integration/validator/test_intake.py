@@ -1,0 +1,136 @@
+"""The validator's HTTP intake on 127.0.0.1 against anvil: the honest path end to end, then every bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pytest
+from validator_harness import SimNode
+
+from contracts.pool import WorkStatus
+from protocol.envelope import Envelope, open_envelope
+from protocol.replay import ReplayGuard
+from protocol.rollout import FeedItem, Verdict
+from protocol.rollout_files import feed_groups, read_rollouts
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_honest_submission_is_accepted_recorded_on_chain_and_fed(make_validator, make_node, published, tmp_path):
+    feed_dir = tmp_path / "feed"
+    node: SimNode = make_node()  # registered before the validator reads the chain
+    v = make_validator(feed_dir=feed_dir)
+    sub, data = node.build()
+    with v.client() as c:
+        r = c.post("/v1/submissions", content=data)
+        assert r.status_code == 202, r.text
+        key = r.json()["work_key"]
+        row = v.wait_reported(key)
+        assert row["outcome"] == "accepted", row
+        assert row["reason"] == "accepted"
+        assert row["chain_tx"]
+        samples = row["measurements"]["samples"]
+        assert len(samples) == 4 and all(s["failing_chunks"] == [] and s["sampling_mismatches"] == [] for s in samples)
+        # on chain, once, with the units the validator computed
+        work = published.admin.get_work(key)
+        assert work.status == WorkStatus.ACCEPTED and work.node == node.identity.address
+        # the signed verdict opens with the validator's key
+        verdict = open_envelope(Envelope.model_validate_json(row["verdict"]), domain=v.service.domain,
+                                replay_guard=ReplayGuard(":memory:"), expected_signer=v.service.identity.address)
+        assert isinstance(verdict, Verdict) and verdict.outcome.value == "accepted"
+        assert "0x" + verdict.work_key.hex() == key
+        # the feed: over HTTP (signed) and as a Parquet file the trainer's directory source reads
+        feed = c.get("/v1/feed", params={"after": 0}).json()
+        assert [i["work_key"] for i in feed["items"]] == [key]
+        item = open_envelope(Envelope.model_validate_json(feed["items"][0]["envelope"]), domain=v.service.domain,
+                             replay_guard=ReplayGuard(":memory:"), expected_signer=v.service.identity.address)
+        assert isinstance(item, FeedItem)
+        groups = feed_groups(item)
+        assert [len(g) for g in groups] == [2, 2]
+        assert groups[0][0].tokens[-len(sub.tasks[0].samples[0].tokens):] == sub.tasks[0].samples[0].tokens
+        assert c.get("/v1/feed", params={"after": feed["next"]}).json()["items"] == []
+        # re-posting the identical envelope: the same verdict, never a second row
+        again = c.post("/v1/submissions", content=data)
+        assert again.status_code == 200 and again.json()["verdict"] == row["verdict"]
+        # the same payload sealed again (a retry with a new nonce) is not equivocation either
+        assert c.post("/v1/submissions", content=node.seal(sub)).json()["outcome"] == "accepted"
+        info = c.get("/v1/info").json()
+        assert info["current_version"] == 1 and info["run"]["run_id"] == "test-run"
+        assert c.get(f"/v1/nodes/{node.identity.address}").json()["verdicts"] == {"accepted": {"accepted": 1}}
+        assert c.get("/ready").status_code == 200 and c.get("/health").json() == {"status": "ok"}
+        assert "prime_validator_ledger_rows" in c.get("/metrics").text
+    for _ in range(100):
+        files = sorted(feed_dir.glob("*.parquet"))
+        if files:
+            break
+        time.sleep(0.1)
+    assert len(files) == 1 and not list(feed_dir.glob("*.tmp"))
+    rows = read_rollouts(files[0])
+    assert len(rows) == 4 and {s.policy_version for s in rows} == {1}
+    assert sorted(s.reward for s in rows) == sorted(s.reward for t in sub.tasks for s in t.samples)
+
+
+def _count_rows(v) -> int:  # type: ignore[no-untyped-def]
+    return sum(n for k, n in v.service.ledger.counts().items() if k.startswith("state:"))
+
+
+def test_bad_inputs_get_their_status_and_a_ledger_row_where_they_have_a_sender(make_validator, make_node):
+    node = make_node()
+    stranger = make_node(register=False)
+    v = make_validator(max_submission_bytes=200_000, rate_burst=3, rate_per_node=0.01)
+    _, good = node.build()
+    with v.client() as c:
+        # oversize: refused from Content-Length before the body is read, and while a chunked body streams
+        assert c.post("/v1/submissions", content=b"x" * 200_001).status_code == 413
+        assert c.post("/v1/submissions", content=iter([b"x" * 100_000] * 3)).status_code == 413
+        # malformed
+        for junk in (b"", b"{", b"[1,2]", b'{"kind":"submission"}', b"[" * 100_000):
+            r = c.post("/v1/submissions", content=junk)
+            assert r.status_code == 400, (junk[:20], r.text)
+        # forged: a signature byte flipped
+        env = json.loads(good)
+        sig = bytearray(bytes.fromhex(env["signature"][2:]))
+        sig[5] ^= 1
+        env["signature"] = "0x" + sig.hex()
+        forged = Envelope.model_validate(env).to_bytes()
+        assert c.post("/v1/submissions", content=forged).status_code == 401
+        # an unregistered node: 403, counted against its (authenticated) address
+        _, from_stranger = stranger.build()
+        r = c.post("/v1/submissions", content=from_stranger)
+        assert r.status_code == 403 and r.json()["error"] == "node_inactive"
+        assert c.get(f"/v1/nodes/{stranger.identity.address}").json()["refused"] == {"node_inactive": 1}
+        # the honest one goes through; then a different body under the same nonce is a replay
+        assert c.post("/v1/submissions", content=good).status_code == 202
+        other_sub, _ = node.build()
+        same_nonce = json.loads(good)["nonce"]
+        from protocol.envelope import seal
+
+        replayed = seal(node.identity, other_sub, domain=v.service.domain, nonce=same_nonce).to_bytes()
+        r = c.post("/v1/submissions", content=replayed)
+        assert r.status_code == 409 and r.json()["error"] == "replay"
+        # rate limit: the bucket held 3; a 4th signed submission waits, with Retry-After
+        statuses = [c.post("/v1/submissions", content=node.build()[1]).status_code for _ in range(2)]
+        assert statuses == [202, 429], statuses
+        last = c.post("/v1/submissions", content=node.build()[1])
+        assert last.status_code == 429 and int(last.headers["Retry-After"]) >= 1
+        refused = c.get(f"/v1/nodes/{node.identity.address}").json()["refused"]
+        assert refused["replay"] == 1 and refused["rate_limited"] == 2
+    assert _count_rows(v) == 2  # only the two accepted-for-checking submissions became rows
+
+
+def test_evidence_hash_is_the_sha256_of_what_is_served(make_validator, make_node):
+    node = make_node()
+    v = make_validator()
+    _, data = node.build(cheat="inflate_reward")
+    with v.client() as c:
+        key = c.post("/v1/submissions", content=data).json()["work_key"]
+        row = v.wait_decided(key)
+        assert row["outcome"] == "rejected_hard" and row["reason"] == "reward_mismatch"
+        ev = c.get(f"/v1/evidence/{row['evidence_hash']}")
+        assert ev.status_code == 200
+        assert "0x" + hashlib.sha256(ev.content).hexdigest() == row["evidence_hash"]
+        assert json.loads(ev.content)["submission"] == data.decode()
+        assert c.get("/v1/evidence/0x" + "00" * 32).status_code == 404
+        assert c.get("/v1/evidence/nothex").status_code == 400

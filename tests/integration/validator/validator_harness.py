@@ -1,0 +1,182 @@
+"""A validator on 127.0.0.1 against a real anvil pool, and a node built from the libraries that can
+submit honest work or cheat in one named way.
+
+The node side here is what `prime-node` does for one assignment (generate with the seeded sampler,
+grade, prove, seal); the cheats are applied between generation and sealing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from environments import get as get_environment
+from environments import render_prompt
+from models.engine import Engine
+from models.loading import LoadedModel, load
+from models.sampling import SamplingParams
+from protocol.envelope import seal
+from protocol.identity import Identity
+from protocol.model_spec import TinyModelSpec
+from protocol.nonce import random_nonce
+from protocol.rollout import RunSpec, SampleRollout, Submission, TaskRollouts
+from protocol.seeds import sampling_seed, task_seed
+from toploc.validation import prove
+from validator.app import build_app
+from validator.config import ValidatorConfig
+from validator.service import Service
+
+MANIFEST_V0 = hashlib.sha256(b"manifest of v0").digest()
+TINY = TinyModelSpec(seed=0, hidden_size=128)  # >= top-k values per token: a 1-token last chunk can be proved
+RUN = RunSpec(run_id="test-run", tasks_per_batch=2, samples_per_task=2, max_new_tokens=40, async_level=1)
+
+
+@dataclass
+class Served:
+    """A running validator: its service, its URL, and a way to stop it."""
+
+    service: Service
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30.0)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.service.stop()
+
+    def wait_decided(self, work_key: str, timeout: float = 60.0) -> dict[str, Any]:
+        with self.client() as c:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                r = c.get(f"/v1/submissions/{work_key}")
+                if r.status_code == 200 and r.json()["state"] != "received":
+                    return dict(r.json())
+                time.sleep(0.1)
+        raise AssertionError(f"{work_key} not decided within {timeout} s")
+
+    def wait_reported(self, work_key: str, timeout: float = 60.0) -> dict[str, Any]:
+        with self.client() as c:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                r = c.get(f"/v1/submissions/{work_key}")
+                if r.status_code == 200 and r.json()["state"] == "reported":
+                    return dict(r.json())
+                time.sleep(0.1)
+        raise AssertionError(f"{work_key} not reported within {timeout} s")
+
+
+def serve(cfg: ValidatorConfig, identity: Identity) -> Served:
+    """Build the service and serve it with uvicorn on a free loopback port (port 0)."""
+    service = Service(cfg, identity)
+    service.start()
+    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise AssertionError("validator did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return Served(service, f"http://127.0.0.1:{port}", server, thread)
+
+
+def validator_config(state_dir: Path, deployment_path: Path, rpc_url: str, **overrides: Any) -> ValidatorConfig:
+    values: dict[str, Any] = {
+        "state_dir": state_dir, "run": RUN, "model": TINY,
+        "chain": {"deployment": deployment_path, "rpc_url": rpc_url, "poll_s": 0.2},
+        "systemic": {"window_s": 0.5, "min_nodes": 3, "fraction": 0.5},
+        "reporter": {"interval_s": 0.2},
+    }
+    values.update(overrides)
+    return ValidatorConfig.model_validate(values)
+
+
+@dataclass
+class SimNode:
+    """A node built from the libraries (see the module docstring)."""
+
+    identity: Identity
+    loaded: LoadedModel
+    domain: str
+    run: RunSpec = RUN
+    manifest_hash: bytes = MANIFEST_V0
+    counter: int = 0
+    sealed: list[bytes] = field(default_factory=list)
+
+    def build(self, version: int = 1, counter: int | None = None, cheat: str | None = None,
+              model: LoadedModel | None = None) -> tuple[Submission, bytes]:
+        """One assignment's submission and its sealed bytes; `cheat` names a way to cheat."""
+        if counter is None:
+            counter, self.counter = self.counter, self.counter + 1
+        run, env = self.run, get_environment(self.run.env, self.run.env_version)
+        gen_model = model or self.loaded
+        draw_counter = counter + 1000 if cheat == "unassigned_task" else counter
+        tasks = env.sample(task_seed(self.identity.address, version, draw_counter, run_id=run.run_id),
+                           run.tasks_per_batch)
+        tok = self.loaded.tokenizer
+        prompts, seeds = [], []
+        for task in tasks:
+            ids = render_prompt(tok, task, tokenize=True)
+            ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+            for i in range(run.samples_per_task):
+                prompts.append(ids)
+                seed = sampling_seed(self.identity.address, version, task.task_id, i, run_id=run.run_id)
+                seeds.append(seed + 1 if cheat == "other_seed" else seed)
+        params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
+        gens = Engine(gen_model).generate(prompts, params, seeds, run.max_new_tokens)
+        task_rollouts = []
+        for t, task in enumerate(tasks):
+            samples = []
+            for i in range(run.samples_per_task):
+                g = gens[t * run.samples_per_task + i]
+                tokens, logprobs, hidden = list(g.tokens), list(g.logprobs), g.hidden_states
+                finish = g.finish_reason
+                if cheat == "edit_token" and t == 0 and i == 0:
+                    pos = len(tokens) // 2
+                    tokens[pos] = (tokens[pos] + 7) % self.loaded.vocab_size
+                    hidden = _prefill_hidden(self.loaded, prompts[0], tokens)  # a careful cheat re-proves
+                if cheat == "early_stop" and t == 0 and i == 0:  # stop 3 tokens early, claim an EOS ending
+                    tokens, logprobs, hidden, finish = tokens[:-3], logprobs[:-3], hidden[:-3], "eos"
+                text = str(tok.decode(tokens, skip_special_tokens=True))
+                reward = env.reward(task, text, completion_tokens=len(tokens))
+                if cheat == "inflate_reward":
+                    reward = min(1.0, reward + 0.5)
+                samples.append(SampleRollout(tokens=tuple(tokens), logprobs=tuple(logprobs), finish_reason=finish,
+                                             reward=reward, proofs=tuple(prove(hidden))))
+            task_rollouts.append(TaskRollouts(task_id=task.task_id, samples=tuple(samples)))
+        sub = Submission(run_id=run.run_id, node=self.identity.address, policy_version=version,
+                         manifest_hash=self.manifest_hash, counter=counter, env=run.env, env_version=run.env_version,
+                         tasks=tuple(task_rollouts))
+        data = self.seal(sub)
+        return sub, data
+
+    def seal(self, sub: Submission) -> bytes:
+        data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
+        self.sealed.append(data)
+        return data
+
+
+def _prefill_hidden(loaded: LoadedModel, prompt: list[int], tokens: list[int]) -> Any:
+    import torch
+
+    from models.forward import prefill
+
+    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
+    out = prefill(loaded, ids, torch.ones_like(ids), logits_last_only=True)
+    return out.hidden[0, len(prompt) - 1 :]
+
+
+def tiny(seed: int = 0) -> LoadedModel:
+    return load(TINY.model_copy(update={"seed": seed}))

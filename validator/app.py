@@ -1,0 +1,139 @@
+"""The validator's HTTP API (FastAPI). Every route is a thin call into `Service`; OpenAPI at `/docs`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.concurrency import run_in_threadpool
+
+from protocol.identity import checksum
+from validator.service import Service
+
+_HEX32 = re.compile(r"^0x[0-9a-f]{64}$")
+
+
+class _Metrics(Collector):
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = GaugeMetricFamily("prime_validator_events", "Counts since start, by event", labels=["event"])
+        for name, n in sorted(dict(self.service.pipeline.stats).items()):
+            stats.add_metric([name], n)
+        yield stats
+        rows = GaugeMetricFamily("prime_validator_ledger_rows", "Ledger rows by state and outcome", labels=["kind"])
+        for name, n in sorted(self.service.ledger.counts().items()):
+            rows.add_metric([name], n)
+        yield rows
+        yield GaugeMetricFamily("prime_validator_reported", "Rows reported on chain since start",
+                                value=self.service.reporter.reported)
+        yield GaugeMetricFamily("prime_validator_chain_failures", "Failed chain transactions since start",
+                                value=self.service.reporter.failures)
+        yield GaugeMetricFamily("prime_validator_feed_items", "Accepted submissions in the trainer feed",
+                                value=self.service.ledger.feed_size())
+        current = self.service.chain.current_version()
+        yield GaugeMetricFamily("prime_validator_policy_version", "Newest policy version on chain",
+                                value=-1 if current is None else current)
+
+
+def _key(value: str) -> str:
+    value = value.lower()
+    if not _HEX32.match(value):
+        raise HTTPException(400, "expected a 0x-prefixed 32-byte hex string")
+    return value
+
+
+def build_app(service: Service) -> FastAPI:
+    cfg = service.cfg
+    app = FastAPI(title="prime-validator", version="1", description=(
+        "Checks nodes' signed rollouts (TOPLOC, sampling replay, rewards), records verdicts, slashes bad work "
+        "on chain and serves accepted rollouts to trainers."))
+    registry = CollectorRegistry()
+    registry.register(_Metrics(service))
+
+    @app.post("/v1/submissions", status_code=202, summary="Submit one signed Submission envelope (raw bytes)")
+    async def submit(request: Request) -> Response:
+        limit = cfg.max_submission_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isascii() or not declared.isdigit() or int(declared) > limit):
+            service.pipeline.count("refused_oversize")
+            return JSONResponse({"error": "oversize", "detail": f"Content-Length {declared[:32]!r}, limit {limit}"},
+                                status_code=413)
+        chunks, size = [], 0
+        async for chunk in request.stream():  # chunked uploads are capped while they are read
+            size += len(chunk)
+            if size > limit:
+                service.pipeline.count("refused_oversize")
+                return JSONResponse({"error": "oversize", "detail": f"body over {limit} bytes"}, status_code=413)
+            chunks.append(chunk)
+        answer = await run_in_threadpool(service.pipeline.intake, b"".join(chunks))
+        if answer.status == 202:
+            service.wake()
+        return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+
+    @app.get("/v1/submissions/{work_key}", summary="State, verdict, reason and raw measurements of one assignment")
+    def submission(work_key: str) -> dict[str, Any]:
+        row = service.ledger.get(_key(work_key))
+        if row is None:
+            raise HTTPException(404, "no submission with this work key")
+        return service.pipeline.row_status(row)
+
+    @app.get("/v1/nodes/{address}", summary="Verdict counts by outcome and reason for one node")
+    def node(address: str) -> dict[str, Any]:
+        try:
+            address = checksum(address)
+        except Exception as exc:  # noqa: BLE001 - any malformed address is the client's 400
+            raise HTTPException(400, "not an address") from exc
+        summary = service.ledger.node_summary(address)
+        summary["active_on_chain"] = service.chain.node_active(address)
+        return summary
+
+    @app.get("/v1/info", summary="Run, versions this validator can check, thresholds, async level")
+    def info() -> dict[str, Any]:
+        current = service.chain.current_version()
+        low = None if current is None else max(0, current - cfg.run.async_level)
+        return {
+            "validator": service.identity.address, "run": cfg.run.model_dump(mode="json"),
+            "domain": service.domain, "chain_id": service.deployment.chain_id, "pool": service.deployment.pool,
+            "model": cfg.model.model_dump(mode="json"), "current_version": current,
+            "checkable_versions": [] if current is None else [v for v in service.chain.versions() if v >= (low or 0)],
+            "async_level": cfg.run.async_level, "checks": cfg.checks.model_dump(mode="json"),
+            "thresholds_hash": service.pipeline.thresholds_hash, "validators": service.pipeline.validators(),
+            "max_submission_bytes": cfg.max_submission_bytes,
+        }
+
+    @app.get("/v1/evidence/{evidence_hash}", summary="The stored evidence of a hard verdict (its hash is on chain)")
+    def evidence(evidence_hash: str) -> Response:
+        data = service.ledger.evidence(_key(evidence_hash))
+        if data is None:
+            raise HTTPException(404, "no evidence with this hash")
+        return Response(data, media_type="application/json")
+
+    @app.get("/v1/feed", summary="Accepted submissions after a cursor, each a validator-signed FeedItem envelope")
+    def feed(after: int = Query(0, ge=0), limit: int = Query(64, ge=1, le=1024)) -> dict[str, Any]:
+        items = service.ledger.feed(after, limit)
+        return {"validator": service.identity.address, "domain": service.domain,
+                "items": [{"seq": seq, "work_key": key, "envelope": item.decode()} for seq, key, item in items],
+                "next": items[-1][0] if items else after}
+
+    @app.get("/health", summary="The process is up")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", summary="Chain readable and the current version's weights loaded")
+    def ready() -> Response:
+        ok, why = service.ready()
+        return JSONResponse({"ready": ok, "detail": why}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,40 @@
+"""`prime-validator`: parse the config first (no torch, no web server), then build and serve."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from protocol.errors import PrimeError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from validator.config import load_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("prime-validator")
+    try:
+        cfg = load_config(sys.argv[1:] if argv is None else argv)  # --help exits here, before torch
+        import uvicorn
+
+        from validator.app import build_app
+        from validator.service import Service
+
+        service = Service(cfg)
+        service.start()
+        log.info("validator %s for run %s on http://%s:%d (ledger %s)", service.identity.address, cfg.run.run_id,
+                 cfg.host, cfg.port, "postgresql" if cfg.ledger_dsn else cfg.state_dir / "ledger.sqlite")
+        try:
+            uvicorn.run(build_app(service), host=cfg.host, port=cfg.port, log_level="warning")
+        finally:
+            service.stop()
+    except PrimeError as exc:
+        log.error("%s: %s", type(exc).__name__, exc)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The validator's configuration tree. Imports no torch or web server, so `--help` answers at once.
+
+Sources, later wins: field defaults < TOML file (`--config`) < environment (`PRIME_<SECTION>__<FIELD>`,
+e.g. `PRIME_CHAIN__RPC_URL`) < command-line flags (`--chain.rpc-url ...`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.config import PrimeConfig, parse_config
+from protocol.model_spec import ModelSpec, TinyModelSpec
+from protocol.rollout import RunSpec
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class ChainSettings(Section):
+    deployment: Path | None = None
+    """deployment.json written by `prime-chain` (pool address, chain id, start block)."""
+    rpc_url: str = "http://127.0.0.1:8545"
+    """JSON-RPC URL of the chain the pool lives on."""
+    poll_s: float = Field(1.0, gt=0.0)
+    """How often new pool events (registrations, slashes, policy versions) are read."""
+
+
+class KeySettings(Section):
+    keystore: Path | None = None
+    """The validator's encrypted keystore (it must hold VALIDATOR_ROLE on the pool)."""
+    key_env: str | None = None
+    """Dev chains only: an environment variable holding a raw private key instead of a keystore."""
+    password_env: str = "PRIME_KEYSTORE_PASSWORD"
+    """Environment variable holding the keystore password."""
+    password_file: Path | None = None
+    """File holding the keystore password."""
+
+
+class StaticWeights(Section):
+    """Every policy version is checked with the weights of `model` (tests, benchmarks, a frozen policy)."""
+
+    type: Literal["static"] = "static"
+    """Weight source: `static` (the model spec for every version) or `shardcast` (follow the relays)."""
+
+
+class ShardcastWeights(Section):
+    """Pull each policy version over the SHARDCAST relay tree, checked against the chain's manifest hash."""
+
+    type: Literal["shardcast"] = "shardcast"
+    """Weight source: `static` (the model spec for every version) or `shardcast` (follow the relays)."""
+    relays: list[str] = []
+    """Relay (or origin) URLs, http://host:port."""
+    trainer: str
+    """Address of the trainer key that signs manifests."""
+    base_version: int = Field(0, ge=0)
+    """Versions up to this one are the base `model` (before the trainer's first publish)."""
+
+
+WeightSource = Annotated[StaticWeights | ShardcastWeights, Field(discriminator="type")]
+
+
+class CheckSettings(Section):
+    reward_tolerance: float = Field(1e-6, ge=0.0)
+    """A claimed reward further than this from the recomputed one is a hard `reward_mismatch`."""
+    logprob_tolerance: float = Field(0.5, ge=0.0)
+    """A claimed sampling logprob further than this from the replayed one is a `logprob_mismatch`
+    (the trainer's importance ratios use them, so a node must not invent them)."""
+    max_exp_mismatches: int = Field(38, ge=0)
+    """TOPLOC: a chunk fails with more exponent mismatches than this (of top-k 128)."""
+    max_mant_err_mean: float = Field(10.0, ge=0.0)
+    """TOPLOC: a chunk fails when its mean mantissa error is above this."""
+    max_mant_err_median: float = Field(8.0, ge=0.0)
+    """TOPLOC: a chunk fails when its median mantissa error is above this."""
+    sampling_margin_tolerance: float = Field(0.5, ge=0.0)
+    """A token counts as a sampling mismatch when the replayed winner beats it by more than this."""
+    max_sampling_mismatches: int = Field(0, ge=0)
+    """A sample fails with more sampling mismatches than this."""
+    batch_tokens: int = Field(8192, ge=64)
+    """Padded tokens per validation prefill."""
+    batch_submissions: int = Field(8, ge=1)
+    """Submissions checked together in one model stage."""
+    retries: int = Field(3, ge=0)
+    """Times a submission is re-checked after a failure on our side before it is soft-rejected."""
+
+
+class SystemicSettings(Section):
+    window_s: float = Field(300.0, gt=0.0)
+    """Hard failures inside this sliding window (per policy version) are compared."""
+    min_nodes: int = Field(3, ge=2)
+    """At least this many distinct failing nodes before the validator suspects itself."""
+    fraction: float = Field(0.5, gt=0.0, le=1.0)
+    """...and at least this fraction of the nodes active in the window."""
+
+
+class ReporterSettings(Section):
+    enabled: bool = True
+    """Report verdicts on chain (recordWorkBatch, invalidateHard/Soft)."""
+    batch: int = Field(32, ge=1)
+    """Accepted work keys per recordWorkBatch transaction."""
+    interval_s: float = Field(1.0, gt=0.0)
+    """How often the outbox is drained."""
+    units_per_token: float = Field(1.0, gt=0.0)
+    """Work units credited per generated token (rounded up, at least 1 per submission)."""
+
+
+class ValidatorConfig(PrimeConfig):
+    """prime-validator: checks nodes' signed rollouts, slashes bad work on chain, feeds the trainer."""
+
+    host: str = "127.0.0.1"
+    """Address the HTTP API binds to (loopback by default; put a reverse proxy in front for the internet)."""
+    port: int = Field(8700, ge=0, lt=65536)
+    """HTTP port (0 picks a free one)."""
+    state_dir: Path = Path("validator-state")
+    """Ledger, evidence, replay guard, nonce counter and weights live here."""
+    ledger_dsn: str | None = None
+    """PostgreSQL DSN (postgresql://...) for a ledger shared by several validator processes; default SQLite."""
+    feed_dir: Path | None = None
+    """Write each accepted submission as a Parquet rollout file here (the trainer's `directory` source)."""
+    run: RunSpec = RunSpec()
+    """The run's rules (served at /v1/info; nodes must follow the same)."""
+    model: ModelSpec = TinyModelSpec()
+    """The run's base model (tokenizer, architecture, and the weights of the base version)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the validation prefill (bf16 is 1000x slower than fp32 on CPUs without AMX: measure
+    with bench/validator.py). TOPLOC compares bf16-rounded activations either way."""
+    weights: WeightSource = StaticWeights()
+    """Where the weights of each policy version come from."""
+    chain: ChainSettings = ChainSettings()
+    """The pool contract."""
+    key: KeySettings = KeySettings()
+    """The validator's signing key."""
+    validators: list[str] = []
+    """The announced validator set of the run (rendezvous assignment); empty means this validator only."""
+    max_submission_bytes: int = Field(4 << 20, ge=1024)
+    """Submissions larger than this are refused (413) before their body is read."""
+    max_age_s: float = Field(600.0, gt=0.0)
+    """Envelopes older than this are refused."""
+    rate_per_node: float = Field(5.0, gt=0.0)
+    """Submissions per second one node may sustain (token bucket; excess gets 429 + Retry-After)."""
+    rate_burst: int = Field(20, ge=1)
+    """Bucket size of the per-node rate limit."""
+    checks: CheckSettings = CheckSettings()
+    """Verdict thresholds (policy lives here; measurements are logged raw)."""
+    systemic: SystemicSettings = SystemicSettings()
+    """Correlation-aware slashing: when many nodes fail at once, suspect ourselves."""
+    reporter: ReporterSettings = ReporterSettings()
+    """The chain reporter."""
+    threads: int = Field(1, ge=1)
+    """torch threads of the model stage."""
+    log_json: bool = False
+    """Log one JSON object per line."""
+
+
+def load_config(argv: list[str] | None = None) -> ValidatorConfig:
+    return parse_config(ValidatorConfig, argv, prog="prime-validator")

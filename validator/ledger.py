@@ -1,0 +1,384 @@
+"""The verdict ledger: one durable row per work key, its state machine, evidence, and the trainer feed.
+
+States of a row (column `state`), each change one transaction:
+
+    received ──(checks)──► decided ──(chain reporter)──► reported
+                 │  (our failure: attempts += 1, retried; soft after `retries`)
+                 └─ decided at once when a cheap check already failed
+
+`outcome`/`reason` are set with `decided`. An accepted row enters the `feed` table in the same
+transaction (the trainer's queue: `feed.seq` is its cursor), so an accepted rollout is always either
+queued or handed out; a crash between any two steps leaves a row a restarted validator finishes
+(`pending()` and `unreported()` read exactly the unfinished rows).
+
+SQLite (WAL) by default; PostgreSQL when several validator processes share one ledger (the SQL is
+the common subset; `?` placeholders are rewritten for psycopg). Claims of pending rows use a lease
+(`lease_until`), so two processes never check the same row at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from protocol.errors import PrimeError
+
+
+class LedgerError(PrimeError):
+    """The ledger database cannot be opened or written."""
+
+    code = "ledger"
+
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS submissions (
+        work_key TEXT PRIMARY KEY,
+        submission_hash TEXT NOT NULL UNIQUE,
+        node TEXT NOT NULL,
+        policy_version BIGINT NOT NULL,
+        counter BIGINT NOT NULL,
+        received_at DOUBLE PRECISION NOT NULL,
+        envelope {blob} NOT NULL,
+        state TEXT NOT NULL,
+        outcome TEXT,
+        reason TEXT,
+        detail TEXT,
+        measurements TEXT,
+        evidence_hash TEXT,
+        verdict {blob},
+        decided_at DOUBLE PRECISION,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        lease_until DOUBLE PRECISION,
+        reported_at DOUBLE PRECISION,
+        chain_tx TEXT
+    )""",
+    "CREATE INDEX IF NOT EXISTS submissions_state ON submissions (state)",
+    "CREATE INDEX IF NOT EXISTS submissions_node ON submissions (node)",
+    """CREATE TABLE IF NOT EXISTS evidence (
+        hash TEXT PRIMARY KEY,
+        data {blob} NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS feed (
+        seq {serial},
+        work_key TEXT NOT NULL UNIQUE,
+        created_at DOUBLE PRECISION NOT NULL,
+        item {blob} NOT NULL,
+        file_written INTEGER NOT NULL DEFAULT 0
+    )""",
+    """CREATE TABLE IF NOT EXISTS refusals (
+        node TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        count BIGINT NOT NULL,
+        last_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (node, reason)
+    )""",
+]
+
+_COLUMNS = (
+    "work_key, submission_hash, node, policy_version, counter, received_at, envelope, state, outcome, "
+    "reason, detail, measurements, evidence_hash, verdict, decided_at, attempts, reported_at, chain_tx"
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One submission's ledger row."""
+
+    work_key: str
+    submission_hash: str
+    node: str
+    policy_version: int
+    counter: int
+    received_at: float
+    envelope: bytes
+    state: str
+    outcome: str | None
+    reason: str | None
+    detail: str | None
+    measurements: str | None
+    evidence_hash: str | None
+    verdict: bytes | None
+    decided_at: float | None
+    attempts: int
+    reported_at: float | None
+    chain_tx: str | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the checks concluded about one row."""
+
+    outcome: str
+    reason: str
+    detail: str = ""
+    measurements: dict[str, Any] | None = None
+    evidence: bytes | None = None
+    evidence_hash: str | None = None
+    verdict: bytes | None = None
+    """The signed `Verdict` envelope bytes."""
+    feed_item: bytes | None = None
+    """For an accepted row: the signed feed item that enters the trainer's queue."""
+
+
+class _Db(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    @contextmanager
+    def transaction(self) -> Iterator[_Db]: ...
+
+    def close(self) -> None: ...
+
+
+class _Sqlite:
+    blob, serial = "BLOB", "INTEGER PRIMARY KEY AUTOINCREMENT"
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")  # a decided verdict survives power loss
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open ledger {path}: {exc}") from exc
+        self._lock = threading.RLock()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, tuple(params)).fetchall()
+            except sqlite3.Error as exc:
+                raise LedgerError(f"ledger: {exc}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[_Db]:
+        with self._lock:
+            self.execute("BEGIN IMMEDIATE")
+            try:
+                yield self
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class _Postgres:
+    blob, serial = "BYTEA", "BIGSERIAL PRIMARY KEY"
+
+    def __init__(self, dsn: str) -> None:
+        try:
+            import psycopg
+        except ImportError as exc:  # pragma: no cover - psycopg is a declared dependency
+            raise LedgerError("a PostgreSQL ledger needs psycopg (pip install 'psycopg[binary]')") from exc
+        self._psycopg = psycopg
+        try:
+            self._conn = psycopg.connect(dsn, autocommit=True)
+        except psycopg.Error as exc:
+            raise LedgerError(f"cannot connect to the PostgreSQL ledger: {exc}") from exc
+        self._lock = threading.RLock()
+        self._in_tx = False
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))
+                rows = cur.fetchall() if cur.description else []
+            except self._psycopg.Error as exc:
+                raise LedgerError(f"ledger: {exc}") from exc
+            return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows]
+
+    @contextmanager
+    def transaction(self) -> Iterator[_Db]:
+        with self._lock:
+            try:
+                with self._conn.transaction():
+                    yield self
+            except self._psycopg.Error as exc:
+                raise LedgerError(f"ledger transaction: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class Ledger:
+    """The durable record of every submission (see the module docstring)."""
+
+    def __init__(self, db: _Db) -> None:
+        self._db = db
+        blob, serial = getattr(db, "blob"), getattr(db, "serial")  # noqa: B009 - per-dialect class attributes
+        with db.transaction():
+            for stmt in _SCHEMA:
+                db.execute(stmt.format(blob=blob, serial=serial))
+
+    @classmethod
+    def open(cls, *, dsn: str | None = None, path: str | Path | None = None) -> Ledger:
+        """PostgreSQL when `dsn` is given, else SQLite at `path`."""
+        if dsn:
+            return cls(_Postgres(dsn))
+        if path is None:
+            raise LedgerError("a ledger needs a PostgreSQL DSN or a SQLite path")
+        return cls(_Sqlite(Path(path)))
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- submissions ----------------------------------------------------------------------------
+
+    def _rows(self, where: str, params: Sequence[Any] = ()) -> list[Row]:
+        return [Row(*r) for r in self._db.execute(f"SELECT {_COLUMNS} FROM submissions {where}", params)]
+
+    def get(self, work_key: str) -> Row | None:
+        rows = self._rows("WHERE work_key = ?", (work_key,))
+        return rows[0] if rows else None
+
+    def by_hash(self, submission_hash: str) -> Row | None:
+        rows = self._rows("WHERE submission_hash = ?", (submission_hash,))
+        return rows[0] if rows else None
+
+    def insert(
+        self, *, work_key: str, submission_hash: str, node: str, policy_version: int, counter: int,
+        envelope: bytes, decision: Decision | None = None, now: float | None = None,
+    ) -> bool:
+        """Add a received submission (decided at once when `decision` is given).
+
+        False, and nothing written, when the work key already has a row (one row per work key).
+        """
+        t = time.time() if now is None else now
+        with self._db.transaction() as db:
+            done = db.execute(
+                "INSERT INTO submissions (work_key, submission_hash, node, policy_version, counter, received_at, "
+                "envelope, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'received') ON CONFLICT DO NOTHING RETURNING work_key",
+                (work_key, submission_hash, node, policy_version, counter, t, envelope),
+            )
+            if not done:
+                return False
+            if decision is not None:
+                self._decide(db, work_key, decision, t)
+        return True
+
+    def _decide(self, db: _Db, work_key: str, d: Decision, now: float) -> None:
+        db.execute(
+            "UPDATE submissions SET state = 'decided', outcome = ?, reason = ?, detail = ?, measurements = ?, "
+            "evidence_hash = ?, verdict = ?, decided_at = ?, lease_until = NULL WHERE work_key = ?",
+            (d.outcome, d.reason, d.detail, json.dumps(d.measurements) if d.measurements is not None else None,
+             d.evidence_hash, d.verdict, now, work_key),
+        )
+        if d.evidence is not None and d.evidence_hash is not None:
+            db.execute("INSERT INTO evidence (hash, data, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                       (d.evidence_hash, d.evidence, now))
+        if d.feed_item is not None:
+            db.execute("INSERT INTO feed (work_key, created_at, item) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                       (work_key, now, d.feed_item))
+
+    def decide(self, work_key: str, decision: Decision, *, now: float | None = None) -> None:
+        """Record the verdict (and its evidence and feed item) of a received row, atomically."""
+        with self._db.transaction() as db:
+            self._decide(db, work_key, decision, time.time() if now is None else now)
+
+    def redecide(self, work_key: str, decision: Decision, *, now: float | None = None) -> None:
+        """Replace a verdict (equivocation turns an accepted row hard); the row is reported again."""
+        with self._db.transaction() as db:
+            db.execute("UPDATE submissions SET reported_at = NULL, chain_tx = NULL WHERE work_key = ?", (work_key,))
+            self._decide(db, work_key, decision, time.time() if now is None else now)
+
+    def claim(self, limit: int, *, lease_s: float = 300.0, now: float | None = None) -> list[Row]:
+        """Lease up to `limit` received rows for checking (oldest first); a crashed claimer's lease expires."""
+        t = time.time() if now is None else now
+        free = "state = 'received' AND (lease_until IS NULL OR lease_until < ?)"
+        keys = self._db.execute(
+            f"UPDATE submissions SET lease_until = ? WHERE work_key IN (SELECT work_key FROM submissions "
+            f"WHERE {free} ORDER BY received_at LIMIT ?) AND {free} RETURNING work_key",
+            (t + lease_s, t, limit, t),
+        )
+        return [r for (k,) in keys if (r := self.get(k)) is not None]
+
+    def release(self, work_key: str, error: str) -> int:
+        """Give a leased row back after a failure on our side; returns its attempt count."""
+        rows = self._db.execute(
+            "UPDATE submissions SET lease_until = NULL, attempts = attempts + 1, detail = ? "
+            "WHERE work_key = ? AND state = 'received' RETURNING attempts", (error[:500], work_key))
+        return int(rows[0][0]) if rows else 0
+
+    def unreported(self, limit: int) -> list[Row]:
+        return self._rows("WHERE state = 'decided' ORDER BY decided_at LIMIT ?", (limit,))
+
+    def mark_reported(self, work_keys: Sequence[str], tx_hash: str | None, *, now: float | None = None) -> None:
+        t = time.time() if now is None else now
+        with self._db.transaction() as db:
+            for key in work_keys:
+                db.execute("UPDATE submissions SET state = 'reported', reported_at = ?, chain_tx = ? "
+                           "WHERE work_key = ? AND state = 'decided'", (t, tx_hash, key))
+
+    def counts(self) -> dict[str, int]:
+        """Rows per state and per outcome (for /metrics and the audit)."""
+        out: dict[str, int] = {}
+        for state, n in self._db.execute("SELECT state, COUNT(*) FROM submissions GROUP BY state"):
+            out[f"state:{state}"] = int(n)
+        for outcome, n in self._db.execute(
+                "SELECT outcome, COUNT(*) FROM submissions WHERE outcome IS NOT NULL GROUP BY outcome"):
+            out[f"outcome:{outcome}"] = int(n)
+        return out
+
+    def node_summary(self, node: str) -> dict[str, Any]:
+        """Verdict counts by outcome and reason for one node, plus its refused requests."""
+        verdicts: dict[str, dict[str, int]] = {}
+        for outcome, reason, n in self._db.execute(
+                "SELECT outcome, reason, COUNT(*) FROM submissions WHERE node = ? AND outcome IS NOT NULL "
+                "GROUP BY outcome, reason", (node,)):
+            verdicts.setdefault(outcome, {})[reason] = int(n)
+        pending = self._db.execute("SELECT COUNT(*) FROM submissions WHERE node = ? AND state = 'received'", (node,))
+        refused = {r: int(n) for r, n in self._db.execute(
+            "SELECT reason, count FROM refusals WHERE node = ?", (node,))}
+        return {"node": node, "verdicts": verdicts, "pending": int(pending[0][0]), "refused": refused}
+
+    def hard_failures_since(self, policy_version: int, since: float) -> list[str]:
+        """Distinct nodes with a hard verdict at `policy_version` decided since `since`."""
+        return [n for (n,) in self._db.execute(
+            "SELECT DISTINCT node FROM submissions WHERE policy_version = ? AND decided_at >= ? AND "
+            "(outcome = 'rejected_hard' OR reason = 'suspected_systemic')", (policy_version, since))]
+
+    def active_nodes_since(self, since: float) -> list[str]:
+        return [n for (n,) in self._db.execute(
+            "SELECT DISTINCT node FROM submissions WHERE received_at >= ?", (since,))]
+
+    # -- refusals (requests that never became a row, counted per signed sender) ------------------
+
+    def count_refusal(self, node: str, reason: str, *, now: float | None = None) -> None:
+        t = time.time() if now is None else now
+        self._db.execute(
+            "INSERT INTO refusals (node, reason, count, last_at) VALUES (?, ?, 1, ?) ON CONFLICT (node, reason) "
+            "DO UPDATE SET count = refusals.count + 1, last_at = excluded.last_at", (node, reason, t))
+
+    # -- evidence and feed ----------------------------------------------------------------------
+
+    def evidence(self, evidence_hash: str) -> bytes | None:
+        rows = self._db.execute("SELECT data FROM evidence WHERE hash = ?", (evidence_hash,))
+        return bytes(rows[0][0]) if rows else None
+
+    def feed(self, after: int, limit: int) -> list[tuple[int, str, bytes]]:
+        """(seq, work_key, signed item) of accepted submissions with seq > `after`, in order."""
+        return [(int(s), k, bytes(i)) for s, k, i in self._db.execute(
+            "SELECT seq, work_key, item FROM feed WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit))]
+
+    def unwritten_feed(self, limit: int) -> list[tuple[int, float, str, bytes]]:
+        """(seq, created_at, work_key, item) of feed items not yet written as files."""
+        return [(int(s), float(c), k, bytes(i)) for s, c, k, i in self._db.execute(
+            "SELECT seq, created_at, work_key, item FROM feed WHERE file_written = 0 ORDER BY seq LIMIT ?", (limit,))]
+
+    def mark_written(self, seq: int) -> None:
+        self._db.execute("UPDATE feed SET file_written = 1 WHERE seq = ?", (seq,))
+
+    def feed_size(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM feed")[0][0])

@@ -1,0 +1,565 @@
+"""The check pipeline, cheapest first, and the verdicts it records.
+
+`intake(bytes)` runs in the HTTP handler and does everything that needs no model: size, identity
+(the same bytes again return the same answer), envelope (domain, age, signature, canonical body),
+the sender's chain status and rate limit (both *before* its nonce is consumed), then the run,
+assignment (validator, version window, manifest, counter, tasks), and schema and limits. A failure
+there is decided at once; a pass is a `received` ledger row.
+
+`check_pending()` runs in the model worker: it leases received rows, recomputes rewards, runs one
+batched prefill per weights version (`toploc.validation.measure`: TOPLOC, sampling replay,
+termination, logprobs) and decides. A failure on our side (weights not here, the model failing, a
+grader that could not grade) is retried or soft, never hard.
+
+Every hard verdict carries evidence (the submission bytes, what was measured, the thresholds, this
+software's version) whose SHA-256 goes on chain. Before recording a hard verdict the validator asks
+whether many distinct nodes failed at the same version in the window; if so it suspects itself
+(`suspected_systemic`, soft) and converts that version's not-yet-reported hard verdicts too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from environments import Environment, render_prompt
+from environments import get as get_environment
+from protocol.canonical import canonical_bytes
+from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
+from protocol.errors import (
+    ExpiredError,
+    ModelError,
+    OversizeError,
+    PrimeError,
+    ProtocolError,
+    ReplayError,
+    SignatureError,
+    UngradableError,
+)
+from protocol.identity import Identity
+from protocol.nonce import NonceCounter
+from protocol.rollout import (
+    FeedGroup,
+    FeedItem,
+    FeedSample,
+    Outcome,
+    Reason,
+    RunSpec,
+    Submission,
+    Verdict,
+    submission_hash,
+)
+from protocol.seeds import assigned_validator, sampling_seed, task_seed, work_key
+from validator.chainview import ChainView
+from validator.ledger import Decision, Ledger, Row
+from validator.weights import WeightStore, WeightsUnavailable
+
+if TYPE_CHECKING:
+    from environments import Task
+    from models.loading import LoadedModel
+    from validator.config import ValidatorConfig
+
+log = logging.getLogger(__name__)
+
+SOFTWARE = "prime-validator/0.1"
+PROOF_BYTES = 258
+
+
+class NodeInactiveError(ProtocolError):
+    """The signer is not a registered, active, staked node of this pool."""
+
+    code = "node_inactive"
+
+
+class RateLimitedError(ProtocolError):
+    """The signer sent more than its share; retry after `retry_after` seconds."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Answer:
+    """What the HTTP layer returns for one POST."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class _Bucket:
+    __slots__ = ("tokens", "at")
+
+    def __init__(self, tokens: float, at: float) -> None:
+        self.tokens, self.at = tokens, at
+
+
+class _SenderGate:
+    """A replay guard that first checks the (already authenticated) sender: active on chain, within its
+    rate. Raising here keeps the nonce unconsumed, so a refused node can resend the same envelope."""
+
+    def __init__(self, inner: NonceGuard, chain: ChainView, rate: float, burst: int) -> None:
+        self.inner, self.chain, self.rate, self.burst = inner, chain, rate, burst
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def check_and_record(
+        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
+    ) -> None:
+        if not self.chain.node_active(signer):
+            raise NodeInactiveError(f"{signer} is not an active, staked node of this pool")
+        now = time.monotonic()
+        with self._lock:
+            b = self._buckets.get(signer)
+            if b is None:
+                b = self._buckets[signer] = _Bucket(float(self.burst), now)
+            b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
+            b.at = now
+            if b.tokens < 1.0:
+                raise RateLimitedError(f"{signer} is over {self.rate}/s", (1.0 - b.tokens) / self.rate)
+            b.tokens -= 1.0
+        self.inner.check_and_record(domain, signer, nonce, sent_at=sent_at, expires_at=expires_at, now=now)
+
+
+def _hex(data: bytes) -> str:
+    return "0x" + data.hex()
+
+
+class Pipeline:
+    """Intake, checks and verdicts of one validator (HTTP-free; `validator.app` serves it)."""
+
+    def __init__(
+        self, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView, weights: WeightStore,
+        *, domain: str, replay_guard: NonceGuard, nonces: NonceCounter,
+    ) -> None:
+        from toploc.thresholds import ToplocThresholds
+
+        self.cfg = cfg
+        self.run: RunSpec = cfg.run
+        self.identity = identity
+        self.ledger = ledger
+        self.chain = chain
+        self.weights = weights
+        self.domain = domain
+        self.nonces = nonces
+        self.gate = _SenderGate(replay_guard, chain, cfg.rate_per_node, cfg.rate_burst)
+        self.env: Environment = get_environment(self.run.env, self.run.env_version)
+        c = cfg.checks
+        self.thresholds = ToplocThresholds(
+            max_exp_mismatches=c.max_exp_mismatches, max_mant_err_mean=c.max_mant_err_mean,
+            max_mant_err_median=c.max_mant_err_median, sampling_margin_tolerance=c.sampling_margin_tolerance,
+            max_sampling_mismatches=c.max_sampling_mismatches)
+        self.thresholds_hash = _hex(hashlib.sha256(canonical_bytes({
+            "checks": c.model_dump(mode="json"), "run": self.run.model_dump(mode="json")})).digest())
+        self.stats: dict[str, int] = {}
+        self._stats_lock = threading.Lock()
+        self._systemic_versions: set[int] = set()
+
+    # -- small helpers -------------------------------------------------------------------------
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[name] = self.stats.get(name, 0) + n
+
+    def tasks(self, node: str, version: int, counter: int) -> list[Task]:
+        return self.env.sample(task_seed(node, version, counter, run_id=self.run.run_id), self.run.tasks_per_batch)
+
+    def validators(self) -> list[str]:
+        return self.cfg.validators or [self.identity.address]
+
+    def _sign_verdict(self, sub: Submission, key: bytes, sub_hash: bytes, outcome: Outcome, reason: Reason,
+                      evidence_hash: str | None) -> bytes:
+        verdict = Verdict(
+            run_id=self.run.run_id, work_key=key, node=sub.node, policy_version=sub.policy_version,
+            counter=sub.counter, submission_hash=sub_hash, outcome=outcome, reason=reason,
+            evidence_hash=bytes.fromhex(evidence_hash[2:]) if evidence_hash else None)
+        env = seal(self.identity, verdict, domain=self.domain, nonce=self.nonces.next(self.domain))
+        return env.to_bytes()
+
+    def _decision(self, sub: Submission, envelope_bytes: bytes, outcome: Outcome, reason: Reason, detail: str,
+                  measurements: dict[str, Any] | None = None, feed: FeedItem | None = None,
+                  extra_evidence: dict[str, Any] | None = None) -> Decision:
+        key = work_key(self.run.run_id, sub.node, sub.policy_version, sub.counter)
+        sub_hash = submission_hash(envelope_bytes)
+        evidence = evidence_hash = None
+        if outcome is Outcome.REJECTED_HARD:
+            evidence = canonical_bytes({
+                "software": SOFTWARE, "work_key": _hex(key), "reason": reason.value, "detail": detail,
+                "submission": envelope_bytes.decode(), "measurements": measurements or {},
+                "thresholds": self.cfg.checks.model_dump(mode="json"), "run": self.run.model_dump(mode="json"),
+                **(extra_evidence or {})})
+            evidence_hash = _hex(hashlib.sha256(evidence).digest())
+        feed_bytes = None
+        if feed is not None:
+            feed_bytes = seal(self.identity, feed, domain=self.domain, nonce=self.nonces.next(self.domain)).to_bytes()
+        self.count(f"verdict_{outcome.value}")
+        log.info("verdict %s %s node %s v%d #%d: %s%s", outcome.value, reason.value, sub.node, sub.policy_version,
+                 sub.counter, detail, f" evidence {evidence_hash}" if evidence_hash else "")
+        return Decision(
+            outcome=outcome.value, reason=reason.value, detail=detail, measurements=measurements,
+            evidence=evidence, evidence_hash=evidence_hash,
+            verdict=self._sign_verdict(sub, key, sub_hash, outcome, reason, evidence_hash), feed_item=feed_bytes)
+
+    def _reject(self, sub: Submission, envelope_bytes: bytes, reason: Reason, detail: str,
+                measurements: dict[str, Any] | None = None, **kw: Any) -> Decision:
+        outcome = Outcome.REJECTED_HARD if reason.hard else Outcome.REJECTED_SOFT
+        if outcome is Outcome.REJECTED_HARD and self._systemic(sub.node, sub.policy_version):
+            detail = f"{reason.value} ({detail}) while many nodes fail at v{sub.policy_version}: suspecting ourselves"
+            reason, outcome = Reason.SUSPECTED_SYSTEMIC, Outcome.REJECTED_SOFT
+        return self._decision(sub, envelope_bytes, outcome, reason, detail, measurements, **kw)
+
+    # -- correlation-aware slashing -----------------------------------------------------------
+
+    def _systemic(self, node: str, version: int, now: float | None = None) -> bool:
+        """Would a hard verdict for `node` at `version` make failures look systemic?"""
+        s = self.cfg.systemic
+        t = time.time() if now is None else now
+        failing = set(self.ledger.hard_failures_since(version, t - s.window_s)) | {node}
+        active = set(self.ledger.active_nodes_since(t - s.window_s)) | {node}
+        if len(failing) < s.min_nodes or len(failing) / len(active) < s.fraction:
+            return False
+        if version not in self._systemic_versions:
+            self._systemic_versions.add(version)
+            log.error("SYSTEMIC: %d of %d active nodes failed hard at v%d within %.0f s; slashing stops for this "
+                      "version (check our weights, software and thresholds)", len(failing), len(active), version,
+                      s.window_s)
+        self.count("systemic_suspected")
+        self._soften_unreported(version)
+        return True
+
+    def _soften_unreported(self, version: int) -> None:
+        """Hard verdicts of `version` not yet on chain become `suspected_systemic` (the reporter holds hard
+        verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
+        for row in self.ledger.unreported(10_000):
+            if row.policy_version == version and row.outcome == Outcome.REJECTED_HARD.value:
+                sub = _parse_stored(row)
+                decision = self._decision(sub, row.envelope, Outcome.REJECTED_SOFT, Reason.SUSPECTED_SYSTEMIC,
+                                          f"was {row.reason}: {row.detail}")
+                self.ledger.redecide(row.work_key, decision)
+
+    # -- intake (cheap checks) ----------------------------------------------------------------
+
+    def intake(self, data: bytes) -> Answer:
+        """Cheap checks of one posted envelope; see the module docstring."""
+        self.count("submissions_received")
+        if len(data) > self.cfg.max_submission_bytes:
+            self.count("refused_oversize")
+            return Answer(413, {"error": "oversize", "detail": f"{len(data)} bytes, limit "
+                                f"{self.cfg.max_submission_bytes}"})
+        sub_hash = submission_hash(data)
+        known = self.ledger.by_hash(_hex(sub_hash))
+        if known is not None:  # the same bytes again: the same answer, never a second row
+            return Answer(200 if known.state != "received" else 202, self.row_status(known))
+        envelope: Envelope | None = None
+        try:
+            envelope = Envelope.from_bytes(data, max_bytes=self.cfg.max_submission_bytes)
+            body = open_envelope(envelope, domain=self.domain, replay_guard=self.gate, body_types=[Submission],
+                                 max_age_s=self.cfg.max_age_s)
+        except OversizeError as exc:
+            return self._refuse(413, exc, None)
+        except SignatureError as exc:
+            return self._refuse(401, exc, None)
+        except NodeInactiveError as exc:
+            return self._refuse(403, exc, envelope.signer if envelope else None)
+        except RateLimitedError as exc:
+            answer = self._refuse(429, exc, envelope.signer if envelope else None)
+            answer.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+            return answer
+        except ReplayError as exc:
+            return self._refuse(409, exc, envelope.signer if envelope else None)
+        except ExpiredError as exc:
+            return self._refuse(400, exc, None)
+        except ProtocolError as exc:
+            return self._refuse(400, exc, None)
+        assert isinstance(body, Submission)
+        if body.node != envelope.signer:
+            return self._refuse(400, ProtocolError(f"submission names node {body.node}, signed by {envelope.signer}"),
+                                envelope.signer)
+        key = _hex(work_key(self.run.run_id, body.node, body.policy_version, body.counter))
+        existing = self.ledger.get(key)
+        if existing is not None:
+            if _parse_stored(existing) == body:  # the same payload sealed again (a retry): the same answer
+                return Answer(200 if existing.state != "received" else 202, self.row_status(existing))
+            return self._equivocation(existing, body, data)
+        early = self._not_ours_yet(body)
+        if early is not None:
+            return early
+        decision = self._cheap_checks(body, data)
+        self.ledger.insert(work_key=key, submission_hash=_hex(sub_hash), node=body.node,
+                           policy_version=body.policy_version, counter=body.counter, envelope=data, decision=decision)
+        row = self.ledger.get(key)
+        assert row is not None
+        return Answer(202 if decision is None else 200, self.row_status(row))
+
+    def _refuse(self, status: int, exc: PrimeError, sender: str | None) -> Answer:
+        self.count(f"refused_{exc.code}")
+        if sender is not None:  # authenticated sender: count it against the node
+            self.ledger.count_refusal(sender, exc.code)
+        return Answer(status, {"error": exc.code, "detail": str(exc)})
+
+    def _equivocation(self, existing: Row, body: Submission, data: bytes) -> Answer:
+        """A second, different payload signed for an assignment that already has a row."""
+        if existing.outcome != Outcome.REJECTED_HARD.value:
+            decision = self._reject(body, data, Reason.EQUIVOCATION,
+                                    f"a second, different payload for assignment #{body.counter} at "
+                                    f"v{body.policy_version}", extra_evidence={"first": existing.envelope.decode()})
+            if existing.state == "received":
+                self.ledger.decide(existing.work_key, decision)
+            else:
+                self.ledger.redecide(existing.work_key, decision)
+        row = self.ledger.get(existing.work_key)
+        assert row is not None
+        return Answer(409, {"error": "duplicate_work", "detail": "this assignment was already submitted",
+                            **self.row_status(row)})
+
+    def _not_ours_yet(self, sub: Submission) -> Answer | None:
+        """Work another validator must check, or of a version our chain view has not seen yet: refused
+        without a ledger row (soft, counted), so the assignment stays free for the right place and time."""
+        mine = assigned_validator(self.run.run_id, sub.node, sub.policy_version, self.validators())
+        if mine != self.identity.address:
+            self.ledger.count_refusal(sub.node, Reason.NOT_ASSIGNED_HERE.value)
+            self.count(f"refused_{Reason.NOT_ASSIGNED_HERE.value}")
+            return Answer(421, {"error": Reason.NOT_ASSIGNED_HERE.value, "detail": f"assigned to {mine}",
+                                "outcome": Outcome.REJECTED_SOFT.value, "assigned_validator": mine})
+        current = self.chain.current_version()
+        if current is None or sub.policy_version > current:
+            self.ledger.count_refusal(sub.node, Reason.FUTURE_VERSION.value)
+            self.count(f"refused_{Reason.FUTURE_VERSION.value}")
+            return Answer(425, {"error": Reason.FUTURE_VERSION.value, "outcome": Outcome.REJECTED_SOFT.value,
+                                "detail": f"v{sub.policy_version} is not on chain yet (newest: {current})"},
+                          {"Retry-After": "2"})
+        return None
+
+    def _cheap_checks(self, sub: Submission, data: bytes) -> Decision | None:
+        run = self.run
+        if sub.run_id != run.run_id:
+            return self._reject(sub, data, Reason.WRONG_RUN, f"run {sub.run_id!r}, this is {run.run_id!r}")
+        current = self.chain.current_version() or 0
+        if sub.policy_version < current - run.async_level:
+            return self._reject(sub, data, Reason.STALE_VERSION,
+                                f"v{sub.policy_version} is older than {current} - {run.async_level}")
+        if self.chain.manifest_hash(sub.policy_version) != sub.manifest_hash:
+            return self._reject(sub, data, Reason.WRONG_MANIFEST, f"manifest {_hex(sub.manifest_hash)} is not the "
+                                f"one published for v{sub.policy_version}")
+        if sub.counter >= run.max_batches_per_version:
+            return self._reject(sub, data, Reason.COUNTER_OUT_OF_RANGE,
+                                f"counter {sub.counter} >= {run.max_batches_per_version}")
+        if (sub.env, sub.env_version) != (run.env, run.env_version):
+            return self._reject(sub, data, Reason.WRONG_TASK, f"environment {sub.env}@{sub.env_version}, run uses "
+                                f"{run.env}@{run.env_version}")
+        assigned = [t.task_id for t in self.tasks(sub.node, sub.policy_version, sub.counter)]
+        claimed = [t.task_id for t in sub.tasks]
+        if claimed != assigned:
+            return self._reject(sub, data, Reason.WRONG_TASK, f"tasks {claimed} are not the assigned {assigned}")
+        problem = self._schema_problem(sub)
+        if problem is not None:
+            return self._reject(sub, data, Reason.SCHEMA, problem)
+        return None
+
+    def _schema_problem(self, sub: Submission) -> str | None:
+        run, block = self.run, self.thresholds.decode_batching_size
+        for t, task in enumerate(sub.tasks):
+            if len(task.samples) != run.samples_per_task:
+                return f"task {t} has {len(task.samples)} samples, the run asks {run.samples_per_task}"
+            for i, s in enumerate(task.samples):
+                where = f"task {t} sample {i}"
+                if len(s.tokens) > run.max_new_tokens:
+                    return f"{where}: {len(s.tokens)} tokens > max_new_tokens {run.max_new_tokens}"
+                if s.finish_reason == "length" and len(s.tokens) != run.max_new_tokens:
+                    return f"{where}: finish_reason length with {len(s.tokens)} of {run.max_new_tokens} tokens"
+                if len(s.proofs) != -(-len(s.tokens) // block) or any(len(p) != PROOF_BYTES for p in s.proofs):
+                    return f"{where}: {len(s.proofs)} proofs for {len(s.tokens)} tokens (one {PROOF_BYTES}-byte " \
+                           f"proof per {block})"
+                if not all(math.isfinite(x) and x <= 0.0 for x in s.logprobs) or not math.isfinite(s.reward):
+                    return f"{where}: logprobs must be finite and <= 0, reward finite"
+        return None
+
+    # -- model stage ----------------------------------------------------------------------------
+
+    def check_pending(self, limit: int | None = None) -> int:
+        """Check a batch of received rows; returns how many were decided."""
+        rows = self.ledger.claim(limit or self.cfg.checks.batch_submissions)
+        by_version: dict[int, list[Row]] = {}
+        for row in rows:
+            by_version.setdefault(row.policy_version, []).append(row)
+        decided = 0
+        for version, group in sorted(by_version.items()):
+            decided += self._check_version(version, group)
+        return decided
+
+    def _ours_failed(self, row: Row, why: str, reason: Reason = Reason.VALIDATOR_ERROR) -> int:
+        """Our failure: retry the row, or after `retries` attempts decide it soft. Never hard."""
+        attempts = self.ledger.release(row.work_key, why)
+        self.count("own_failures")
+        if attempts <= self.cfg.checks.retries:
+            log.warning("could not check %s (attempt %d, will retry): %s", row.work_key, attempts, why)
+            return 0
+        self.ledger.decide(row.work_key, self._reject(_parse_stored(row), row.envelope, reason, why))
+        return 1
+
+    def _check_version(self, version: int, rows: list[Row]) -> int:
+        try:
+            loaded = self.weights.get(version)
+        except WeightsUnavailable as exc:
+            current = self.chain.current_version() or 0
+            decided = 0
+            for row in rows:
+                if version < current - self.run.async_level:  # it will never come: soft, not the node's fault
+                    self.ledger.decide(row.work_key, self._reject(_parse_stored(row), row.envelope,
+                                                                  Reason.WEIGHTS_UNAVAILABLE, str(exc)))
+                    decided += 1
+                else:
+                    self.ledger.release(row.work_key, str(exc))
+            return decided
+        subs = [(row, _parse_stored(row)) for row in rows]
+        prepared: list[tuple[Row, Submission, list[Task], list[list[float]]]] = []
+        decided = 0
+        for row, sub in subs:
+            tasks = self.tasks(sub.node, sub.policy_version, sub.counter)
+            try:
+                rewards = self._rewards(loaded, sub, tasks)
+            except UngradableError as exc:
+                decided += self._ours_failed(row, f"grader: {exc}", Reason.UNGRADABLE)
+                continue
+            bad = self._reward_mismatch(sub, rewards)
+            if bad is not None:
+                self.ledger.decide(row.work_key, self._reject(sub, row.envelope, Reason.REWARD_MISMATCH, bad,
+                                                              {"rewards": rewards}))
+                decided += 1
+                continue
+            prepared.append((row, sub, tasks, rewards))
+        if not prepared:
+            return decided
+        try:
+            reports = self._measure(loaded, [(sub, tasks) for _, sub, tasks, _ in prepared])
+        except (ModelError, RuntimeError, MemoryError) as exc:  # the model failing is ours, whatever it raised
+            return decided + sum(self._ours_failed(row, f"model stage: {exc}") for row, *_ in prepared)
+        for (row, sub, tasks, rewards), sub_reports in zip(prepared, reports, strict=True):
+            self.ledger.decide(row.work_key, self._verdict(loaded, row, sub, tasks, rewards, sub_reports))
+            decided += 1
+        return decided
+
+    def _rewards(self, loaded: LoadedModel, sub: Submission, tasks: list[Task]) -> list[list[float]]:
+        tok = loaded.tokenizer
+        out = []
+        for task, tr in zip(tasks, sub.tasks, strict=True):
+            row = []
+            for s in tr.samples:
+                text = str(tok.decode(list(s.tokens), skip_special_tokens=True))
+                row.append(float(self.env.reward(task, text, completion_tokens=len(s.tokens))))
+            out.append(row)
+        return out
+
+    def _reward_mismatch(self, sub: Submission, rewards: list[list[float]]) -> str | None:
+        tol = self.cfg.checks.reward_tolerance
+        for t, (tr, rs) in enumerate(zip(sub.tasks, rewards, strict=True)):
+            for i, (s, r) in enumerate(zip(tr.samples, rs, strict=True)):
+                if abs(s.reward - r) > tol:
+                    return f"task {t} sample {i}: claimed reward {s.reward}, recomputed {r}"
+        return None
+
+    def _measure(self, loaded: LoadedModel, subs: list[tuple[Submission, list[Task]]]) -> list[list[Any]]:
+        from models.sampling import SamplingParams
+        from toploc.validation import Rollout, measure
+
+        params = SamplingParams(temperature=self.run.temperature, top_k=self.run.top_k, top_p=self.run.top_p)
+        rollouts: list[Rollout] = []
+        shape: list[int] = []
+        for sub, tasks in subs:
+            n = 0
+            for task, tr in zip(tasks, sub.tasks, strict=True):
+                prompt = prompt_tokens(loaded, task)
+                for i, s in enumerate(tr.samples):
+                    seed = sampling_seed(sub.node, sub.policy_version, task.task_id, i, run_id=self.run.run_id)
+                    rollouts.append(Rollout(prompt, list(s.tokens), list(s.proofs), seed, self.run.max_new_tokens))
+                    n += 1
+            shape.append(n)
+        reports = measure(loaded, rollouts, params, self.thresholds, batch_tokens=self.cfg.checks.batch_tokens)
+        out, at = [], 0
+        for n in shape:
+            out.append(reports[at : at + n])
+            at += n
+        return out
+
+    def _verdict(self, loaded: LoadedModel, row: Row, sub: Submission, tasks: list[Task],
+                 rewards: list[list[float]], reports: list[Any]) -> Decision:
+        th, tol = self.thresholds, self.cfg.checks.logprob_tolerance
+        samples = [s for tr in sub.tasks for s in tr.samples]
+        per_sample: list[dict[str, Any]] = []
+        failures: dict[Reason, str] = {}
+        for j, (s, rep) in enumerate(zip(samples, reports, strict=True)):
+            m: dict[str, Any] = {"error": rep.error}
+            if rep.error is None:
+                chunks = th.failing_chunks(rep.proofs)
+                m["toploc"] = [[p.exp_mismatches, round(p.mant_err_mean, 3), round(p.mant_err_median, 3)]
+                               for p in rep.proofs]
+                m["failing_chunks"] = chunks
+                m["sampling_max_margin"] = rep.sampling.max_margin
+                m["sampling_mismatches"] = list(rep.sampling.mismatch_positions)
+                m["termination"] = list(rep.termination.violations)
+                lp_err = max((abs(a - b) for a, b in zip(s.logprobs, rep.logprobs, strict=True)), default=0.0)
+                m["logprob_max_error"] = lp_err
+                if chunks:
+                    failures.setdefault(Reason.PROOF_MISMATCH, f"sample {j}: chunks {chunks} over the TOPLOC limits")
+                if th.sampling_failed(rep.sampling):
+                    failures.setdefault(Reason.SAMPLING_MISMATCH, f"sample {j}: tokens at "
+                                        f"{list(rep.sampling.mismatch_positions)[:8]} were not the seeded draw")
+                if rep.termination.violations or (s.finish_reason == "eos") != rep.termination.ends_with_eos:
+                    failures.setdefault(Reason.TERMINATION, f"sample {j}: {list(rep.termination.violations)} "
+                                        f"(finish_reason {s.finish_reason})")
+                if lp_err > tol:
+                    failures.setdefault(Reason.LOGPROB_MISMATCH, f"sample {j}: logprob off by {lp_err:.3f}")
+            else:
+                failures.setdefault(Reason.SCHEMA, f"sample {j}: {rep.error}")
+            per_sample.append(m)
+        measurements = {"samples": per_sample, "rewards": rewards, "thresholds_hash": self.thresholds_hash,
+                        "units": self.units(sub)}
+        for reason in (Reason.SCHEMA, Reason.PROOF_MISMATCH, Reason.SAMPLING_MISMATCH, Reason.TERMINATION,
+                       Reason.LOGPROB_MISMATCH):
+            if reason in failures:
+                return self._reject(sub, row.envelope, reason, failures[reason], measurements)
+        feed = FeedItem(
+            run_id=self.run.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=sub.node,
+            policy_version=sub.policy_version, env=sub.env, env_version=sub.env_version,
+            groups=tuple(FeedGroup(task_id=task.task_id, prompt_tokens=tuple(prompt_tokens(loaded, task)), samples=tuple(
+                FeedSample(tokens=s.tokens, logprobs=s.logprobs, reward=r) for s, r in zip(tr.samples, rs, strict=True)))
+                for task, tr, rs in zip(tasks, sub.tasks, rewards, strict=True)))
+        return self._decision(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
+                              f"{sub.n_samples()} samples, {sub.n_tokens()} tokens", measurements, feed=feed)
+
+    def units(self, sub: Submission) -> int:
+        return max(1, math.ceil(sub.n_tokens() * self.cfg.reporter.units_per_token))
+
+    # -- views ------------------------------------------------------------------------------------
+
+    def row_status(self, row: Row) -> dict[str, Any]:
+        import json
+
+        return {
+            "work_key": row.work_key, "submission_hash": row.submission_hash, "node": row.node,
+            "policy_version": row.policy_version, "counter": row.counter, "state": row.state,
+            "outcome": row.outcome, "reason": row.reason, "detail": row.detail,
+            "measurements": json.loads(row.measurements) if row.measurements else None,
+            "evidence_hash": row.evidence_hash, "chain_tx": row.chain_tx,
+            "verdict": row.verdict.decode() if row.verdict else None,
+        }
+
+
+def prompt_tokens(loaded: LoadedModel, task: Task) -> list[int]:
+    ids = render_prompt(loaded.tokenizer, task, tokenize=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    return [int(t) for t in ids]
+
+
+def _parse_stored(row: Row) -> Submission:
+    """A stored envelope's body (it passed every envelope check when it arrived)."""
+    envelope = Envelope.model_validate_json(row.envelope)
+    return Submission.model_validate(envelope.body)

@@ -1,0 +1,139 @@
+"""One validator process: its parts built from the config, and the background loops that drive them.
+
+Threads: `chain` (new pool events every `chain.poll_s`), `checker` (the model stage), `reporter`
+(the outbox onto the chain), `feed` (Parquet files for a trainer on a shared disk), and the weights
+follower. The HTTP app (`validator.app`) only calls into `Pipeline.intake` and reads the ledger.
+On start every unfinished row is picked up where it was: received rows are re-checked (their leases
+expire), decided rows are reported, unwritten feed items are written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from contracts.deployment import Deployment
+from contracts.pool import PoolClient
+from contracts.transactor import Transactor, connect
+from protocol.envelope import Envelope
+from protocol.errors import ConfigError
+from protocol.identity import Identity, load_identity
+from protocol.nonce import NonceCounter
+from protocol.replay import ReplayGuard
+from protocol.rollout import FeedItem, submission_domain
+from protocol.rollout_files import feed_groups, write_rollouts
+from validator.chainview import ChainView
+from validator.config import ValidatorConfig
+from validator.ledger import Ledger
+from validator.pipeline import Pipeline
+from validator.reporter import Reporter
+from validator.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """Everything a validator runs, minus HTTP."""
+
+    def __init__(self, cfg: ValidatorConfig, identity: Identity | None = None) -> None:
+        self.cfg = cfg
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self.identity = identity or load_identity(
+            keystore=cfg.key.keystore, key_env=cfg.key.key_env, password_env=cfg.key.password_env,
+            password_file=cfg.key.password_file)
+        if cfg.chain.deployment is None:
+            raise ConfigError("chain.deployment is required (the deployment.json written by prime-chain)")
+        self.deployment = deployment = Deployment.load(cfg.chain.deployment)
+        self.pool = PoolClient(connect(cfg.chain.rpc_url), deployment.pool, self.identity,
+                               Transactor(connect(cfg.chain.rpc_url), self.identity))
+        self.chain = ChainView(self.pool, deployment.start_block)
+        self.chain.refresh()  # fail fast when the chain is unreachable
+        self.domain = submission_domain(deployment.chain_id, deployment.pool, cfg.run.run_id)
+        self.ledger = Ledger.open(dsn=cfg.ledger_dsn, path=cfg.state_dir / "ledger.sqlite")
+        self.replay = ReplayGuard(cfg.state_dir / "replay.sqlite")
+        self.nonces = NonceCounter(cfg.state_dir / "nonces.sqlite")
+        self.weights = WeightStore(cfg, self.chain.manifest_hash)
+        self.pipeline = Pipeline(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
+                                 replay_guard=self.replay, nonces=self.nonces)
+        self.reporter = Reporter(self.ledger, self.pool if cfg.reporter.enabled else None,
+                                 batch=cfg.reporter.batch, hold_hard_s=cfg.systemic.window_s)
+        self.feed_files = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._wake = threading.Event()
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready when the chain is readable, a policy is published and its weights are loaded."""
+        if self.chain.last_error:
+            return False, f"chain: {self.chain.last_error}"
+        current = self.chain.current_version()
+        if current is None:
+            return False, "no policy version published on chain yet"
+        try:
+            self.weights.get(current)
+        except Exception as exc:  # noqa: BLE001 - readiness reports any reason, it never raises
+            return False, f"weights of v{current}: {exc}"
+        return True, f"checking v{max(0, current - self.cfg.run.async_level)}..v{current}"
+
+    def wake(self) -> None:
+        """A submission arrived: the checker need not wait for its next poll."""
+        self._wake.set()
+
+    def _loop(self, name: str, every: float, step: Callable[[], object], wake: threading.Event | None = None) -> None:
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - a loop logs and retries; it must never die silently
+                    log.exception("%s loop failed; retrying", name)
+                if wake is not None:
+                    wake.wait(every)
+                    wake.clear()
+                else:
+                    self._stop.wait(every)
+
+        t = threading.Thread(target=run, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _check_step(self) -> None:
+        while not self._stop.is_set() and self.pipeline.check_pending():
+            pass
+
+    def write_feed(self) -> int:
+        """Write accepted submissions not yet on disk as Parquet rollout files (atomic rename)."""
+        if self.cfg.feed_dir is None:
+            return 0
+        self.cfg.feed_dir.mkdir(parents=True, exist_ok=True)
+        n = 0
+        for seq, created_at, _key, item in self.ledger.unwritten_feed(256):
+            body = FeedItem.model_validate(Envelope.model_validate_json(item).body)
+            samples = [s for g in feed_groups(body) for s in g]
+            name = f"{int(created_at * 1000):013d}-{self.identity.address}-{seq:010d}.parquet"
+            write_rollouts(Path(self.cfg.feed_dir) / name, samples)
+            self.ledger.mark_written(seq)
+            n += 1
+        self.feed_files += n
+        return n
+
+    def start(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.cfg.threads)
+        self.weights.start()
+        self._loop("chain", self.cfg.chain.poll_s, self.chain.try_refresh)
+        self._loop("checker", 0.5, self._check_step, self._wake)
+        self._loop("reporter", self.cfg.reporter.interval_s, self.reporter.drain)  # without a pool: ledger only
+        self._loop("feed", 0.5, self.write_feed)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.weights.stop()
+        for t in self._threads:
+            t.join(timeout=30)
+        self.ledger.close()
+        self.replay.close()
+        self.nonces.close()
