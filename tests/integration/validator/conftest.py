@@ -10,12 +10,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "contracts"))
 
-from chainfixtures import TRAINER, VALIDATOR, Pools, deployment, devchain, pools  # noqa: E402,F401
+import chainfixtures  # noqa: E402
+from chainfixtures import VALIDATOR, Pools  # noqa: E402
 from validator_harness import MANIFEST_V0, RUN, SimNode, serve, tiny, validator_config  # noqa: E402
 
 from models.loading import LoadedModel  # noqa: E402
 from protocol.identity import Identity  # noqa: E402
 from protocol.rollout import submission_domain  # noqa: E402
+
+devchain, deployment, pools = chainfixtures.devchain, chainfixtures.deployment, chainfixtures.pools
 
 
 @pytest.fixture(scope="session")
@@ -62,5 +65,3 @@ def make_node(published: Pools, tiny_model: LoadedModel):  # type: ignore[no-unt
 
     return make
 
-
-_ = (TRAINER,)
