@@ -28,6 +28,10 @@ from validator.ledger import Ledger, Row
 log = logging.getLogger(__name__)
 
 _ON_CHAIN_SOFT = {Reason.STALE_VERSION.value}
+_TRANSIENT = {"http", "timeout", "unreachable", None}
+"""`ChainError.reason`s that say nothing about the items: the whole batch is retried later."""
+_NEVER = {"NodeNotActive", "ZeroUnits"}
+"""Reverts of a one-item batch that no retry can fix."""
 
 
 class Reporter:
@@ -82,9 +86,18 @@ class Reporter:
             receipt = self.pool.record_work_batch(items)
         except ChainError as exc:
             self.failures += 1
-            log.warning("recordWorkBatch of %d keys failed (will retry): %s", len(rows), exc)
+            log.warning("recordWorkBatch of %d keys failed: %s", len(rows), exc)
             landed = [r for r in rows if self._done_on_chain(r, WorkStatus.ACCEPTED, WorkStatus.CLAIMED)]
             self.ledger.mark_reported([r.work_key for r in landed], None)
+            if len(rows) > 1 and exc.reason not in _TRANSIENT:  # one bad item must not block the rest
+                rest = [r for r in rows if r not in landed]
+                return len(landed) + sum(self._record([r]) for r in rest)
+            if len(rows) == 1 and not landed and exc.reason in _NEVER:
+                # e.g. the node left or was ejected after we accepted: it can no longer be paid
+                log.error("accepted %s of %s can never be recorded (%s); kept in the ledger and the feed",
+                          rows[0].work_key, rows[0].node, exc.reason)
+                self.ledger.mark_reported([rows[0].work_key], f"refused:{exc.reason}")
+                return 1
             return len(landed)
         self.ledger.mark_reported([r.work_key for r in rows], receipt.tx_hash)
         log.info("recorded %d accepted submissions on chain (tx %s)", len(rows), receipt.tx_hash)
