@@ -115,3 +115,9 @@ class DomainError(ProtocolError):
     """A signed message belongs to another network or run (its domain is not the receiver's)."""
 
     code = "wrong_domain"
+
+
+class TrainerError(PrimeError):
+    """The trainer cannot go on: e.g. a checkpoint to resume from does not fit the model or is corrupt."""
+
+    code = "trainer"

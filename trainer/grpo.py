@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from protocol.errors import TrainerError
 from trainer.checkpoint import list_checkpoints, load_checkpoint, rotate, save_checkpoint, set_rng_state
 from trainer.config import TrainerConfig
 from trainer.distributed import DistInfo, all_reduce_sum, barrier, shard_model
@@ -132,17 +133,31 @@ class Trainer:
         )
 
         model_state, optim_state, trainer_state, rng = load_checkpoint(path)
+        try:
+            source_state, step_done = trainer_state["source"], int(trainer_state["step"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TrainerError(f"{path}: corrupt trainer_state.json (no valid source/step): {exc!r}") from exc
         opts = StateDictOptions(full_state_dict=True, strict=False)
         tied = {"lm_head.weight"} if getattr(getattr(self.model, "config", None), "tie_word_embeddings", False) else set()
-        result = set_model_state_dict(self.model, model_state, options=opts)  # type: ignore[arg-type]
-        missing = set(result.missing_keys) - tied
-        if missing or result.unexpected_keys:
-            raise RuntimeError(f"{path}: checkpoint does not match the model (missing {sorted(missing)[:3]}, "
-                               f"unexpected {sorted(result.unexpected_keys)[:3]})")
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
-        self.source.load_state_dict(trainer_state["source"])
-        set_rng_state(rng)
-        self.step = int(trainer_state["step"])
+        # Compare names ourselves: set_model_state_dict's missing_keys comes back empty for a model
+        # with more layers than the checkpoint (transformers' loading hooks), leaving them random.
+        expected = set(self.model.state_dict())  # FQNs; cheap under FSDP2 (no gather)
+        missing, unexpected = expected - set(model_state) - tied, set(model_state) - expected
+        if missing or unexpected:
+            raise TrainerError(f"{path}: checkpoint does not match the model (missing {sorted(missing)[:3]}, "
+                               f"unexpected {sorted(unexpected)[:3]})")
+        try:
+            set_model_state_dict(self.model, model_state, options=opts)  # type: ignore[arg-type]
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state,
+                                     options=StateDictOptions(full_state_dict=True))
+        except (RuntimeError, KeyError, ValueError) as exc:  # shape mismatches, optimizer state of another model
+            raise TrainerError(f"{path}: checkpoint does not match the model: {exc}") from exc
+        try:
+            self.source.load_state_dict(source_state)
+            set_rng_state(rng)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise TrainerError(f"{path}: corrupt trainer_state.json or rng.pt: {exc!r}") from exc
+        self.step = step_done
         log.info("resumed from %s (step %d)", path, step)
         return True
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import PrimeError, ProtocolError
+from protocol.errors import ProtocolError, TrainerError
 from protocol.rollout_files import Sample, read_rollouts
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 Group = list[Sample]
 
 
-class DataStarvedError(PrimeError):
+class DataStarvedError(TrainerError):
     """The source could not supply enough fresh groups for a step in the allowed time."""
 
     code = "data_starved"

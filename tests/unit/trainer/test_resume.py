@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -11,8 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.unit.trainer.rollout_factory import directory_run_config, write_step_files
+from protocol.errors import PrimeError, TrainerError
+from protocol.rollout_files import write_rollouts
+from tests.unit.trainer.rollout_factory import directory_run_config, make_group, write_step_files
+from trainer.config import TrainerConfig
+from trainer.grpo import Trainer
+from trainer.source import DirectorySource
 
 STEPS = 6
 
@@ -79,3 +86,40 @@ def test_kill_9_then_resume_gives_identical_losses(tmp_path: Path) -> None:
     assert sorted(a) == list(range(STEPS))
     assert a == b
     assert len(set(a.values())) == STEPS  # the losses really change from step to step
+
+
+def _llama(layers: int = 2, vocab: int = 64) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )).eval()
+
+
+@pytest.mark.timeout(120)
+def test_resume_into_another_model_or_a_corrupt_state_is_a_trainer_error(tmp_path: Path) -> None:
+    # An operator points a run at another model's checkpoints (or the state file is damaged):
+    # a classified TrainerError naming the checkpoint, not a bare RuntimeError/KeyError.
+    (tmp_path / "r").mkdir()
+    write_rollouts(tmp_path / "r" / "0.parquet", make_group(random.Random(0), "g", 0, 4, 64))
+    cfg = TrainerConfig.model_validate({
+        "max_steps": 1, "progress": False,
+        "batch": {"groups_per_step": 1, "seq_len": 32, "async_level": 0},
+        "checkpoint": {"dir": str(tmp_path / "ck")},
+    })
+
+    def trainer(model: torch.nn.Module) -> Trainer:
+        return Trainer(cfg, model, DirectorySource(tmp_path / "r", wait_timeout_s=1), torch.device("cpu"))
+
+    trainer(_llama()).train_step()
+    assert trainer(_llama()).resume()  # the same shape resumes
+    for other in (_llama(layers=1), _llama(layers=3), _llama(vocab=96)):
+        with pytest.raises(TrainerError, match="step-1.*does not match the model"):
+            trainer(other).resume()
+    state = tmp_path / "ck" / "step-1" / "trainer_state.json"
+    state.write_text(json.dumps({"step": 1}))  # no source position
+    with pytest.raises(TrainerError, match="trainer_state"):
+        trainer(_llama()).resume()
+    assert issubclass(TrainerError, PrimeError)
