@@ -1,0 +1,68 @@
+"""The validator checks a published version with the weights it pulled over SHARDCAST, and only after the
+installed manifest matches the hash the trainer recorded on chain."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from validator_harness import RUN, TINY
+
+from contracts.devchain import dev_identity
+from models.checkpoint import save_checkpoint
+from models.loading import load
+from protocol.model_spec import HFModelSpec
+from shardcast.publisher import publish_blocking
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shardcast"))
+from shardcast_harness import REPO, free_port  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+TRAINER_INDEX = 2  # PUBLIC anvil dev account holding TRAINER_ROLE in the test deployment
+
+
+def test_a_version_pulled_over_shardcast_and_matching_the_chain_is_checked_with_its_weights(
+        make_validator, make_node, published, tmp_path):
+    trainer = dev_identity(TRAINER_INDEX)
+    v2 = load(TINY.model_copy(update={"seed": 2}))
+    ckpt = save_checkpoint(v2.model, v2.tokenizer, tmp_path / "ckpt")
+    signed = publish_blocking(ckpt, tmp_path / "origin", identity=trainer, run_id=RUN.run_id, version=2)
+    port = free_port()
+    origin = subprocess.Popen(
+        [sys.executable, "-m", "shardcast.cli", "--log-level", "WARNING", "origin", "--store", str(tmp_path / "origin"),
+         "--run-id", RUN.run_id, "--port", str(port)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        honest, lazy = make_node(), make_node()
+        v = make_validator(weights={"type": "shardcast", "relays": [f"http://127.0.0.1:{port}"],
+                                    "trainer": trainer.address, "base_version": 1})
+        with v.client() as c:
+            deadline = time.monotonic() + 60
+            while not (v.service.weights.dir / "v2").is_dir():  # pulled, but not on chain yet
+                assert time.monotonic() < deadline, "the validator did not pull v2"
+                time.sleep(0.2)
+            assert c.get("/ready").status_code == 200  # v1 (base) is current
+            published.trainer.publish_policy(2, signed.manifest.content_hash())
+            while c.get("/ready").json()["detail"] != "checking v1..v2":
+                assert time.monotonic() < deadline, c.get("/ready").text
+                time.sleep(0.2)
+        pulled = load(HFModelSpec(name_or_path=str(ckpt)))
+        honest.manifest_hash = lazy.manifest_hash = signed.manifest.content_hash()
+        good = v.wait_reported(_post(v, honest.build(version=2, model=pulled)[1]))
+        assert good["outcome"] == "accepted", good["detail"]
+        stale_weights = v.wait_decided(_post(v, lazy.build(version=2)[1]))  # generated with v1's weights
+        assert (stale_weights["outcome"], stale_weights["reason"]) == ("rejected_hard", "proof_mismatch")
+    finally:
+        origin.terminate()
+        origin.wait(timeout=10)
+
+
+def _post(v, data: bytes) -> str:  # type: ignore[no-untyped-def]
+    with httpx.Client(base_url=v.url, timeout=30) as c:
+        r = c.post("/v1/submissions", content=data)
+        assert r.status_code == 202, r.text
+        return str(r.json()["work_key"])
