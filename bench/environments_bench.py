@@ -72,10 +72,11 @@ def main() -> None:
         rows.append({"what": f"{name}: reward (correct answers)", "per_s": reward_rate,
                      "ratio": reward_rate / anchor if name == "code" else None})
 
-    bare = CodeEnvironment(SandboxLimits(isolate=False))
-    rate = _reward_rate(bare, bare.sample(8, n))
-    rows.append({"what": "code: reward, isolate=False (rlimits+audit only)", "per_s": rate,
-                 "ratio": rate / anchor})
+    if os.geteuid() == 0:  # the fallback a root grader gets where namespaces are refused
+        bare = CodeEnvironment(SandboxLimits(isolation="uid"))
+        rate = _reward_rate(bare, bare.sample(8, n))
+        rows.append({"what": "code: reward, isolation=uid (no namespaces)", "per_s": rate,
+                     "ratio": rate / anchor})
 
     worker_env = MathEnvironment(MathVerifier())
     tasks = worker_env.sample(9, n)

@@ -1,61 +1,137 @@
-"""The child side of the code sandbox. Runs as `python -I -S -c <this file's text>`; stdlib only.
+"""The sandbox's supervisor and candidate processes. Runs as `python -I -S -c <this file's text>`;
+stdlib only (the repository is not visible inside the sandbox).
 
-It reads one JSON request on stdin, locks itself down, runs the candidate's code, calls the entry
-point on each hidden input and writes one JSON line per result on its (saved) stdout. It never sees
-expected outputs: the grader compares in its own process, so nothing the candidate does in here can
-forge a pass. Steps, in order (each recorded in the first output line, `{"isolation": ...}`):
+    grader --stdin: request / stdout: control lines--> supervisor --fork--> candidate
 
-1. new mount, network, IPC and UTS namespaces (needs root / CAP_SYS_ADMIN; skipped otherwise):
-   no network interfaces but a downed loopback; fresh small tmpfs over /tmp, /var/tmp, /dev/shm,
-   /run, /root, /home and the directories the grader names (the repository), the interpreter's
-   prefix bound back read-only where it lay under a hidden directory;
-2. drop to uid/gid `nobody` (when root), so file permissions and RLIMIT_NPROC apply;
-3. resource limits: CPU seconds, address space, file size, open files, processes (0), core 0;
-4. an audit hook refusing process creation, sockets, ctypes, signals to others, and writes
-   (open for writing, remove, rename, mkdir, chmod...) outside the working directory;
-5. stdin/stdout/stderr pointed at /dev/null, so prints cost nothing and cannot corrupt results.
+The supervisor is trusted and never runs candidate code. It reads the request, enters new
+namespaces when it may, forks the candidate, and relays what the candidate writes on its result
+pipe to the grader, base64-wrapped and unparsed (so nothing the candidate writes is parsed outside
+the grader's depth-limited parser). It owns the clock, the output budget and (without namespaces)
+the working-directory budget, kills the candidate and reports how it ended. The control pipe to the
+grader never reaches the candidate: the supervisor is not dumpable and, except in mode `none`, runs
+as another user or outside the candidate's PID namespace.
+
+The candidate locks itself down before the first byte of candidate code runs, in this order:
+1. descriptors: only the result pipe (fd 3) and /dev/null on 0-2; everything else closed;
+2. `namespaces` mode (root): it is PID 1 of a new PID namespace (with its own /proc) in new mount,
+   network, IPC, UTS and cgroup namespaces, chrooted into a fresh read-only root holding only /usr
+   (and /bin, /lib... links), the interpreter's prefix, four /dev nodes, an empty /etc and a
+   size- and inode-limited tmpfs on /tmp; no network interface but a downed loopback;
+3. its own session; a uid and gid of its own (not the grader's, not shared with other runs) unless
+   the mode is `none`; no new privileges; SIGKILL when the supervisor dies;
+4. rlimits: CPU, address space, file size, open files, processes (0), core dumps (0);
+5. an audit hook refusing process creation, sockets, ctypes, signals and writes outside the working
+   directory (a second line of defence only: the kernel-enforced layers above are what hold).
+Then it writes `{"ready": <layers>}` and runs the code. Everything after that line is the
+candidate's own claim about its own return values: the grader compares them with expected outputs
+that never left the grader, so a forged line can only be right if the candidate computed it.
+
+Control lines (supervisor -> grader), JSON:
+    {"isolation": {...}}                      the candidate is locked down; its clock starts
+    {"result": "<base64 of one raw line>"}    at most one per input, in order
+    {"end": {"fatal": null | "...", "status": int}}
+    {"unavailable": "why"}                    no isolation of the requested kind here
+    {"failed": "why"}                         the candidate could not be set up or started in time
+(the grader turns the last two into `UngradableError`: no candidate code ran).
 """
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
 import resource
+import selectors
+import signal
 import sys
+import time
 from typing import Any
 
-CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x20000, 0x40000000, 0x8000000, 0x4000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x2000000, 0x4000000, 0x8000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+UID_BASE = 0x70000000
+"""Candidate uids are UID_BASE + the supervisor's pid: unused by real accounts, and distinct for
+every run alive at the same time (pids are), so one candidate cannot signal or trace another."""
 NOBODY = 65534
+RESULT_FD = 3
+READY_LINE_MAX = 64 * 1024
+WORKDIR = "/tmp/sandbox-work"
+WORKDIR_CHECK_S = 0.02
+"""Without namespaces, how often the supervisor measures the working directory."""
+TOP_LEVEL = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+DEV_NODES = ("null", "zero", "random", "urandom")
 
 
-def _namespaces(libc: Any, hidden: list[str], tmpfs_bytes: int, status: dict[str, Any]) -> None:
-    if libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0:
-        return
-    status["netns"] = True
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return
+def _emit(msg: dict[str, Any]) -> None:
+    data = (json.dumps(msg) + "\n").encode()
+    while data:
+        data = data[os.write(1, data):]
+
+
+def _c(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
+def _mount(libc: Any, source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    if libc.mount(_c(source), _c(target), _c(fstype), flags, _c(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _bind_readonly(libc: Any, source: str, target: str) -> None:
+    _mount(libc, source, target, None, MS_BIND | MS_REC)
+    _mount(libc, None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _private_root(libc: Any, limits: dict[str, Any], uid: int, status: dict[str, Any]) -> None:
+    """Build a minimal root on a tmpfs and chroot into it (we are PID 1 of the new namespaces).
+
+    An allow-list rather than tmpfs over a list of sensitive directories: whatever the host keeps
+    in /etc, /work, /opt or /var is simply not there.
+    """
+    root = "/tmp"  # only a mount point: this mount namespace is private, the host's /tmp is untouched
+    _mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID, "size=1m,nr_inodes=256,mode=0755")
+    bound: list[str] = []
+    for name in TOP_LEVEL:
+        host = "/" + name
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), root + host)
+        elif os.path.isdir(host):
+            os.mkdir(root + host)
+            _bind_readonly(libc, host, root + host)
+            bound.append(host)
     prefix = os.path.realpath(sys.base_prefix)
-    covered = [d for d in hidden if prefix == d or prefix.startswith(d.rstrip("/") + "/")]
-    staging = b"/mnt"
-    if covered:
-        # Bind the interpreter somewhere visible before its parent is hidden, then back in place.
-        if not os.path.isdir(staging) or libc.mount(b"tmpfs", staging, b"tmpfs", 0, b"size=64k") != 0:
-            return
-        os.mkdir(b"/mnt/py")
-        if libc.mount(prefix.encode(), b"/mnt/py", None, MS_BIND | MS_REC, None) != 0:
-            return
-    for d in hidden:
-        opts = f"size={tmpfs_bytes},mode={'1777' if d in ('/tmp', '/var/tmp', '/dev/shm') else '0755'}"
-        if os.path.isdir(d) and libc.mount(b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                                           opts.encode()) == 0:
-            status["hidden"].append(d)
-    if covered:
-        os.makedirs(prefix, exist_ok=True)
-        libc.mount(b"/mnt/py", prefix.encode(), None, MS_BIND | MS_REC, None)
-        libc.mount(None, prefix.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
-        libc.umount2(staging, 2)  # MNT_DETACH: the bind at `prefix` stays
+    resolved = [os.path.realpath(b) for b in bound]
+    if not any(prefix == b or prefix.startswith(b + "/") for b in resolved):
+        os.makedirs(root + prefix)
+        _bind_readonly(libc, prefix, root + prefix)
+        bound.append(prefix)
+    for name in ("dev", "etc", "proc", "tmp"):
+        os.mkdir(root + "/" + name)
+    for node in DEV_NODES:
+        if os.path.exists("/dev/" + node):
+            os.close(os.open(f"{root}/dev/{node}", os.O_CREAT | os.O_WRONLY, 0o666))
+            _mount(libc, "/dev/" + node, f"{root}/dev/{node}", None, MS_BIND)
+    try:  # a /proc of this PID namespace: it lists the candidate alone
+        _mount(libc, "proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        status["proc"] = True
+    except OSError:
+        pass  # an empty /proc reveals even less
+    # The working directory's own tmpfs bounds its total size and its number of files.
+    _mount(libc, "tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={limits['workdir_bytes']},nr_inodes={limits['workdir_files'] + 2},mode=0755")
+    os.mkdir(root + WORKDIR, 0o700)
+    os.chown(root + WORKDIR, uid, uid)
+    _mount(libc, None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+    os.chroot(root)
+    os.chdir(WORKDIR)
+    status["root"] = "private"
+    status["visible"] = sorted(bound)
 
 
 def _audit(workdir: str) -> None:
@@ -64,7 +140,8 @@ def _audit(workdir: str) -> None:
     blocked = ("os.system", "os.exec", "os.posix_spawn", "os.fork", "os.forkpty", "os.spawn",
                "subprocess.Popen", "pty.spawn", "socket.__new__", "socket.connect", "socket.bind",
                "socket.getaddrinfo", "ctypes.", "os.kill", "os.killpg", "signal.pthread_kill",
-               "sys._current_frames", "os.chown", "os.setuid", "mmap.__new__", "_posixsubprocess")
+               "signal.pidfd_send_signal", "sys._current_frames", "os.chown", "os.setuid",
+               "mmap.__new__", "_posixsubprocess")
     path_events = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.symlink",
                    "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile")
     root = workdir.rstrip("/") + "/"
@@ -108,29 +185,53 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
     raise TypeError(type(value).__name__)
 
 
-def main() -> None:
-    request = json.loads(sys.stdin.buffer.read())
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
+def _write_line(text: str) -> None:
+    data = (text + "\n").encode()
+    while data:
+        data = data[os.write(RESULT_FD, data):]
+
+
+def _stdlib_by_descriptor() -> None:
+    """Point the import path at descriptors opened while still root.
+
+    Without a private root the interpreter's files may lie under a directory the candidate's uid
+    cannot enter (here /root/.pyenv); /proc/self/fd/N reaches them without searching its parents.
+    The descriptors give nothing but what the import path already names.
+    """
+    paths = []
+    for entry in sys.path:
+        if os.path.isdir(entry):
+            entry = f"/proc/self/fd/{os.open(entry, os.O_RDONLY | os.O_DIRECTORY)}"
+        paths.append(entry)
+    sys.path[:] = paths
+    sys.path_importer_cache.clear()
+
+
+def _lock_down(libc: Any, request: dict[str, Any], mode: str, uid: int) -> dict[str, Any]:
     limits = request["limits"]
-    status: dict[str, Any] = {"netns": False, "hidden": [], "uid": os.geteuid(), "rlimits": False, "audit": False}
-    privileged = os.geteuid() == 0 and request["isolate"]
-    if privileged:
-        libc = ctypes.CDLL(None, use_errno=True)
-        _namespaces(libc, request["hidden"], limits["tmpfs_bytes"], status)
-    workdir = "/tmp/sandbox-work" if "/tmp" in status["hidden"] else request["fallback_workdir"]
-    os.makedirs(workdir, exist_ok=True)
-    if privileged:
-        os.chown(workdir, NOBODY, NOBODY)
+    status: dict[str, Any] = {"mode": mode, "netns": mode == "namespaces", "pidns": mode == "namespaces",
+                              "proc": False, "root": "host", "uid": os.geteuid(), "rlimits": False,
+                              "audit": False}
+    if mode == "namespaces":
+        _private_root(libc, limits, uid, status)
+        workdir = WORKDIR
+    else:
+        workdir = request["workdir"]
+        os.chdir(workdir)
+    os.setsid()  # its own session and process group: kill(0, ...) reaches nobody else
+    if mode == "uid":
+        _stdlib_by_descriptor()
+    if mode != "none":
         os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+        os.setgid(uid)
+        os.setuid(uid)
         status["uid"] = os.geteuid()
-    os.chdir(workdir)
+    # After the uid change (which clears it): die with the supervisor, whatever the candidate does.
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
     cpu = limits["cpu_s"]
-    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
+    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu)),
                        (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
                        (resource.RLIMIT_FSIZE, (limits["file_bytes"],) * 2),
                        (resource.RLIMIT_NOFILE, (32, 32)),
@@ -140,9 +241,25 @@ def main() -> None:
     status["rlimits"] = True
     _audit(workdir)
     status["audit"] = True
+    return status
+
+
+def _candidate(libc: Any, request: dict[str, Any], mode: str, uid: int, result_w: int) -> None:
+    """The child: lock down, report ready, run the code, one result line per input."""
+    if result_w != RESULT_FD:
+        os.dup2(result_w, RESULT_FD)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # fd 1 was the supervisor's control pipe
+        os.dup2(null, fd)
+    os.closerange(RESULT_FD + 1, 1 << 20)
+    try:
+        status = _lock_down(libc, request, mode, uid)
+    except BaseException as exc:
+        _write_line(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"[:300]}))
+        return
+    _write_line(json.dumps({"ready": status}))
     sys.setrecursionlimit(2000)
-    max_line = limits["max_result_bytes"]
-    out.write(json.dumps({"isolation": status}) + "\n")
+    max_line = request["max_result_bytes"]
     namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
     try:
         exec(compile(request["code"], "<candidate>", "exec"), namespace)
@@ -150,17 +267,163 @@ def main() -> None:
         if not callable(fn):
             raise TypeError("entry point is not callable")
     except BaseException as exc:  # the candidate's failure is data: report it and stop
-        out.write(json.dumps({"fatal": type(exc).__name__}) + "\n")
+        _write_line(json.dumps({"fatal": type(exc).__name__}))
         return
     dumps = json.dumps
-    for i, args in enumerate(request["inputs"]):
+    for args in request["inputs"]:
         try:
-            line = dumps({"i": i, "value": _json_safe(fn(*args))})
+            line = dumps({"value": _json_safe(fn(*args))})
             if len(line) > max_line:
-                line = dumps({"i": i, "error": "oversize"})
+                line = dumps({"error": "oversize"})
         except BaseException as exc:  # SystemExit and KeyboardInterrupt too: fail this test only
-            line = dumps({"i": i, "error": type(exc).__name__})
-        out.write(line + "\n")
+            line = dumps({"error": type(exc).__name__})
+        _write_line(line)
+
+
+def _workdir_usage(path: str, max_entries: int) -> tuple[int, int]:
+    """(bytes allocated, entries) under `path`, without following links; stops past max_entries."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    total = entries = 0
+    stack = [os.open(path, flags)]
+    try:
+        while stack and entries <= max_entries:
+            fd = stack.pop()
+            try:
+                with os.scandir(fd) as it:
+                    for entry in it:
+                        entries += 1
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                            total += st.st_blocks * 512
+                            if entry.is_dir(follow_symlinks=False):
+                                stack.append(os.open(entry.name, flags, dir_fd=fd))
+                        except OSError:
+                            continue  # gone or swapped for a link since the listing
+            finally:
+                os.close(fd)
+    finally:
+        for fd in stack:
+            os.close(fd)
+    return total, entries
+
+
+def _relay(pid: int, result_r: int, request: dict[str, Any], mode: str) -> None:
+    """Forward the candidate's lines within the limits, then kill it and report how it ended."""
+    limits = request["limits"]
+    n_inputs = len(request["inputs"])
+    line_max = request["max_result_bytes"] + 64
+    watch = request["workdir"] if mode != "namespaces" else None  # a tmpfs bounds it otherwise
+    deadline = time.monotonic() + request["start_s"]
+    ready = False
+    fatal: str | None = None
+    setup_error: str | None = None
+    buf = b""
+    total = forwarded = 0
+    next_check = 0.0
+    with selectors.DefaultSelector() as sel:
+        sel.register(result_r, selectors.EVENT_READ)
+        while not (ready and forwarded >= n_inputs):
+            now = time.monotonic()
+            if now >= deadline:
+                fatal = "timeout"
+                break
+            if watch is not None and ready and now >= next_check:
+                used, entries = _workdir_usage(watch, limits["workdir_files"])
+                if used > limits["workdir_bytes"] or entries > limits["workdir_files"]:
+                    fatal = "workdir_full"
+                    break
+                next_check = now + WORKDIR_CHECK_S
+            if not sel.select(min(deadline - now, WORKDIR_CHECK_S) if watch is not None else deadline - now):
+                continue
+            chunk = os.read(result_r, 65536)
+            if not chunk:
+                break  # the candidate exited or closed its pipe
+            total += len(chunk)
+            if total > limits["output_bytes"] + READY_LINE_MAX:
+                fatal = "oversize_output"
+                break
+            buf += chunk
+            while b"\n" in buf and not (ready and forwarded >= n_inputs) and setup_error is None:
+                line, buf = buf.split(b"\n", 1)
+                if not ready:  # written by harness code before any candidate code ran
+                    msg = json.loads(line)
+                    if "ready" not in msg:
+                        setup_error = str(msg.get("setup_error", "bad ready line"))
+                        break
+                    ready = True
+                    _emit({"isolation": msg["ready"]})
+                    deadline = time.monotonic() + request["wall_s"]
+                    continue
+                _emit({"result": base64.b64encode(line).decode()})
+                forwarded += 1
+            if setup_error is not None:
+                break
+            if len(buf) > (line_max if ready else READY_LINE_MAX):
+                fatal = "oversize_output"
+                break
+    try:
+        os.kill(pid, signal.SIGKILL)  # by pid: a candidate that left our process group is still ours
+    except ProcessLookupError:
+        pass
+    _, wait_status = os.waitpid(pid, 0)
+    if not ready:
+        why = setup_error or (f"the candidate process did not start within {request['start_s']} s"
+                              if fatal == "timeout" else f"the candidate process died during setup "
+                              f"(wait status {wait_status})")
+        _emit({"failed": why})
+        return
+    if fatal is None and forwarded < n_inputs and os.WIFSIGNALED(wait_status):
+        fatal = "crashed"  # RLIMIT_CPU, a segfault from deep recursion, the kernel's OOM killer...
+    _emit({"end": {"fatal": fatal, "status": wait_status}})
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.buffer.read())
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Not dumpable: a candidate with our uid (mode `none`) cannot open /proc/<us>/fd/1 or our memory.
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    mode = request["mode"]
+    if mode in ("auto", "namespaces"):
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+        if libc.unshare(flags) == 0:
+            if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+                # Our mounts would leak to the host's namespace: refuse rather than continue.
+                _emit({"unavailable": f"making / private: {os.strerror(ctypes.get_errno())}"})
+                return
+            mode = "namespaces"
+        elif mode == "namespaces":
+            _emit({"unavailable": f"unshare: {os.strerror(ctypes.get_errno())} (needs root with "
+                                  "CAP_SYS_ADMIN and a seccomp profile that allows unshare/mount)"})
+            return
+        else:
+            mode = "uid"
+    uid = os.getuid()
+    if mode != "none":
+        uid = UID_BASE + os.getpid()
+        try:  # in a user namespace with few mapped uids the per-run uid may not exist
+            os.setresuid(-1, uid, -1)
+            os.setresuid(-1, 0, -1)
+        except OSError:
+            uid = NOBODY
+        if mode == "uid":
+            os.chown(request["workdir"], uid, uid)
+            os.chmod(request["workdir"], 0o700)
+    result_r, result_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(result_r)
+            _candidate(libc, request, mode, uid, result_w)
+        except BaseException:
+            code = 70
+        finally:
+            os._exit(code)  # never fall back into the supervisor's code
+    os.close(result_w)
+    _relay(pid, result_r, request, mode)
 
 
 main()

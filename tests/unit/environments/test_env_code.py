@@ -1,9 +1,11 @@
-"""Known-answer table for code: right, partial, wrong, and hostile programs, all graded in the sandbox."""
+"""Known-answer table for code: right, partial, wrong, and hostile programs, all graded in the sandbox
+in every isolation mode this machine supports (namespaces and uid as root, none otherwise)."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -12,10 +14,16 @@ import pytest
 import environments
 from environments.programming import CodeEnvironment, extract_code, same_value
 from environments.sandbox import SandboxLimits, run_sandboxed
+from tests.unit.environments.sandbox_modes import candidate_processes, skip_unless_mode
 
 # Tight limits keep hostile cases quick; the defaults are wall 10 s, CPU 5 s.
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=1, memory_bytes=256 * 2**20)
 ENV = CodeEnvironment(LIMITS)
+
+
+def env_for(mode: str) -> CodeEnvironment:
+    return CodeEnvironment(LIMITS.model_copy(update={"isolation": mode}))
+
 SPEC = {"entry_point": "add", "tests": [
     {"args": [1, 2], "expected": 3}, {"args": [-1, 1], "expected": 0},
     {"args": [10, 5], "expected": 15}, {"args": [0, 0], "expected": 0}]}
@@ -66,7 +74,10 @@ CASES: list[tuple[str, float]] = [
     (fenced("def add(a, b):\n    return add(a, b)"), 0.0),                  # infinite recursion
     (fenced("import sys\nsys.setrecursionlimit(10**6)\ndef add(a, b):\n    return add(a, b)"), 0.0),
     (fenced("def add(a, b):\n    return 'x' * 50_000_000"), 0.0),          # oversize return value
+    # A line written on the result pipe (fd 3) counts as the candidate's answer to the next input:
+    # the forged 3 is right for input 0, the real answers (all 0) shift by one (right for 1 and 3).
     (fenced("import os\nos.write(3, b'{\"i\": 0, \"value\": 3}\\n')\ndef add(a, b):\n    return 0"), 0.75),
+    (fenced("import os\nos.write(3, b'[' * 200000)\ndef add(a, b):\n    return a + b"), 0.75),  # bomb eats line 0
     (fenced("import ctypes\ndef add(a, b):\n    ctypes.CDLL(None)\n    return a + b"), 0.0),
     (fenced("x" * 70_000), 0.0),                                          # code over 64 KiB: not run
     ("x" * 10_000_000, 0.0),                                              # 10 MB completion
@@ -74,9 +85,9 @@ CASES: list[tuple[str, float]] = [
 
 
 @pytest.mark.parametrize(("completion", "expected"), CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_known_answers(completion: str, expected: float) -> None:
+def test_known_answers(completion: str, expected: float, sandbox_mode: str) -> None:
     started = time.monotonic()
-    assert ENV.reward(TASK, completion) == expected
+    assert env_for(sandbox_mode).reward(TASK, completion) == expected
     assert time.monotonic() - started < 30
     assert not MARKER.exists()
 
@@ -87,9 +98,9 @@ def test_table_size() -> None:
 
 def test_forged_results_cannot_exceed_what_is_correct() -> None:
     # The child never sees expected outputs: a forged line only helps when it is already right
-    # (case 37 above forged the correct 3 for test 0), and a wrong forgery costs the test.
+    # (the table forges the correct 3 for test 0); a wrong one costs its test and shifts the rest.
     assert ENV.reward(TASK, fenced("import os\nos.write(3, b'{\"i\": 1, \"value\": 99}\\n')\n"
-                                   "def add(a, b):\n    return a + b")) == 0.75
+                                   "def add(a, b):\n    return a + b")) == 0.0
 
 
 def test_reference_solutions_pass_and_generated_tasks_are_graded() -> None:
@@ -98,29 +109,38 @@ def test_reference_solutions_pass_and_generated_tasks_are_graded() -> None:
         assert ENV.reward(task, fenced(f"def {task.info['entry_point']}(*a):\n    return None")) < 1.0
 
 
-def test_isolation_layers_reported() -> None:
-    result = run_sandboxed("import os\ndef f():\n    return [os.getcwd(), os.listdir('.')]", "f", [[]], LIMITS)
-    assert result.isolation["rlimits"] and result.isolation["audit"]
+def test_isolation_layers_reported(sandbox_mode: str) -> None:
+    result = run_sandboxed("import os\ndef f():\n    return [os.getcwd(), os.listdir('.')]", "f", [[]],
+                           LIMITS.model_copy(update={"isolation": sandbox_mode}))
+    layers = result.isolation
+    assert layers["mode"] == sandbox_mode and layers["rlimits"] and layers["audit"]
     assert result.values[0]["value"][1] == []  # type: ignore[index]
-    if os.geteuid() == 0:  # namespaces and the uid drop need root; CI containers usually are
-        assert result.isolation["netns"] and result.isolation["uid"] == 65534
-        assert "/tmp" in result.isolation["hidden"]
+    if sandbox_mode == "namespaces":
+        assert layers["netns"] and layers["pidns"] and layers["proc"] and layers["root"] == "private"
+    if sandbox_mode != "none":  # a uid of its own: neither root nor the grader's user
+        assert layers["uid"] not in (0, os.getuid())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
-def test_repository_and_home_are_hidden() -> None:
+def test_private_root_holds_only_the_interpreter() -> None:
+    skip_unless_mode("namespaces")
     repo = str(Path(environments.__file__).resolve().parents[1])
     code = (f"import os\ndef f():\n    return [os.path.exists({repo + '/environments'!r}), "
-            "os.listdir('/tmp'), os.path.exists('/root/.ssh')]")
-    result = run_sandboxed(code, "f", [[]], LIMITS)
-    assert result.values[0] == {"value": [False, ["sandbox-work"], False]}
+            "os.listdir('/tmp'), os.path.exists('/root/.ssh'), os.listdir('/etc'), "
+            "sorted(p for p in os.listdir('/proc') if p.isdigit())]")
+    result = run_sandboxed(code, "f", [[]], LIMITS.model_copy(update={"isolation": "namespaces"}))
+    # No repository, no home, an empty /etc, and a /proc listing the candidate alone (PID 1).
+    assert result.values[0] == {"value": [False, ["sandbox-work"], False, [], ["1"]]}
+    assert set(result.isolation["visible"]) <= {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                                                "/libx32", os.path.realpath(sys.base_prefix)}
 
 
-def test_processes_are_gone_after_a_timeout() -> None:
+def test_processes_are_gone_after_a_timeout(sandbox_mode: str) -> None:
     result = run_sandboxed("import time\ndef f():\n    time.sleep(30)", "f", [[]],
-                           SandboxLimits(wall_s=1.0, cpu_s=1))
+                           SandboxLimits(wall_s=1.0, cpu_s=1, isolation=sandbox_mode))
     assert result.fatal == "timeout" and result.values[0] == {"error": "missing"}
     assert result.wall_s < 10
+    if sandbox_mode != "none":
+        assert candidate_processes(result.isolation["uid"]) == []
 
 
 def test_extract_code_rules() -> None:
@@ -138,9 +158,6 @@ def test_same_value(expected: object, got: object, same: bool) -> None:
     assert same_value(expected, got) is same
 
 
-BARE = SandboxLimits(wall_s=3.0, cpu_s=1, memory_bytes=256 * 2**20, isolate=False)
-
-
 @pytest.mark.parametrize(("code", "expected"), [
     ("import os\ndef f():\n    return os.fork()", {"error": "PermissionError"}),
     ("import subprocess\ndef f():\n    return subprocess.run(['true']).returncode", {"error": "PermissionError"}),
@@ -151,9 +168,11 @@ BARE = SandboxLimits(wall_s=3.0, cpu_s=1, memory_bytes=256 * 2**20, isolate=Fals
     ("def f():\n    open('big', 'w').write('x' * (2 * 2**20))", {"error": "OSError"}),
     ("def f():\n    open('ok', 'w').write('x')\n    return open('ok').read()", {"value": "x"}),
 ])
-def test_fallback_layers_alone(code: str, expected: dict[str, object]) -> None:
-    """Without namespaces or the uid drop (a non-root grader), rlimits and the audit hook still hold."""
-    result = run_sandboxed(code, "f", [[]], BARE)
+def test_fallback_layers(code: str, expected: dict[str, object]) -> None:
+    """Without namespaces (root in a default container): a uid of its own, rlimits, the audit hook."""
+    skip_unless_mode("uid")
+    result = run_sandboxed(code, "f", [[]], SandboxLimits(wall_s=3.0, cpu_s=1, memory_bytes=256 * 2**20,
+                                                          isolation="uid"))
     assert result.isolation["netns"] is False and result.isolation["audit"] is True
     assert result.values[0] == expected
     assert not MARKER.exists()
