@@ -1,0 +1,1 @@
+"""prime-node: the inference node (join flow, engines, rollouts, submission, slashing protection)."""

@@ -1,0 +1,122 @@
+"""The node's configuration tree. Imports no torch, web3 or HTTP client, so `prime-node --help` is instant.
+
+Sources, later wins: field defaults < TOML file (`--config`) < environment (`PRIME_<SECTION>__<FIELD>`,
+e.g. `PRIME_CHAIN__RPC_URL`) < command-line flags (`--chain.rpc-url ...`). `prime-node` also takes
+the short spellings `--cpu`, `--gpu N`, `--deployment`, `--rpc-url`, `--pool` and `--keystore`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.config import PrimeConfig, parse_config
+from protocol.model_spec import ModelSpec
+from protocol.rollout import RunSpec
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class ChainSettings(Section):
+    deployment: Path | None = None
+    """deployment.json written by `prime-chain` (pool address, chain id, start block)."""
+    rpc_url: str = "http://127.0.0.1:8545"
+    """JSON-RPC URL of the chain the pool lives on."""
+    pool: str | None = None
+    """Pool address, when there is no deployment file."""
+    poll_s: float = Field(2.0, gt=0.0)
+    """How often the policy version is read from the chain while waiting for one."""
+
+
+class KeySettings(Section):
+    keystore: Path | None = None
+    """The node's encrypted keystore (created by `join` when missing and `create` is set)."""
+    key_env: str | None = None
+    """Dev chains only: an environment variable holding a raw private key instead of a keystore."""
+    password_env: str = "PRIME_KEYSTORE_PASSWORD"
+    """Environment variable holding the keystore password."""
+    password_file: Path | None = None
+    """File holding the keystore password."""
+    create: bool = True
+    """`join` creates a new key in `keystore` when the file does not exist."""
+    scrypt_n: int | None = None
+    """scrypt cost of a newly created keystore (default eth-account's 2**18; lower only for throwaway keys)."""
+
+
+class OperatorKeySettings(Section):
+    keystore: Path | None = None
+    """The operator's keystore: the key that holds the stake and receives rewards."""
+    key_env: str | None = None
+    """Dev chains only: an environment variable holding the operator's raw private key."""
+    password_env: str = "PRIME_OPERATOR_PASSWORD"
+    """Environment variable holding the operator keystore's password."""
+    password_file: Path | None = None
+    """File holding the operator keystore's password."""
+
+
+class CpuEngineSettings(Section):
+    """The `models/` engine (seeded sampler, hidden states captured for TOPLOC) on CPU or one CUDA device."""
+
+    type: Literal["cpu"] = "cpu"
+    """Inference engine: `cpu` (the `models/` engine; `device` may still name a CUDA device)."""
+    device: str = "cpu"
+    """torch device: `cpu` or `cuda:N` (`--gpu N`)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype (proofs are always in the reference bf16 format)."""
+    threads: int = Field(1, ge=1)
+    """torch threads (keep at or below the free cores: oversubscription collapses throughput)."""
+
+
+EngineSettings = CpuEngineSettings
+
+
+class SubmitSettings(Section):
+    attempts: int = Field(6, ge=1)
+    """Tries per submission on transient errors (connection refused, timeout, 5xx, 429, 425, garbage)."""
+    backoff_s: float = Field(0.5, gt=0.0)
+    """First backoff; doubles per try (exponential, with full jitter)."""
+    max_backoff_s: float = Field(30.0, gt=0.0)
+    """Cap of one backoff."""
+    timeout_s: float = Field(30.0, gt=0.0)
+    """HTTP timeout of one request to a validator."""
+    decide_timeout_s: float = Field(300.0, gt=0.0)
+    """How long to wait for the verdicts still pending when the node stops."""
+    max_pending: int = Field(8, ge=1)
+    """Submissions awaiting a verdict before the node waits instead of generating more."""
+
+
+class NodeConfig(PrimeConfig):
+    """prime-node: generate assigned rollouts with TOPLOC proofs, submit them to validators, get paid."""
+
+    state_dir: Path = Path("node-state")
+    """Slashing-protection database and work counters live here (never share it between two running nodes)."""
+    key: KeySettings = KeySettings()
+    """The node's signing key (it signs registrations and submissions)."""
+    operator: OperatorKeySettings | None = None
+    """The operator key that stakes and claims; default: the node key is its own operator."""
+    chain: ChainSettings = ChainSettings()
+    """The pool contract."""
+    validators: list[str] = ["http://127.0.0.1:8700"]
+    """Validator URLs; their `/v1/info` gives each one's address and the run's validator set."""
+    run: RunSpec | None = None
+    """The run's rules; default: read from the validators' `/v1/info` (when given, it must match)."""
+    model: ModelSpec | None = None
+    """The run's base model; default: read from the validators' `/v1/info` (when given, it must match)."""
+    engine: EngineSettings = CpuEngineSettings()
+    """The inference engine."""
+    stake: int | None = Field(None, gt=0)
+    """Stake (token base units) `join` puts up; default: the pool's minimum."""
+    submit: SubmitSettings = SubmitSettings()
+    """Submission retries and verdict waiting."""
+    max_batches: int | None = Field(None, ge=1)
+    """Stop after this many assignments (default: run until stopped)."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as text or one JSON object per line."""
+
+
+def load_config(argv: list[str] | None = None, *, prog: str = "prime-node") -> NodeConfig:
+    return parse_config(NodeConfig, argv, prog=prog)

@@ -1,0 +1,93 @@
+"""Inference engines behind one interface, chosen by the config's `type`.
+
+An engine takes requests (prompt token ids and the protocol's sampling seed) and returns, per
+request, the generated tokens, their sampling log-probabilities, the finish reason and the TOPLOC
+proofs of the final hidden states. Proofs are the engine's job because only the engine sees the
+hidden states: the `models/` engine captures them in its forward pass; a vLLM engine (GPU, later)
+will capture them with a hook on the final norm and use the same seeded Gumbel-max sampler as a
+logits processor (see shared/research/wave2.md A7). Nothing above this module sees torch tensors.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from node.config import EngineSettings
+from protocol.model_spec import ModelSpec
+from protocol.rollout import RunSpec
+
+if TYPE_CHECKING:
+    from models.loading import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion to generate: the prompt and the seed the protocol derived for it."""
+
+    prompt: list[int]
+    seed: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What an engine returns for one request."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["eos", "length"]
+    proofs: list[bytes]
+
+
+class InferenceEngine(abc.ABC):
+    """Generate with the protocol's seeded sampler and prove what was generated."""
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (prompts are rendered and completions decoded with it)."""
+
+    @abc.abstractmethod
+    def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
+        """One completion per request, sampled with `run`'s sampler settings and each request's seed."""
+
+
+class ModelsEngine(InferenceEngine):
+    """The `models/` engine (`type = "cpu"`): CPU, or one CUDA device through `engine.device`."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        from models.engine import Engine
+
+        self.loaded = loaded
+        self._engine = Engine(loaded)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
+        from models.sampling import SamplingParams
+        from toploc.validation import prove
+
+        params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
+        gens = self._engine.generate([r.prompt for r in requests], params, [r.seed for r in requests],
+                                     run.max_new_tokens)
+        return [Completion(tokens=[int(t) for t in g.tokens], logprobs=[float(x) for x in g.logprobs],
+                           finish_reason=g.finish_reason, proofs=list(prove(g.hidden_states))) for g in gens]
+
+
+def build_engine(settings: EngineSettings, model: ModelSpec) -> InferenceEngine:
+    """The engine `settings.type` names, with `model` loaded (imports torch)."""
+    if settings.type == "cpu":
+        import torch
+
+        from models.loading import load
+
+        torch.set_num_threads(settings.threads)
+        logger.info("loading %s (%s on %s, %d threads)", model.type, settings.dtype, settings.device, settings.threads)
+        return ModelsEngine(load(model, dtype=settings.dtype, device=settings.device))
+    raise ValueError(f"unknown engine type {settings.type!r}")  # pragma: no cover - the config's Literal forbids it

@@ -1,0 +1,77 @@
+"""The slashing-protection database: refuses a second payload, survives reopening, exports and imports."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from node.errors import DoubleSignError, ProtectionImportError
+from node.protection import SlashingProtection, payload_hash
+from protocol.rollout import SampleRollout, Submission, TaskRollouts
+
+NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
+VECTOR = Path(__file__).parent / "protection_vector.json"
+
+
+def submission(counter: int = 0, reward: float = 0.5, version: int = 1) -> Submission:
+    sample = SampleRollout(tokens=(1, 2), logprobs=(-0.1, -0.2), finish_reason="length", reward=reward, proofs=())
+    return Submission(run_id="r", node=NODE, policy_version=version, manifest_hash=hashlib.sha256(b"m").digest(),
+                      counter=counter, env="reverse-text", env_version="1",
+                      tasks=(TaskRollouts(task_id="0" * 32, samples=(sample,)),))
+
+
+def test_same_payload_twice_is_fine_a_different_one_is_refused(tmp_path: Path) -> None:
+    db = SlashingProtection(tmp_path / "p.sqlite")
+    assert db.check_and_record(submission()) is True
+    assert db.check_and_record(submission()) is False  # a retry of the same payload
+    with pytest.raises(DoubleSignError, match="already signed"):
+        db.check_and_record(submission(reward=1.0))
+    assert db.check_and_record(submission(counter=1, reward=1.0)) is True
+    assert db.next_counter("r", NODE, 1) == 2 and db.next_counter("r", NODE, 2) == 0
+
+
+def test_the_record_survives_reopening_and_keeps_unfinished_payloads(tmp_path: Path) -> None:
+    with SlashingProtection(tmp_path / "p.sqlite") as db:
+        db.check_and_record(submission())
+        db.check_and_record(submission(counter=1))
+        db.mark("r", NODE, 1, 1, "decided")
+    with SlashingProtection(tmp_path / "p.sqlite") as db:
+        with pytest.raises(DoubleSignError):
+            db.check_and_record(submission(reward=0.0))
+        unfinished = db.unfinished("r", NODE)
+        assert [r.counter for r in unfinished] == [0]
+        assert unfinished[0].submission() == submission()
+        assert db.next_counter("r", NODE, 1) == 2
+
+
+def test_export_matches_the_test_vector_and_import_protects_a_second_machine(tmp_path: Path) -> None:
+    a = SlashingProtection(tmp_path / "a.sqlite")
+    a.check_and_record(submission())
+    a.check_and_record(submission(counter=1, reward=0.25))
+    doc = a.export()
+    assert doc == json.loads(VECTOR.read_text())
+    assert doc["data"][0]["signed"][0]["payload_hash"] == payload_hash(submission())
+    b = SlashingProtection(tmp_path / "b.sqlite")
+    assert b.import_(doc) == 2 and b.import_(doc) == 0  # idempotent
+    with pytest.raises(DoubleSignError):
+        b.check_and_record(submission(reward=0.9))
+    assert b.next_counter("r", NODE, 1) == 2
+    assert b.unfinished("r", NODE) == []  # imported records carry no payload to resubmit
+
+
+def test_import_refuses_conflicts_and_malformed_documents(tmp_path: Path) -> None:
+    db = SlashingProtection(tmp_path / "p.sqlite")
+    db.check_and_record(submission(reward=0.9))
+    doc = json.loads(VECTOR.read_text())
+    with pytest.raises(ProtectionImportError, match="conflict"):
+        db.import_(doc)
+    assert db.next_counter("r", NODE, 1) == 1  # nothing of the document was written
+    for bad in ({}, {"metadata": {"interchange_format": "other", "interchange_format_version": "1"}, "data": []},
+                {**doc, "data": [{"node": "nope", "run_id": "r", "signed": []}]},
+                {**doc, "data": [{"node": NODE, "run_id": "r", "signed": [{"policy_version": "1", "counter": "x",
+                                                                         "payload_hash": "0x00"}]}]}):
+        with pytest.raises(ProtectionImportError):
+            db.import_(bad)
