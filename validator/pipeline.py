@@ -429,6 +429,9 @@ class Pipeline:
             except UngradableError as exc:
                 decided += self._ours_failed(row, f"grader: {exc}", Reason.UNGRADABLE)
                 continue
+            except Exception as exc:  # noqa: BLE001 - whatever our grader raises is our failure, never theirs
+                decided += self._ours_failed(row, f"grader failed: {type(exc).__name__}: {exc}", Reason.UNGRADABLE)
+                continue
             bad = self._reward_mismatch(sub, rewards)
             if bad is not None:
                 self.ledger.decide(row.work_key, self._reject(sub, row.envelope, Reason.REWARD_MISMATCH, bad,

@@ -108,7 +108,7 @@ class Reporter:
         if self.pool is None:
             self.ledger.mark_reported([row.work_key], None)
             return 1
-        code = Reason(row.reason).code
+        code = Reason(str(row.reason)).code
         try:
             if hard:
                 assert row.evidence_hash is not None, "a hard verdict always has evidence"

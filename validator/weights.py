@@ -65,8 +65,13 @@ class WeightStore:
         manifest_file = self.dir / "manifests" / f"{version}.json"
         if not path.is_dir() or not manifest_file.is_file():
             raise WeightsUnavailable(f"policy version {version} is not installed yet")
-        self._check_manifest(version, manifest_file, source)
-        loaded = self._load(HFModelSpec(name_or_path=str(path)), dtype=self._cfg.dtype)
+        try:
+            self._check_manifest(version, manifest_file, source)
+            loaded = self._load(HFModelSpec(name_or_path=str(path)), dtype=self._cfg.dtype)
+        except WeightsUnavailable:
+            raise
+        except PrimeError as exc:  # a bad install or a checkpoint that does not load is ours to fix
+            raise WeightsUnavailable(f"policy version {version}: {exc}") from exc
         with self._lock:
             self._cache[version] = loaded
             while len(self._cache) > self._keep:

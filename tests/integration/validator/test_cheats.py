@@ -125,3 +125,29 @@ def test_a_lone_cheater_is_still_slashed_among_honest_nodes(make_validator, make
     row = v.wait_reported(bad)
     assert (row["outcome"], row["reason"]) == ("rejected_hard", "sampling_mismatch")
     assert published.admin.get_work(bad).status == WorkStatus.HARD_INVALIDATED
+
+
+class _BrokenGrader:
+    """The run's environment whose grader cannot grade (an overloaded or broken validator)."""
+
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        self.inner = inner
+
+    def sample(self, seed: int, n: int):  # type: ignore[no-untyped-def]
+        return self.inner.sample(seed, n)
+
+    def reward(self, task, completion, *, completion_tokens=None):  # type: ignore[no-untyped-def]
+        from protocol.errors import UngradableError
+
+        raise UngradableError("math-verify worker timed out")
+
+
+def test_our_grader_failing_is_retried_then_soft_never_slashed(make_validator, make_node, published):
+    node = make_node()
+    v = make_validator(checks={"retries": 1})
+    v.service.pipeline.env = _BrokenGrader(v.service.pipeline.env)
+    row = v.wait_reported(_post(v, node.build()[1]))
+    assert (row["outcome"], row["reason"]) == ("rejected_soft", "ungradable"), row
+    assert "timed out" in row["detail"]
+    assert published.admin.get_work(row["work_key"]).status == WorkStatus.NONE  # not burnt on chain
+    assert published.admin.get_node(node.identity.address).stake == published.admin.params().min_stake
