@@ -31,9 +31,9 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from protocol.model_spec import SmolLM2Spec, TinyModelSpec  # noqa: E402
+from protocol.rollout_files import Sample  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.grpo import Trainer  # noqa: E402
-from protocol.rollout_files import Sample  # noqa: E402
 from trainer.source import Batch, RolloutSource, WindowCounts  # noqa: E402
 
 

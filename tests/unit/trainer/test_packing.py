@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from protocol.rollout_files import Sample
 from tests.unit.trainer.conftest import tiny_llama
 from trainer.packing import pack, plan_rows, token_logprobs
-from protocol.rollout_files import Sample
 
 
 def _sample(tokens: list[int], prompt: int) -> Sample:

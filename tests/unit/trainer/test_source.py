@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from protocol.errors import UnknownVersionError
+from protocol.rollout_files import ROLLOUT_SCHEMA, RolloutError, Sample, read_rollouts, write_rollouts
 from tests.unit.trainer.conftest import tiny_llama
 from tests.unit.trainer.rollout_factory import make_group
 from trainer.config import TrainerConfig
 from trainer.grpo import Trainer
-from protocol.rollout_files import ROLLOUT_SCHEMA, RolloutError, Sample, read_rollouts, write_rollouts
 from trainer.source import DataStarvedError, DirectorySource, window_verdict
 
 
