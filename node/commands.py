@@ -1,0 +1,304 @@
+"""What each `prime-node` command does, once its config is parsed. Every step logs what it does; every
+failure is one `PrimeError` whose message says what to do next (the CLI prints it as one line)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from node.config import NodeConfig
+from node.errors import NodeError
+from protocol.errors import ChainError, ConfigError, KeystoreError
+from protocol.identity import Identity, load_identity, read_password
+from protocol.model_spec import ModelSpec
+from protocol.rollout import RunSpec, submission_domain
+
+logger = logging.getLogger("prime-node")
+PROTECTION_DB = "protection.sqlite"
+
+
+# -- keys -------------------------------------------------------------------------------------------
+
+def node_key(cfg: NodeConfig, *, create: bool = False) -> Identity:
+    """The node key: a keystore (created when missing, for `join`), or a raw key from the environment."""
+    k = cfg.key
+    if k.key_env:
+        return load_identity(key_env=k.key_env)
+    if k.keystore is None:
+        raise KeystoreError("no node key: give --keystore PATH (`prime-node join` creates it when missing)")
+    if not k.keystore.exists():
+        if not (create and k.create):
+            raise KeystoreError(f"keystore not found: {k.keystore}")
+        password = read_password(env=k.password_env, file=k.password_file, prompt="New node keystore password: ")
+        identity = Identity.create()
+        identity.save_keystore(k.keystore, password, scrypt_n=k.scrypt_n)
+        logger.info("created a new node key %s in %s (back up the file and its password)", identity.address,
+                    k.keystore)
+        return identity
+    identity = load_identity(keystore=k.keystore, password_env=k.password_env, password_file=k.password_file,
+                             prompt="Node keystore password: ")
+    logger.info("node key %s (%s)", identity.address, k.keystore)
+    return identity
+
+
+def operator_key(cfg: NodeConfig, node: Identity) -> Identity:
+    """The key that stakes and claims: the operator keystore, or the node key itself."""
+    o = cfg.operator
+    if o is None or (o.keystore is None and o.key_env is None):
+        return node
+    return load_identity(keystore=o.keystore, key_env=o.key_env, password_env=o.password_env,
+                         password_file=o.password_file, prompt="Operator keystore password: ")
+
+
+# -- chain ------------------------------------------------------------------------------------------
+
+@dataclass
+class Chain:
+    w3: Any
+    chain_id: int
+    pool: str
+    start_block: int
+
+    def client(self, identity: Identity) -> Any:
+        from contracts.pool import PoolClient
+
+        return PoolClient(self.w3, self.pool, identity)
+
+
+def open_chain(cfg: NodeConfig) -> Chain:
+    """Connect and check that the pool really is where the config says (chain id, contract code)."""
+    from contracts.deployment import Deployment
+    from contracts.transactor import connect
+    from protocol.identity import checksum
+
+    deployment = Deployment.load(cfg.chain.deployment) if cfg.chain.deployment else None
+    pool = cfg.chain.pool or (deployment.pool if deployment else None)
+    if pool is None:
+        raise ConfigError("no pool: give --deployment deployment.json or --pool ADDRESS")
+    pool = checksum(pool)
+    rpc = cfg.chain.rpc_url
+    w3 = connect(rpc)
+    try:
+        chain_id = int(w3.eth.chain_id)
+        code = bytes(w3.eth.get_code(pool))  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - any transport failure is "cannot reach the chain"
+        raise ChainError(f"cannot reach the chain at {rpc}: {type(exc).__name__}: {exc}") from exc
+    if deployment is not None and chain_id != deployment.chain_id:
+        raise ChainError(f"the chain at {rpc} has chain id {chain_id}, the deployment file says "
+                         f"{deployment.chain_id}: wrong --rpc-url or --deployment")
+    if not code:
+        raise ChainError(f"no pool contract at {pool} on the chain at {rpc} (chain id {chain_id}): wrong "
+                         f"--deployment/--pool, or the chain was reset since the deployment")
+    return Chain(w3, chain_id, pool, deployment.start_block if deployment else 0)
+
+
+# -- the run, from the validators -------------------------------------------------------------------
+
+def run_rules(cfg: NodeConfig, chain: Chain, http: httpx.Client) -> tuple[RunSpec, ModelSpec, str]:
+    """(run spec, model spec, envelope domain): from config, checked against each reachable `/v1/info`."""
+    from pydantic import TypeAdapter
+
+    run, model = cfg.run, cfg.model
+    for url in cfg.validators:
+        try:
+            r = http.get(url.rstrip("/") + "/v1/info")
+            r.raise_for_status()
+            info = r.json()
+            their_run = RunSpec.model_validate(info["run"])
+            their_model: ModelSpec = TypeAdapter(ModelSpec).validate_python(info["model"])
+        except Exception as exc:  # noqa: BLE001 - a down validator is not fatal here
+            logger.warning("validator %s: /v1/info unavailable (%s)", url, exc)
+            continue
+        if run is not None and run != their_run:
+            raise ConfigError(f"the configured run differs from validator {url}'s: {their_run!r}")
+        if model is not None and model != their_model:
+            raise ConfigError(f"the configured model differs from validator {url}'s: {their_model!r}")
+        run, model = their_run, their_model
+        domain = submission_domain(chain.chain_id, chain.pool, run.run_id)
+        if info.get("domain") != domain:
+            raise ConfigError(f"validator {url} serves domain {info.get('domain')!r}, this node computes {domain!r}: "
+                              f"another chain, pool or run")
+    if run is None or model is None:
+        raise NodeError(f"no validator answered /v1/info ({', '.join(cfg.validators)}) and the config gives no "
+                        f"run and model: start a validator or set [run] and [model]")
+    return run, model, submission_domain(chain.chain_id, chain.pool, run.run_id)
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+def join(cfg: NodeConfig) -> int:
+    node = node_key(cfg, create=True)
+    operator = operator_key(cfg, node)
+    chain = open_chain(cfg)
+    logger.info("pool %s on chain %d (%s); operator %s", chain.pool, chain.chain_id, cfg.chain.rpc_url,
+                operator.address)
+    ensure_registered(cfg, chain, node, operator)
+    return work(cfg, node, chain)
+
+
+def ensure_registered(cfg: NodeConfig, chain: Chain, node: Identity, operator: Identity) -> None:
+    from contracts.pool import NodeStatus
+
+    pool = chain.client(operator)
+    info = pool.get_node(node.address)
+    if info.status is NodeStatus.ACTIVE:
+        logger.info("node %s is already registered (stake %d, operator %s): skipping registration",
+                    node.address, info.stake, info.operator)
+        return
+    if info.status is not NodeStatus.NONE:
+        raise NodeError(f"node {node.address} is {info.status.name.lower()} on chain (unbonding ends at pool time "
+                        f"{info.unbonding_end}): it cannot work again; `prime-node withdraw` once unbonded, "
+                        f"then join with a new key")
+    params = pool.params()
+    stake = cfg.stake or params.min_stake
+    if stake < params.min_stake:
+        raise ConfigError(f"stake {stake} is below the pool's minimum {params.min_stake}")
+    tokens = pool.token.balance_of(operator.address)
+    gas = int(chain.w3.eth.get_balance(operator.address))
+    missing = []
+    if tokens < stake:
+        missing.append(f"{stake - tokens} more stake token units (token {params.token}; it holds {tokens}, "
+                       f"the stake is {stake})")
+    if gas == 0:
+        missing.append("ETH for gas (it holds none)")
+    if missing:
+        raise NodeError(f"operator {operator.address} cannot stake: send it " + " and ".join(missing))
+    if pool.token.allowance(operator.address, chain.pool) < stake:
+        logger.info("approving the pool to take %d token units from %s", stake, operator.address)
+        pool.token.approve(chain.pool, stake)
+    logger.info("registering node %s with stake %d (signed by the node key, sent by %s)", node.address, stake,
+                operator.address)
+    receipt = pool.register(node, stake, approve=False)
+    logger.info("registered in block %s; node active: %s", getattr(receipt, "block_number", "?"),
+                pool.is_active(node.address))
+
+
+def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event | None = None) -> int:
+    """Run the work loop until stopped (SIGTERM/SIGINT finish the batch in flight), `max_batches`, or a
+    hard rejection."""
+    from node.engines import build_engine
+    from node.protection import SlashingProtection
+    from node.worker import PolicySource, ValidatorDirectory, Worker
+
+    with httpx.Client(timeout=cfg.submit.timeout_s) as http:
+        run, model, domain = run_rules(cfg, chain, http)
+        engine = build_engine(cfg.engine, model)
+        with SlashingProtection(cfg.state_dir / PROTECTION_DB) as protection:
+            worker = Worker(cfg, node, run, domain, engine, protection, PolicySource(chain.client(node)),
+                            ValidatorDirectory(list(cfg.validators), http))
+            if threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, lambda *_: worker.stop())
+            if stop is not None:
+                def relay_stop() -> None:
+                    stop.wait()
+                    worker.stop()
+
+                threading.Thread(target=relay_stop, daemon=True).start()
+            logger.info("working on run %s (%s, %d tasks x %d samples per batch) as %s", run.run_id, run.env,
+                        run.tasks_per_batch, run.samples_per_task, node.address)
+            tally = worker.run_loop()
+    logger.info("stopped: %d batches, %d tokens, %d accepted, rejected %s", tally.batches, tally.tokens,
+                tally.accepted, dict(tally.rejected) or "none")
+    return 0
+
+
+def rewards(chain: Chain, pool: Any, node: str) -> tuple[list[bytes], int, int]:
+    """(claimable work keys, claimable amount, locked amount) of `node`, from WorkRecorded events."""
+    from contracts.pool import WorkStatus
+
+    lock = pool.params().reward_lock_period
+    now = pool.pool_time()
+    keys, claimable, locked = [], 0, 0
+    for ev in pool.events(chain.start_block, names={"WorkRecorded"}):
+        if ev.args.get("node") != node:
+            continue
+        work = pool.get_work(bytes(ev.args["workKey"]))
+        if work.status is not WorkStatus.ACCEPTED:
+            continue
+        if work.recorded_at + lock <= now:
+            keys.append(work.work_key)
+            claimable += work.reward
+        else:
+            locked += work.reward
+    return keys, claimable, locked
+
+
+def status(cfg: NodeConfig) -> int:
+    node = node_key(cfg)
+    chain = open_chain(cfg)
+    pool = chain.client(node)
+    info = pool.get_node(node.address)
+    version, manifest = pool.policy()
+    keys, claimable, locked = rewards(chain, pool, node.address)
+    report: dict[str, Any] = {
+        "node": node.address, "operator": info.operator, "state": info.status.name.lower(), "stake": info.stake,
+        "unbonding_end": info.unbonding_end, "accepted_units": info.accepted_units,
+        "policy_version": version, "manifest_hash": "0x" + manifest.hex(),
+        "rewards": {"claimable": claimable, "claimable_work": len(keys), "locked": locked}, "validators": {},
+    }
+    with httpx.Client(timeout=cfg.submit.timeout_s) as http:
+        for url in cfg.validators:
+            try:
+                r = http.get(f"{url.rstrip('/')}/v1/nodes/{node.address}")
+                r.raise_for_status()
+                report["validators"][url] = r.json()
+            except (httpx.HTTPError, ValueError) as exc:
+                report["validators"][url] = {"error": str(exc)}
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def claim(cfg: NodeConfig) -> int:
+    node = node_key(cfg)
+    chain = open_chain(cfg)
+    pool = chain.client(operator_key(cfg, node))
+    keys, amount, locked = rewards(chain, pool, node.address)
+    if not keys:
+        logger.info("nothing to claim yet (%d still locked)", locked)
+        return 0
+    logger.info("claiming %d for %d accepted work items", amount, len(keys))
+    pool.claim_rewards(node.address, list(keys))
+    logger.info("claimed %d (still locked: %d)", amount, locked)
+    return 0
+
+
+def leave(cfg: NodeConfig) -> int:
+    node = node_key(cfg)
+    chain = open_chain(cfg)
+    pool = chain.client(operator_key(cfg, node))
+    pool.leave_pool(node.address)
+    info = pool.get_node(node.address)
+    logger.info("node %s is leaving; stake %d withdrawable at pool time %d (`prime-node withdraw`)", node.address,
+                info.stake, info.unbonding_end)
+    return 0
+
+
+def withdraw(cfg: NodeConfig) -> int:
+    node = node_key(cfg)
+    chain = open_chain(cfg)
+    pool = chain.client(operator_key(cfg, node))
+    stake = pool.get_node(node.address).stake
+    pool.withdraw(node.address)
+    logger.info("withdrew %d to operator %s", stake, pool.identity.address)
+    return 0
+
+
+def protection(cfg: NodeConfig, action: str, path: str) -> int:
+    from node.protection import SlashingProtection, load_document
+
+    with SlashingProtection(cfg.state_dir / PROTECTION_DB) as db:
+        if action == "export":
+            Path(path).write_text(json.dumps(db.export(), indent=2) + "\n")
+            logger.info("exported the slashing-protection record to %s", path)
+        else:
+            added = db.import_(load_document(path))
+            logger.info("imported %d new record(s) from %s", added, path)
+    return 0
