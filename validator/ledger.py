@@ -9,11 +9,13 @@ States of a row (column `state`), each change one transaction:
 `outcome`/`reason` are set with `decided`. An accepted row enters the `feed` table in the same
 transaction (the trainer's queue: `feed.seq` is its cursor), so an accepted rollout is always either
 queued or handed out; a crash between any two steps leaves a row a restarted validator finishes
-(`pending()` and `unreported()` read exactly the unfinished rows).
+(`claim()` and `unreported()` read exactly the unfinished rows). Only a `received` row is decided:
+when two checkers held the same row, the first verdict stands (`redecide` replaces one on purpose).
 
 SQLite (WAL) by default; PostgreSQL when several validator processes share one ledger (the SQL is
 the common subset; `?` placeholders are rewritten for psycopg). Claims of pending rows use a lease
-(`lease_until`), so two processes never check the same row at once.
+(`lease_until`, `lease_owner`), so two processes never check the same row at once; a restarted
+process frees the leases its killed predecessor held (`recover`), others' run out.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,6 +59,7 @@ _SCHEMA = [
         decided_at DOUBLE PRECISION,
         attempts INTEGER NOT NULL DEFAULT 0,
         lease_until DOUBLE PRECISION,
+        lease_owner TEXT,
         reported_at DOUBLE PRECISION,
         chain_tx TEXT
     )""",
@@ -129,16 +133,27 @@ class Decision:
 
 
 class _Db(Protocol):
+    skip_locked: str
+    """Appended to the claim's row selection: concurrent claimers pass over each other's rows."""
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
     @contextmanager
     def transaction(self) -> Iterator[_Db]: ...
 
+    def lock(self, key: int) -> None:
+        """Inside a transaction: wait for, and hold until it ends, the database-wide lock `key`."""
+
     def close(self) -> None: ...
 
 
+# Database-wide locks (PostgreSQL advisory locks; SQLite's one writer at a time already serializes).
+_LOCK_SCHEMA = 0x7072696D65_01  # concurrent CREATE TABLE IF NOT EXISTS collide in the catalog
+_LOCK_FEED = 0x7072696D65_02  # feed numbers are taken in commit order (see `_decide`)
+
+
 class _Sqlite:
-    blob, serial = "BLOB", "INTEGER PRIMARY KEY AUTOINCREMENT"
+    blob, serial, skip_locked = "BLOB", "INTEGER PRIMARY KEY AUTOINCREMENT", ""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,13 +175,20 @@ class _Sqlite:
     @contextmanager
     def transaction(self) -> Iterator[_Db]:
         with self._lock:
-            self.execute("BEGIN IMMEDIATE")
+            self.execute("BEGIN IMMEDIATE")  # the write lock now: one writer, in commit order
             try:
                 yield self
+                self.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # never leave the connection inside a dead transaction
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # the original error is the one to report
                 raise
-            self.execute("COMMIT")
+
+    def lock(self, key: int) -> None:
+        pass  # BEGIN IMMEDIATE holds the database's only write lock
 
     def close(self) -> None:
         with self._lock:
@@ -174,7 +196,7 @@ class _Sqlite:
 
 
 class _Postgres:
-    blob, serial = "BYTEA", "BIGSERIAL PRIMARY KEY"
+    blob, serial, skip_locked = "BYTEA", "BIGSERIAL PRIMARY KEY", " FOR UPDATE SKIP LOCKED"
 
     def __init__(self, dsn: str) -> None:
         try:
@@ -182,17 +204,29 @@ class _Postgres:
         except ImportError as exc:  # pragma: no cover - psycopg is a declared dependency
             raise LedgerError("a PostgreSQL ledger needs psycopg (pip install 'psycopg[binary]')") from exc
         self._psycopg = psycopg
-        try:
-            self._conn = psycopg.connect(dsn, autocommit=True)
-        except psycopg.Error as exc:
-            raise LedgerError(f"cannot connect to the PostgreSQL ledger: {exc}") from exc
+        self._dsn = dsn
         self._lock = threading.RLock()
         self._in_tx = False
+        self._closed = False
+        self._conn = self._connect()
+
+    def _connect(self) -> Any:
+        try:
+            return self._psycopg.connect(self._dsn, autocommit=True)
+        except self._psycopg.Error as exc:
+            raise LedgerError(f"cannot connect to the PostgreSQL ledger: {exc}") from exc
+
+    def _live(self) -> Any:
+        """The connection; a new one when the server dropped the last (a restart, a failover, an idle
+        timeout). Never inside a transaction: its statements must not continue on another session."""
+        if (self._conn.closed or self._conn.broken) and not self._in_tx and not self._closed:
+            self._conn = self._connect()
+        return self._conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
-                cur = self._conn.execute(sql.replace("?", "%s"), tuple(params))
+                cur = self._live().execute(sql.replace("?", "%s"), tuple(params))
                 rows = cur.fetchall() if cur.description else []
             except self._psycopg.Error as exc:
                 raise LedgerError(f"ledger: {exc}") from exc
@@ -202,34 +236,49 @@ class _Postgres:
     def transaction(self) -> Iterator[_Db]:
         with self._lock:
             try:
-                with self._conn.transaction():
-                    yield self
+                with self._live().transaction():
+                    self._in_tx = True
+                    try:
+                        yield self
+                    finally:
+                        self._in_tx = False
             except self._psycopg.Error as exc:
                 raise LedgerError(f"ledger transaction: {exc}") from exc
 
+    def lock(self, key: int) -> None:
+        self.execute("SELECT pg_advisory_xact_lock(?)", (key,))
+
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.close()
 
 
 class Ledger:
     """The durable record of every submission (see the module docstring)."""
 
-    def __init__(self, db: _Db) -> None:
+    def __init__(self, db: _Db, owner: str | None = None) -> None:
         self._db = db
+        self.owner = owner or f"anonymous-{uuid.uuid4().hex}"
+        """Whose leases this ledger takes: stable across restarts of one process (see `recover`)."""
         blob, serial = getattr(db, "blob"), getattr(db, "serial")  # noqa: B009 - per-dialect class attributes
         with db.transaction():
+            db.lock(_LOCK_SCHEMA)
             for stmt in _SCHEMA:
                 db.execute(stmt.format(blob=blob, serial=serial))
 
     @classmethod
-    def open(cls, *, dsn: str | None = None, path: str | Path | None = None) -> Ledger:
-        """PostgreSQL when `dsn` is given, else SQLite at `path`."""
+    def open(cls, *, dsn: str | None = None, path: str | Path | None = None, owner: str | None = None) -> Ledger:
+        """PostgreSQL when `dsn` is given, else SQLite at `path`.
+
+        `owner` names the process among those sharing the ledger, the same after a restart (e.g. host
+        and state directory), so that `recover` can free the leases its killed predecessor held.
+        """
         if dsn:
-            return cls(_Postgres(dsn))
+            return cls(_Postgres(dsn), owner)
         if path is None:
             raise LedgerError("a ledger needs a PostgreSQL DSN or a SQLite path")
-        return cls(_Sqlite(Path(path)))
+        return cls(_Sqlite(Path(path)), owner)
 
     def close(self) -> None:
         self._db.close()
@@ -268,48 +317,75 @@ class Ledger:
                 self._decide(db, work_key, decision, t)
         return True
 
-    def _decide(self, db: _Db, work_key: str, d: Decision, now: float) -> None:
-        db.execute(
+    def _decide(self, db: _Db, work_key: str, d: Decision, now: float, *, only_received: bool = True) -> bool:
+        which = "work_key = ? AND state = 'received'" if only_received else "work_key = ?"
+        done = db.execute(
             "UPDATE submissions SET state = 'decided', outcome = ?, reason = ?, detail = ?, measurements = ?, "
-            "evidence_hash = ?, verdict = ?, decided_at = ?, lease_until = NULL WHERE work_key = ?",
+            f"evidence_hash = ?, verdict = ?, decided_at = ?, lease_until = NULL, lease_owner = NULL WHERE {which} "
+            "RETURNING work_key",
             (d.outcome, d.reason, d.detail, json.dumps(d.measurements) if d.measurements is not None else None,
              d.evidence_hash, d.verdict, now, work_key),
         )
+        if not done:
+            return False
         if d.evidence is not None and d.evidence_hash is not None:
             db.execute("INSERT INTO evidence (hash, data, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                        (d.evidence_hash, d.evidence, now))
         if d.feed_item is not None:
+            # Trainers read the feed by `seq` cursor, so numbers must become visible in order: with
+            # several writers, one that took seq N and commits after N+1 was read would be skipped.
+            db.lock(_LOCK_FEED)
             db.execute("INSERT INTO feed (work_key, created_at, item) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                        (work_key, now, d.feed_item))
+        return True
 
-    def decide(self, work_key: str, decision: Decision, *, now: float | None = None) -> None:
-        """Record the verdict (and its evidence and feed item) of a received row, atomically."""
+    def decide(self, work_key: str, decision: Decision, *, now: float | None = None) -> bool:
+        """Record the verdict (and its evidence and feed item) of a received row, atomically.
+
+        False, and nothing written, when the row is not `received` (any more): the first verdict stands
+        when two checkers held it (a lease that ran out mid-check). Use `redecide` to replace one.
+        """
         with self._db.transaction() as db:
-            self._decide(db, work_key, decision, time.time() if now is None else now)
+            return self._decide(db, work_key, decision, time.time() if now is None else now)
 
     def redecide(self, work_key: str, decision: Decision, *, now: float | None = None) -> None:
         """Replace a verdict (equivocation turns an accepted row hard); the row is reported again."""
         with self._db.transaction() as db:
             db.execute("UPDATE submissions SET reported_at = NULL, chain_tx = NULL WHERE work_key = ?", (work_key,))
-            self._decide(db, work_key, decision, time.time() if now is None else now)
+            self._decide(db, work_key, decision, time.time() if now is None else now, only_received=False)
 
     def claim(self, limit: int, *, lease_s: float = 300.0, now: float | None = None) -> list[Row]:
-        """Lease up to `limit` received rows for checking (oldest first); a crashed claimer's lease expires."""
+        """Lease up to `limit` received rows for checking, oldest first. Another claimer (thread or
+        process) gets other rows; a killed claimer's lease runs out (or its successor calls `recover`)."""
         t = time.time() if now is None else now
         free = "state = 'received' AND (lease_until IS NULL OR lease_until < ?)"
+        # One statement: SQLite takes its write lock before reading; PostgreSQL locks the picked rows and
+        # skips those another claimer is locking. MATERIALIZED: the pick runs once (a LIMIT re-run per
+        # outer row would lease more than `limit`).
         keys = self._db.execute(
-            f"UPDATE submissions SET lease_until = ? WHERE work_key IN (SELECT work_key FROM submissions "
-            f"WHERE {free} ORDER BY received_at LIMIT ?) AND {free} RETURNING work_key",
-            (t + lease_s, t, limit, t),
+            f"WITH picked AS MATERIALIZED (SELECT work_key FROM submissions WHERE {free} ORDER BY received_at "
+            f"LIMIT ?{self._db.skip_locked}) UPDATE submissions SET lease_until = ?, lease_owner = ? "
+            "WHERE work_key IN (SELECT work_key FROM picked) RETURNING work_key",
+            (t, limit, t + lease_s, self.owner),
         )
-        return [r for (k,) in keys if (r := self.get(k)) is not None]
+        if not keys:
+            return []
+        marks = ", ".join("?" * len(keys))
+        return self._rows(f"WHERE work_key IN ({marks}) ORDER BY received_at, work_key", [k for (k,) in keys])
 
     def release(self, work_key: str, error: str) -> int:
         """Give a leased row back after a failure on our side; returns its attempt count."""
         rows = self._db.execute(
-            "UPDATE submissions SET lease_until = NULL, attempts = attempts + 1, detail = ? "
+            "UPDATE submissions SET lease_until = NULL, lease_owner = NULL, attempts = attempts + 1, detail = ? "
             "WHERE work_key = ? AND state = 'received' RETURNING attempts", (error[:500], work_key))
         return int(rows[0][0]) if rows else 0
+
+    def recover(self) -> int:
+        """At start: free the leases this owner still holds (its previous run was killed mid-check), so
+        those rows are checked now rather than when the leases run out. Returns how many."""
+        return len(self._db.execute(
+            "UPDATE submissions SET lease_until = NULL, lease_owner = NULL WHERE state = 'received' AND "
+            "lease_owner = ? RETURNING work_key", (self.owner,)))
 
     def unreported(self, limit: int) -> list[Row]:
         return self._rows("WHERE state = 'decided' ORDER BY decided_at LIMIT ?", (limit,))

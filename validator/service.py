@@ -3,13 +3,14 @@
 Threads: `chain` (new pool events every `chain.poll_s`), `checker` (the model stage), `reporter`
 (the outbox onto the chain), `feed` (Parquet files for a trainer on a shared disk), and the weights
 follower. The HTTP app (`validator.app`) only calls into `Pipeline.intake` and reads the ledger.
-On start every unfinished row is picked up where it was: received rows are re-checked (their leases
-expire), decided rows are reported, unwritten feed items are written.
+On start every unfinished row is picked up where it was: received rows are re-checked (the leases this
+process held when it was killed are freed at start), decided rows are reported, unwritten feed items are written.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +52,13 @@ class Service:
         self.chain = ChainView(self.pool, deployment.start_block)
         self.chain.refresh()  # fail fast when the chain is unreachable
         self.domain = submission_domain(deployment.chain_id, deployment.pool, cfg.run.run_id)
-        self.ledger = Ledger.open(dsn=cfg.ledger_dsn, path=cfg.state_dir / "ledger.sqlite")
+        # The owner of this process's leases, the same after a restart (a state dir is one process's):
+        # rows it was checking when it was killed are taken up again at once, not when their leases end.
+        self.ledger = Ledger.open(dsn=cfg.ledger_dsn, path=cfg.state_dir / "ledger.sqlite",
+                                  owner=f"{socket.gethostname()}:{cfg.state_dir.resolve()}")
+        if freed := self.ledger.recover():
+            log.info("ledger: %d submissions were being checked when this validator last stopped; checking "
+                     "them again", freed)
         self.replay = ReplayGuard(cfg.state_dir / "replay.sqlite")
         self.nonces = NonceCounter(cfg.state_dir / "nonces.sqlite")
         self.weights = WeightStore(cfg, self.chain.manifest_hash)

@@ -1,0 +1,431 @@
+"""The verdict ledger, one suite against both backends: SQLite (a file) and PostgreSQL (a throwaway
+cluster, `tests/pgcluster.py`). Two Ledger objects on one database stand for two validator processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from validator.ledger import Decision, Ledger, LedgerError
+
+pytestmark = pytest.mark.timeout(60)
+
+T0 = 1_700_000_000.0
+OpenLedger = Callable[..., Ledger]
+
+
+def add(ledger: Ledger, key: str, *, node: str = "0xa", version: int = 1, counter: int = 0, at: float = T0,
+        decision: Decision | None = None, submission_hash: str | None = None) -> bool:
+    return ledger.insert(work_key=key, submission_hash=submission_hash or f"h-{key}", node=node,
+                         policy_version=version, counter=counter, envelope=f'{{"key":"{key}"}}'.encode(),
+                         decision=decision, now=at)
+
+
+def accepted(key: str) -> Decision:
+    return Decision(outcome="accepted", reason="accepted", detail="4 samples", measurements={"units": 7},
+                    verdict=b"verdict-" + key.encode(), feed_item=b"item-" + key.encode())
+
+
+def hard(key: str, reason: str = "reward_mismatch") -> Decision:
+    evidence = b"evidence of " + key.encode()
+    return Decision(outcome="rejected_hard", reason=reason, detail="claimed 1.0, recomputed 0.5",
+                    measurements={"rewards": [[0.5]]}, evidence=evidence,
+                    evidence_hash="0x" + hashlib.sha256(evidence).hexdigest(), verdict=b"verdict-" + key.encode())
+
+
+def soft(key: str, reason: str = "validator_error") -> Decision:
+    return Decision(outcome="rejected_soft", reason=reason, verdict=b"verdict-" + key.encode())
+
+
+def keys(rows: list[Any]) -> list[str]:
+    return [r.work_key for r in rows]
+
+
+def keys_of_feed(ledger: Ledger) -> list[str]:
+    return [k for _, k, _ in ledger.feed(0, 1000)]
+
+
+# -- insert ---------------------------------------------------------------------------------------
+
+
+def test_insert_keeps_one_row_per_work_key(ledger: Ledger) -> None:
+    assert add(ledger, "k1")
+    first = ledger.get("k1")
+    assert first is not None and first.state == "received" and first.outcome is None and first.attempts == 0
+    # a second insert of the key, even one that arrives decided, writes nothing at all
+    assert not add(ledger, "k1", node="0xother", counter=5, decision=hard("k1"), submission_hash="h-other")
+    assert ledger.get("k1") == first
+    assert ledger.evidence(hard("k1").evidence_hash or "") is None
+    assert ledger.by_hash("h-other") is None and ledger.by_hash("h-k1") == first
+    # the same submission bytes under another key are refused too (a hash names one row)
+    assert not add(ledger, "k2", submission_hash="h-k1")
+    assert ledger.get("k2") is None
+    assert ledger.counts() == {"state:received": 1}
+
+
+def test_insert_with_a_decision_is_decided_at_once(ledger: Ledger) -> None:
+    d = hard("k1")
+    assert add(ledger, "k1", decision=d, at=T0)
+    row = ledger.get("k1")
+    assert row is not None
+    assert (row.state, row.outcome, row.reason, row.detail) == ("decided", "rejected_hard", "reward_mismatch",
+                                                                 d.detail)
+    assert row.evidence_hash == d.evidence_hash and row.verdict == d.verdict
+    assert row.received_at == T0 and row.decided_at == T0
+    assert ledger.evidence(d.evidence_hash or "") == d.evidence
+    assert add(ledger, "k2", decision=accepted("k2"), at=T0 + 1)
+    assert [(k, item) for _, k, item in ledger.feed(0, 10)] == [("k2", b"item-k2")]
+    assert ledger.claim(10, now=T0 + 2) == []  # decided rows are never checked again
+
+
+# -- decide / redecide ------------------------------------------------------------------------------
+
+
+def test_decide_records_verdict_evidence_and_feed_together(ledger: Ledger) -> None:
+    add(ledger, "k1")
+    add(ledger, "k2")
+    assert ledger.decide("k1", accepted("k1"), now=T0 + 5) is True
+    row = ledger.get("k1")
+    assert row is not None and (row.state, row.outcome, row.reason) == ("decided", "accepted", "accepted")
+    assert row.measurements is not None and json.loads(row.measurements) == {"units": 7}
+    assert row.verdict == b"verdict-k1" and row.decided_at == T0 + 5 and row.evidence_hash is None
+    assert [(k, item) for _, k, item in ledger.feed(0, 10)] == [("k1", b"item-k1")]
+    d = hard("k2")
+    assert ledger.decide("k2", d, now=T0 + 6) is True
+    assert ledger.evidence(d.evidence_hash or "") == d.evidence
+    assert ledger.feed_size() == 1  # a rejection never enters the trainer's feed
+
+
+def test_decide_is_atomic_when_its_transaction_fails(ledger: Ledger) -> None:
+    add(ledger, "k1")
+    # the verdict and the evidence can be written, the feed item cannot: the last statement fails
+    broken = Decision(outcome="rejected_hard", reason="proof_mismatch", evidence=b"ev", evidence_hash="0xev",
+                      verdict=b"v", feed_item=object())  # type: ignore[arg-type]
+    with pytest.raises(LedgerError):
+        ledger.decide("k1", broken)
+    row = ledger.get("k1")
+    assert row is not None and row.state == "received" and row.outcome is None and row.verdict is None
+    assert row.decided_at is None and ledger.evidence("0xev") is None and ledger.feed_size() == 0
+    # an insert whose decision fails leaves no row either
+    with pytest.raises(LedgerError):
+        add(ledger, "k2", decision=broken)
+    assert ledger.get("k2") is None and ledger.by_hash("h-k2") is None
+    # and the ledger works afterwards (no transaction was left open)
+    assert ledger.decide("k1", accepted("k1"))
+    assert add(ledger, "k2", decision=accepted("k2"))
+    assert ledger.counts() == {"state:decided": 2, "outcome:accepted": 2}
+
+
+def test_a_decided_row_is_not_decided_again(ledger: Ledger) -> None:
+    """Two checkers that both hold a row (a lease that ran out mid-check) record one verdict."""
+    add(ledger, "k1")
+    assert ledger.decide("k1", accepted("k1"), now=T0 + 1)
+    assert ledger.decide("k1", hard("k1"), now=T0 + 2) is False
+    row = ledger.get("k1")
+    assert row is not None and row.outcome == "accepted" and row.decided_at == T0 + 1
+    assert ledger.evidence(hard("k1").evidence_hash or "") is None
+    assert ledger.decide("nope", accepted("nope")) is False
+    assert keys_of_feed(ledger) == ["k1"]
+
+
+def test_redecide_replaces_the_verdict_and_reports_it_again(ledger: Ledger) -> None:
+    add(ledger, "k1")
+    ledger.decide("k1", accepted("k1"), now=T0 + 1)
+    ledger.mark_reported(["k1"], "0xtx", now=T0 + 2)
+    assert ledger.get("k1").state == "reported"  # type: ignore[union-attr]
+    d = hard("k1", "equivocation")
+    ledger.redecide("k1", d, now=T0 + 3)
+    row = ledger.get("k1")
+    assert row is not None
+    assert (row.state, row.outcome, row.reason) == ("decided", "rejected_hard", "equivocation")
+    assert row.reported_at is None and row.chain_tx is None and row.decided_at == T0 + 3
+    assert row.evidence_hash == d.evidence_hash and ledger.evidence(d.evidence_hash or "") == d.evidence
+    assert keys(ledger.unreported(10)) == ["k1"]
+
+
+# -- claims and leases -----------------------------------------------------------------------------
+
+
+def test_claim_leases_received_rows_oldest_first(ledger: Ledger) -> None:
+    add(ledger, "k3", at=T0 + 3)
+    add(ledger, "k1", at=T0 + 1)
+    add(ledger, "k2", at=T0 + 2)
+    add(ledger, "kd", at=T0, decision=soft("kd"))
+    first = ledger.claim(2, lease_s=60, now=T0 + 10)
+    assert keys(first) == ["k1", "k2"] and all(r.state == "received" for r in first)
+    assert keys(ledger.claim(2, lease_s=60, now=T0 + 20)) == ["k3"]  # leased rows are not handed out again
+    assert ledger.claim(5, lease_s=60, now=T0 + 30) == []
+    # a crashed claimer's lease runs out: its rows come back (k3's lease, taken later, still holds)
+    assert keys(ledger.claim(5, lease_s=60, now=T0 + 71)) == ["k1", "k2"]
+
+
+def test_two_ledgers_never_claim_the_same_row(open_ledger: OpenLedger) -> None:
+    a, b = open_ledger(), open_ledger()
+    n = 120
+    for i in range(n):
+        add(a, f"k{i:03d}", at=T0 + i)
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def claimer(name: str, ledger: Ledger) -> None:
+        try:
+            start.wait()
+            idle = 0
+            while idle < 3:  # a claim can come back empty while the other holds the rest
+                rows = ledger.claim(3, lease_s=600)
+                assert len(rows) <= 3, keys(rows)
+                got[name] += keys(rows)
+                idle = 0 if rows else idle + 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(name, led)) for name, led in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=50)
+    assert not errors, errors
+    assert not set(got["a"]) & set(got["b"])
+    assert sorted(got["a"] + got["b"]) == [f"k{i:03d}" for i in range(n)]  # each row exactly once
+    assert a.claim(10) == [] and b.claim(10) == []
+
+
+def test_release_counts_attempts_and_frees_the_row(ledger: Ledger) -> None:
+    add(ledger, "k1")
+    assert keys(ledger.claim(1, now=T0)) == ["k1"]
+    assert ledger.release("k1", "weights of v1 not here") == 1
+    row = ledger.get("k1")
+    assert row is not None and row.attempts == 1 and row.detail == "weights of v1 not here"
+    assert keys(ledger.claim(1, now=T0 + 1)) == ["k1"]  # free again at once
+    assert ledger.release("k1", "x" * 1000) == 2
+    assert len(ledger.get("k1").detail or "") == 500  # type: ignore[union-attr]
+    ledger.decide("k1", soft("k1"))
+    assert ledger.release("k1", "too late") == 0  # a decided row is not released
+    assert ledger.get("k1").attempts == 2  # type: ignore[union-attr]
+    assert ledger.release("nope", "x") == 0
+
+
+def test_recover_frees_only_this_owners_leases(open_ledger: OpenLedger) -> None:
+    a = open_ledger(owner="host:/state-a")
+    b = open_ledger(owner="host:/state-b")
+    add(a, "k1", at=T0)
+    add(a, "k2", at=T0 + 1)
+    add(a, "k3", at=T0 + 2)
+    assert keys(a.claim(1)) == ["k1"] and keys(b.claim(1)) == ["k2"]
+    a.close()  # process a is killed holding its lease
+    again = open_ledger(owner="host:/state-a")
+    assert again.recover() == 1
+    assert keys(again.claim(5)) == ["k1", "k3"]  # k2 stays b's
+
+
+# -- reporting --------------------------------------------------------------------------------------
+
+
+def test_unreported_in_decision_order_and_mark_reported(ledger: Ledger) -> None:
+    for k in ("k1", "k2", "k3"):
+        add(ledger, k)
+    ledger.decide("k2", accepted("k2"), now=T0 + 1)
+    ledger.decide("k1", hard("k1"), now=T0 + 2)
+    assert keys(ledger.unreported(10)) == ["k2", "k1"]
+    assert keys(ledger.unreported(1)) == ["k2"]
+    ledger.mark_reported(["k2", "k3"], "0xtx", now=T0 + 5)  # k3 is still being checked: untouched
+    k2, k3 = ledger.get("k2"), ledger.get("k3")
+    assert k2 is not None and (k2.state, k2.chain_tx, k2.reported_at) == ("reported", "0xtx", T0 + 5)
+    assert k3 is not None and k3.state == "received" and k3.reported_at is None
+    assert keys(ledger.unreported(10)) == ["k1"]
+    ledger.mark_reported(["k2"], "0xother", now=T0 + 6)  # already reported: the first transaction stays
+    assert ledger.get("k2").chain_tx == "0xtx"  # type: ignore[union-attr]
+    ledger.mark_reported(["k1"], None)  # decided without a chain transaction
+    assert ledger.get("k1").state == "reported" and ledger.unreported(10) == []  # type: ignore[union-attr]
+
+
+# -- feed -------------------------------------------------------------------------------------------
+
+
+def test_feed_in_decision_order_after_a_cursor(ledger: Ledger) -> None:
+    order = ["k4", "k2", "k0", "k3", "k1"]
+    for k in sorted(order) + ["kh"]:
+        add(ledger, k)
+    for i, k in enumerate(order):
+        ledger.decide(k, accepted(k), now=T0 + i)
+    ledger.decide("kh", hard("kh"))
+    items = ledger.feed(0, 100)
+    assert [k for _, k, _ in items] == order
+    assert [item for _, _, item in items] == [b"item-" + k.encode() for k in order]
+    seqs = [s for s, _, _ in items]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert ledger.feed(0, 2) == items[:2]
+    assert ledger.feed(seqs[1], 2) == items[2:4]
+    assert ledger.feed(seqs[-1], 10) == []
+    assert ledger.feed_size() == 5
+
+
+def test_unwritten_feed_and_mark_written(ledger: Ledger) -> None:
+    for i, k in enumerate(("k1", "k2", "k3")):
+        add(ledger, k)
+        ledger.decide(k, accepted(k), now=T0 + i)
+    unwritten = ledger.unwritten_feed(10)
+    assert [(c, k, item) for _, c, k, item in unwritten] == [
+        (T0, "k1", b"item-k1"), (T0 + 1, "k2", b"item-k2"), (T0 + 2, "k3", b"item-k3")]
+    ledger.mark_written(unwritten[1][0])
+    assert [k for _, _, k, _ in ledger.unwritten_feed(10)] == ["k1", "k3"]
+    assert [k for _, _, k, _ in ledger.unwritten_feed(1)] == ["k1"]
+    assert keys_of_feed(ledger) == ["k1", "k2", "k3"]  # a written file does not leave the HTTP feed
+
+
+# -- views ------------------------------------------------------------------------------------------
+
+
+def test_refusals_are_counted_per_node_and_reason(ledger: Ledger) -> None:
+    for _ in range(3):
+        ledger.count_refusal("0xa", "replay", now=T0)
+    ledger.count_refusal("0xa", "rate_limited", now=T0)
+    ledger.count_refusal("0xb", "replay", now=T0)
+    assert ledger.node_summary("0xa")["refused"] == {"replay": 3, "rate_limited": 1}
+    assert ledger.node_summary("0xb")["refused"] == {"replay": 1}
+    assert ledger.node_summary("0xc") == {"node": "0xc", "verdicts": {}, "pending": 0, "refused": {}}
+    assert ledger.counts() == {}  # refused requests never become rows
+
+
+def test_node_summary_and_counts(ledger: Ledger) -> None:
+    add(ledger, "k1", decision=accepted("k1"))
+    add(ledger, "k2", decision=accepted("k2"))
+    add(ledger, "k3", decision=hard("k3"))
+    add(ledger, "k4")
+    add(ledger, "k5", node="0xb", decision=soft("k5"))
+    add(ledger, "k6", node="0xb", decision=accepted("k6"))
+    ledger.mark_reported(["k6"], "0xtx")
+    ledger.count_refusal("0xa", "replay")
+    assert ledger.node_summary("0xa") == {
+        "node": "0xa", "verdicts": {"accepted": {"accepted": 2}, "rejected_hard": {"reward_mismatch": 1}},
+        "pending": 1, "refused": {"replay": 1}}
+    assert ledger.node_summary("0xb")["verdicts"] == {"accepted": {"accepted": 1},
+                                                       "rejected_soft": {"validator_error": 1}}
+    assert ledger.counts() == {"state:received": 1, "state:decided": 4, "state:reported": 1,
+                               "outcome:accepted": 3, "outcome:rejected_hard": 1, "outcome:rejected_soft": 1}
+
+
+def test_hard_failures_and_active_nodes_in_a_window(ledger: Ledger) -> None:
+    def decided(key: str, node: str, version: int, d: Decision, received: float, at: float) -> None:
+        add(ledger, key, node=node, version=version, at=received)
+        ledger.decide(key, d, now=at)
+
+    decided("a1", "0xa", 1, hard("a1"), T0 + 5, T0 + 10)
+    decided("a2", "0xa", 1, hard("a2", "proof_mismatch"), T0 + 6, T0 + 12)
+    decided("b1", "0xb", 1, soft("b1", "suspected_systemic"), T0 + 15, T0 + 20)
+    decided("c1", "0xc", 2, hard("c1"), T0 + 15, T0 + 20)
+    decided("d1", "0xd", 1, accepted("d1"), T0 + 15, T0 + 20)
+    decided("e1", "0xe", 1, hard("e1"), T0 - 100, T0)
+    assert sorted(ledger.hard_failures_since(1, T0 + 10)) == ["0xa", "0xb"]
+    assert ledger.hard_failures_since(1, T0 + 13) == ["0xb"]
+    assert ledger.hard_failures_since(2, T0) == ["0xc"]
+    assert sorted(ledger.hard_failures_since(1, T0)) == ["0xa", "0xb", "0xe"]
+    assert sorted(ledger.active_nodes_since(T0 + 10)) == ["0xb", "0xc", "0xd"]
+    assert sorted(ledger.active_nodes_since(T0)) == ["0xa", "0xb", "0xc", "0xd"]
+
+
+def test_one_ledger_shared_by_threads(ledger: Ledger) -> None:
+    """The service's HTTP handlers, checker, reporter and feed writer share one Ledger object."""
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(25):
+                k = f"t{t}-{i}"
+                assert add(ledger, k, node=f"0x{t}")
+                assert ledger.decide(k, accepted(k) if i % 2 else hard(k))
+                ledger.count_refusal(f"0x{t}", "replay")
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=50)
+    assert not errors, errors
+    assert ledger.counts() == {"state:decided": 100, "outcome:accepted": 48, "outcome:rejected_hard": 52}
+    assert ledger.feed_size() == 48 and ledger.node_summary("0x3")["refused"] == {"replay": 25}
+
+
+# -- PostgreSQL: several processes on one database ----------------------------------------------------
+
+
+def test_feed_cursor_never_skips_an_item_committed_late(pg_dsn: str) -> None:
+    """Feed items are numbered in commit order: a reader at cursor N never misses an item numbered
+    below N that committed after it read (two processes deciding at once)."""
+    a, b = Ledger.open(dsn=pg_dsn), Ledger.open(dsn=pg_dsn)
+    try:
+        add(a, "slow")
+        add(a, "fast")
+        with psycopg.connect(pg_dsn, autocommit=True) as raw:
+            # the 'slow' decision takes its feed number, then stays uncommitted for a while
+            raw.execute("CREATE FUNCTION slow_feed() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                        "IF NEW.work_key = 'slow' THEN PERFORM pg_sleep(1.5); END IF; RETURN NEW; END $$")
+            raw.execute("CREATE TRIGGER slow_feed AFTER INSERT ON feed FOR EACH ROW EXECUTE FUNCTION slow_feed()")
+            slow = threading.Thread(target=a.decide, args=("slow", accepted("slow")))
+            slow.start()
+            deadline = time.monotonic() + 10
+            while not raw.execute("SELECT is_called FROM feed_seq_seq").fetchall()[0][0]:
+                assert time.monotonic() < deadline, "the slow decision never reached the feed"
+                time.sleep(0.01)
+            b.decide("fast", accepted("fast"))
+            seen = b.feed(0, 10)  # a trainer polling right now
+            cursor = seen[-1][0] if seen else 0
+            slow.join(timeout=20)
+            seen += b.feed(cursor, 10)
+        assert sorted(k for _, k, _ in seen) == ["fast", "slow"]
+    finally:
+        a.close()
+        b.close()
+
+
+def _open_together(dsn: str, n: int) -> list[BaseException]:
+    """`n` threads open a Ledger on `dsn` at the same moment; returns what they raised."""
+    start = threading.Barrier(n)
+    opened: list[Ledger] = []
+    errors: list[BaseException] = []
+
+    def open_() -> None:
+        start.wait()
+        try:
+            opened.append(Ledger.open(dsn=dsn))
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for ledger in opened:
+        ledger.close()
+    return errors
+
+
+def test_processes_starting_together_create_the_schema_once(pg_cluster: Any) -> None:
+    for _ in range(3):
+        assert _open_together(pg_cluster.create_database("schema"), 4) == []
+
+
+def test_a_lost_connection_is_opened_again(pg_dsn: str) -> None:
+    ledger = Ledger.open(dsn=pg_dsn)
+    try:
+        add(ledger, "k1")
+        with psycopg.connect(pg_dsn, autocommit=True) as raw:  # the server drops the ledger's session
+            raw.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND pid <> pg_backend_pid()")
+        with pytest.raises(LedgerError):
+            ledger.get("k1")  # the statement in flight fails: its caller retries
+        assert ledger.get("k1") is not None  # and the next one runs on a new connection
+        assert ledger.decide("k1", accepted("k1"))
+    finally:
+        ledger.close()
