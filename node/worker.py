@@ -124,11 +124,15 @@ class Worker:
     # -- the loop -------------------------------------------------------------------------------
 
     def run_loop(self) -> Tally:
-        if not self.validators.announced:
-            self.validators.refresh()
         while not self.stopping and (self.cfg.max_batches is None or self.tally.batches < self.cfg.max_batches):
             self.poll_pending()
             if not self.resend_unsent():  # a validator is down: keep the work, make no more
+                self._stop.wait(self.cfg.submit.max_backoff_s)
+                continue
+            if not self.validators.announced:
+                self.validators.refresh()
+            if not self.validators.announced:  # nobody to send work to: generate none
+                logger.warning("no validator reachable (%s); waiting", ", ".join(self.validators.urls))
                 self._stop.wait(self.cfg.submit.max_backoff_s)
                 continue
             if len(self._submitted()) >= self.cfg.submit.max_pending:

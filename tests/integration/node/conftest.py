@@ -1,0 +1,55 @@
+"""Fixtures: the validator tests' anvil (one per session, a snapshot per test), tiny model and served validator."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_TESTS = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(_TESTS / "unit" / "contracts"))
+sys.path.insert(0, str(_TESTS / "integration" / "validator"))
+
+import chainfixtures  # noqa: E402
+from chainfixtures import VALIDATOR, Pools  # noqa: E402
+from validator_harness import MANIFEST_V0, Served, serve, tiny, validator_config  # noqa: E402
+
+from models.loading import LoadedModel  # noqa: E402
+from protocol.identity import Identity  # noqa: E402
+
+devchain, deployment, pools = chainfixtures.devchain, chainfixtures.deployment, chainfixtures.pools
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> LoadedModel:
+    return tiny(0)
+
+
+@pytest.fixture
+def published(pools: Pools) -> Pools:
+    """The pool with policy v1 published by the trainer."""
+    pools.trainer.publish_policy(1, MANIFEST_V0)
+    return pools
+
+
+@pytest.fixture
+def deployment_file(published: Pools, tmp_path: Path) -> Path:
+    return published.deployment.save(tmp_path / "deployment.json")
+
+
+@pytest.fixture
+def make_validator(published: Pools, deployment_file: Path, tmp_path: Path) -> Iterator[object]:
+    started: list[Served] = []
+    identity: Identity = published.chain.account(VALIDATOR)
+
+    def make(name: str = "v", **overrides: object) -> Served:
+        cfg = validator_config(tmp_path / name, deployment_file, published.chain.rpc_url, **overrides)
+        served = serve(cfg, identity)
+        started.append(served)
+        return served
+
+    yield make
+    for s in started:
+        s.stop()

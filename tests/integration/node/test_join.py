@@ -1,0 +1,155 @@
+"""prime-node against a real anvil pool and a real validator on 127.0.0.1 with the tiny model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chainfixtures import OPERATOR, SETTINGS, Pools
+from validator_harness import RUN, TINY
+
+from contracts.pool import NodeStatus, WorkStatus
+from node import commands
+from node.cli import main
+from node.config import NodeConfig
+from node.errors import DoubleSignError
+from node.protection import SlashingProtection
+from protocol.canonical import to_hex
+from protocol.seeds import work_key
+
+pytestmark = pytest.mark.timeout(300)
+PASSWORD = "correct horse"
+
+
+def node_config(tmp_path: Path, deployment_file: Path, rpc_url: str, validators: list[str], **extra: Any) -> NodeConfig:
+    values: dict[str, Any] = {
+        "state_dir": tmp_path / "node", "validators": validators, "max_batches": 1,
+        "key": {"keystore": tmp_path / "node-key.json", "scrypt_n": 2**4},
+        "operator": {"key_env": "TEST_OPERATOR_KEY"},
+        "chain": {"deployment": deployment_file, "rpc_url": rpc_url, "poll_s": 0.2},
+        "submit": {"attempts": 2, "backoff_s": 0.05, "max_backoff_s": 0.2, "decide_timeout_s": 120},
+    }
+    values.update(extra)
+    return NodeConfig.model_validate(values)
+
+
+@pytest.fixture
+def operator_env(published: Pools, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PRIME_KEYSTORE_PASSWORD", PASSWORD)
+    monkeypatch.setenv("TEST_OPERATOR_KEY", published.chain.account(OPERATOR).account.key.hex())
+    return published.chain.account(OPERATOR).address
+
+
+def test_join_stakes_registers_works_and_is_recorded_on_chain(
+        published: Pools, deployment_file: Path, make_validator: Any, operator_env: str, tmp_path: Path) -> None:
+    served = make_validator()
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [served.url])
+    token = published.token()
+    before = token.balance_of(operator_env)
+
+    assert commands.join(cfg) == 0
+
+    node = commands.node_key(cfg)  # created by join, opened again with the same password
+    info = published.admin.get_node(node.address)
+    assert info.status is NodeStatus.ACTIVE and info.operator == operator_env and info.stake == SETTINGS.min_stake
+    assert token.balance_of(operator_env) == before - SETTINGS.min_stake
+    key = to_hex(work_key(RUN.run_id, node.address, 1, 0))
+    row = served.wait_reported(key)
+    assert row["outcome"] == "accepted", row
+    assert published.admin.get_work(key).status is WorkStatus.ACCEPTED
+
+    # the record refuses a second, different payload for the assignment it signed
+    with SlashingProtection(cfg.state_dir / commands.PROTECTION_DB) as db:
+        rec = db.get(RUN.run_id, node.address, 1, 0)
+        assert rec is not None and rec.state == "decided"
+        import hashlib
+
+        from protocol.rollout import SampleRollout, Submission, TaskRollouts
+        other = Submission(run_id=RUN.run_id, node=node.address, policy_version=1,
+                           manifest_hash=hashlib.sha256(b"x").digest(), counter=0, env=RUN.env,
+                           env_version=RUN.env_version, tasks=(TaskRollouts(task_id="0" * 32, samples=(
+                               SampleRollout(tokens=(1,), logprobs=(0.0,), finish_reason="length", reward=0.0,
+                                             proofs=()),)),))
+        with pytest.raises(DoubleSignError):
+            db.check_and_record(other)
+
+    # joining again skips registration and works the next counter
+    assert commands.join(cfg) == 0
+    assert served.wait_decided(to_hex(work_key(RUN.run_id, node.address, 1, 1)))["outcome"] == "accepted"
+    assert published.admin.get_node(node.address).stake == SETTINGS.min_stake
+
+
+def test_a_validator_that_is_down_does_not_crash_the_node_and_the_work_is_kept(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    node = published.new_node()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [dead], run=RUN, model=TINY)
+    chain = commands.open_chain(cfg)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    import httpx
+
+    from node.engines import build_engine
+    from node.protection import SlashingProtection
+    from node.worker import PolicySource, ValidatorDirectory, Worker
+
+    http = httpx.Client(timeout=5)
+    db = SlashingProtection(tmp_path / "p.sqlite")
+    worker = Worker(cfg, node, RUN, commands.submission_domain(chain.chain_id, chain.pool, RUN.run_id),
+                    build_engine(cfg.engine, TINY), db, PolicySource(chain.client(node)),
+                    ValidatorDirectory([dead], http))
+
+    def run() -> None:
+        try:
+            worker.run_loop()
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    time.sleep(3)
+    assert thread.is_alive() and not failure
+    assert worker.tally.batches == 0  # nothing generated without a validator to send it to
+    # the validator comes up: the node finds it, generates, submits, and gets paid
+    served = make_validator()
+    worker.validators.urls.append(served.url)
+    thread.join(timeout=200)
+    assert not thread.is_alive() and not failure, failure
+    key = to_hex(work_key(RUN.run_id, node.address, 1, 0))
+    assert served.wait_decided(key)["outcome"] == "accepted"
+    stop.set()
+    http.close()
+    db.close()
+
+
+def test_clear_one_line_errors(published: Pools, deployment_file: Path, operator_env: str, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from protocol.identity import Identity
+
+    Identity.create().save_keystore(tmp_path / "k.json", "other", scrypt_n=2**4)
+    base = ["--chain.deployment", str(deployment_file), "--chain.rpc-url", published.chain.rpc_url,
+            "--state-dir", str(tmp_path / "s")]
+    assert main(["status", "--keystore", str(tmp_path / "k.json"), *base]) == 2
+    assert "wrong password" in capsys.readouterr().err
+    monkeypatch.setenv("PRIME_KEYSTORE_PASSWORD", "other")
+    assert main(["status", "--keystore", str(tmp_path / "k.json"), *base, "--pool",
+                 "0x000000000000000000000000000000000000dEaD"]) == 2
+    assert "no pool contract" in capsys.readouterr().err
+    poor = Identity.create()
+    monkeypatch.setenv("TEST_OPERATOR_KEY", poor.account.key.hex())
+    assert main(["join", "--keystore", str(tmp_path / "k.json"), *base, "--operator.key-env",
+                 "TEST_OPERATOR_KEY", "--validators", "[]", "--run.run-id", "x"]) == 2
+    assert f"operator {poor.address} cannot stake" in capsys.readouterr().err
+    # export / import of the protection record through the CLI
+    out = tmp_path / "export.json"
+    assert main(["protection", "export", str(out), "--state-dir", str(tmp_path / "s")]) == 0
+    assert json.loads(out.read_text())["metadata"]["interchange_format"] == "prime-slashing-protection"
+    assert main(["protection", "import", str(out), "--state-dir", str(tmp_path / "s2")]) == 0
