@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.config import PrimeConfig, parse_config
 from protocol.config import build_parser as _build_parser
@@ -94,6 +94,77 @@ class LocalData(Section):
     """Seed of the task stream (step n uses tasks derived from task_seed and n)."""
 
 
+_ADDRESS = r"^0x[0-9a-fA-F]{40}$"
+
+
+class ValidatorsData(Section):
+    """Accepted work pulled from validators' signed feeds (`GET /v1/feed`); see trainer/validator_feed.py."""
+
+    type: Literal["validators"] = "validators"
+    urls: list[str] = Field(min_length=1)
+    """Base URLs of the validators to pull from (`http://host:port`); each serves `/v1/feed`."""
+    addresses: list[str] = []
+    """The validator address expected to sign each url's feed, in the order of `urls` (one per url).
+    Give this or `accepted`."""
+    accepted: list[str] = []
+    """Alternatively: validator addresses whose signed feed items are accepted from any of the urls."""
+    domain: str | None = None
+    """Envelope domain of the run (`prime/<chain_id>/<pool>/<run_id>`); or give chain_id, pool and run_id."""
+    chain_id: int | None = Field(None, ge=0)
+    """Chain id of the run's network (with `pool` and `run_id`, instead of `domain`)."""
+    pool: str | None = Field(None, pattern=_ADDRESS)
+    """Address of the run's pool contract (with `chain_id` and `run_id`)."""
+    run_id: str | None = Field(None, min_length=1, max_length=128)
+    """The training run (with `chain_id` and `pool`); feed items of another run are refused."""
+    poll_interval_s: float = Field(1.0, gt=0.0)
+    """How long to wait between polls while a step waits for groups and no validator had new items."""
+    wait_timeout_s: float = Field(600.0, gt=0.0)
+    """Give up (error) when a step has waited this long without enough fresh groups."""
+    request_timeout_s: float = Field(10.0, gt=0.0)
+    """Limit on one feed request, connect to last byte (a validator that is slower counts as unavailable)."""
+    page_items: int = Field(64, ge=1, le=1024)
+    """Items asked for per request (`limit`); halved for a validator whose page was too large."""
+    max_response_bytes: int = Field(64 << 20, ge=1024)
+    """Bytes read from one feed response at most; a larger one is refused unparsed."""
+    max_item_bytes: int = Field(16 << 20, ge=1024)
+    """Size limit of one signed feed item (envelope bytes)."""
+    max_item_age_s: float = Field(30 * 86400.0, gt=0.0)
+    """Oldest feed item (by its signature time) accepted. Large on purpose: a restarted trainer reads
+    hours-old items; the async window, not this, decides what is too old to train on."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ValidatorsData:
+        import re
+
+        for url in self.urls:
+            if not re.match(r"^https?://[^/?#\s]+(/[^?#\s]*)?$", url):
+                raise ValueError(f"urls: {url!r} is not an http(s) base URL")
+        if len({u.rstrip("/") for u in self.urls}) != len(self.urls):
+            raise ValueError("urls: a validator is listed twice")
+        if bool(self.addresses) == bool(self.accepted):
+            raise ValueError("give exactly one of `addresses` (one per url) or `accepted` (any url)")
+        if self.addresses and len(self.addresses) != len(self.urls):
+            raise ValueError(f"addresses: {len(self.addresses)} given for {len(self.urls)} urls")
+        for a in [*self.addresses, *self.accepted]:
+            if not re.match(_ADDRESS, a):
+                raise ValueError(f"{a!r} is not a 0x-prefixed 20-byte address")
+        parts = (self.chain_id, self.pool, self.run_id)
+        if self.domain is None and None in parts:
+            raise ValueError("give `domain`, or all of `chain_id`, `pool` and `run_id`")
+        if self.domain is not None and any(p is not None for p in parts[:2]):
+            raise ValueError("give `domain` or `chain_id`/`pool`, not both")
+        return self
+
+    def envelope_domain(self) -> str:
+        """The domain feed items must be signed for (imports `protocol.rollout`, so not at parse time)."""
+        if self.domain is not None:
+            return self.domain
+        from protocol.rollout import submission_domain
+
+        assert self.chain_id is not None and self.pool is not None and self.run_id is not None
+        return submission_domain(self.chain_id, self.pool, self.run_id)
+
+
 class NoPublish(Section):
     type: Literal["none"] = "none"
 
@@ -146,8 +217,8 @@ class TrainerConfig(PrimeConfig):
     """The optimizer."""
     batch: BatchSettings = BatchSettings()
     """Batching, packing and the async window."""
-    data: Annotated[Union[DirectoryData, LocalData], Field(discriminator="type")] = DirectoryData()  # noqa: UP007
-    """Where rollouts come from: a directory of rollout files or local generation."""
+    data: Annotated[Union[DirectoryData, LocalData, ValidatorsData], Field(discriminator="type")] = DirectoryData()  # noqa: UP007, E501
+    """Where rollouts come from: a directory of rollout files, local generation, or validators' feeds."""
     publish: Annotated[Union[NoPublish, LocalPublish, ShardcastPublish], Field(discriminator="type")] = NoPublish()  # noqa: UP007, E501
     """Where finished checkpoints are handed for broadcast: none, a local directory, or a SHARDCAST origin store."""
     checkpoint: CheckpointSettings = CheckpointSettings()

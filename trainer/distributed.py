@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from protocol.errors import PrimeError
+from trainer.source import Batch, RolloutSource
 
 
 @dataclass(frozen=True)
@@ -58,3 +62,42 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+class RankZeroSource(RolloutSource):
+    """Every rank trains on rank 0's batches: only rank 0 reads the inner source, the others receive.
+
+    For sources whose answer depends on timing (a network feed), where ranks reading on their own
+    would get different groups. A failure on rank 0 (e.g. `DataStarvedError`) is raised on every rank.
+    """
+
+    def __init__(self, inner: RolloutSource | None, device: torch.device) -> None:
+        self.inner = inner  # None on ranks other than 0
+        self.device = device
+
+    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+        box: list[object] = [None]
+        if self.inner is not None:
+            try:
+                box[0] = self.inner.next_batch(step, n_groups, async_level)
+            except Exception as exc:
+                # PrimeErrors are plain message exceptions (they pickle); anything else goes as its repr.
+                box[0] = exc if isinstance(exc, PrimeError) else RuntimeError(f"rank 0: {exc!r}")
+                dist.broadcast_object_list(box, src=0, device=self.device)
+                raise
+        dist.broadcast_object_list(box, src=0, device=self.device)
+        if isinstance(box[0], Exception):
+            raise box[0]
+        assert isinstance(box[0], Batch)
+        return box[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict() if self.inner is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.inner is not None:
+            self.inner.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()

@@ -10,7 +10,7 @@ import torch
 
 from protocol.errors import ConfigError
 from trainer.config import TrainerConfig
-from trainer.distributed import DistInfo, init_distributed
+from trainer.distributed import DistInfo, RankZeroSource, init_distributed
 from trainer.grpo import Trainer
 from trainer.metrics import MetricsSink
 from trainer.publish import LocalDirectoryPublisher, PublishHook, ShardcastPublisher
@@ -25,10 +25,21 @@ def pick_device(cfg: TrainerConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def build_source(cfg: TrainerConfig, loaded: object, trainer_model: torch.nn.Module | None = None) -> RolloutSource:
+def build_source(cfg: TrainerConfig, loaded: object, trainer_model: torch.nn.Module | None = None,
+                 dist_info: DistInfo | None = None, device: torch.device | None = None) -> RolloutSource:
     vocab = int(loaded.model.config.vocab_size)  # type: ignore[attr-defined]
     if cfg.data.type == "directory":
         return DirectorySource(cfg.data.path, cfg.data.poll_interval_s, cfg.data.wait_timeout_s, vocab)
+    if cfg.data.type == "validators":
+        from trainer.validator_feed import ValidatorFeedSource
+
+        dist_info = dist_info or DistInfo()
+        inner = ValidatorFeedSource.from_config(cfg.data, vocab) if dist_info.is_main else None
+        if not dist_info.enabled:
+            assert inner is not None
+            return inner
+        # What a feed returns depends on timing: one rank reads, every rank trains on the same groups.
+        return RankZeroSource(inner, device or torch.device("cpu"))
     from environments import get as get_env
     from trainer.local import LocalSource
 
@@ -57,7 +68,7 @@ def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     loaded = load(cfg.model, dtype="float32", device="cpu")
-    source = build_source(cfg, loaded)
+    source = build_source(cfg, loaded, dist_info=dist_info, device=device)
     hook = None
     if cfg.publish.type == "local" and dist_info.is_main:
         hook = PublishHook(LocalDirectoryPublisher(cfg.publish.path))

@@ -1,0 +1,382 @@
+"""`data.type = "validators"`: accepted work pulled from validators' signed feeds.
+
+A validator serves `GET /v1/feed?after=<seq>&limit=<n>` (validator/app.py): a listing
+`{"validator", "domain", "items": [{"seq", "work_key", "envelope"}], "next"}` whose items are
+`FeedItem` envelopes it signed. Nothing in the listing is trusted: each item is opened with
+`open_envelope` (our domain, the validator's address, `FeedItem` only), its listed work key must be
+the signed one, and its samples must be valid rollout samples. A refused item is logged and counted
+(`rejected_files`), never trained on and never retried; a refused response (too large, not JSON,
+wrong shape, items out of order) is counted the same way and asked for again at the next poll; an
+unreachable validator is logged and polled again. None of these stops the trainer: only a step
+that waits `wait_timeout_s` without enough fresh groups does (`DataStarvedError`).
+
+Bounds: a response is read up to `max_response_bytes` (Content-Length checked first, then counted
+while reading, uncompressed bytes only) and within `request_timeout_s`; a page holds at most the
+`limit` asked for. A page refused as too large halves that validator's `limit` (down to 1).
+
+De-duplication: the same work (work key) may be served by several validators; it is trained once.
+Keys are remembered with the item that first brought them (url, seq) and its policy version, and
+forgotten once that version is outside the async window (a late copy would be dropped as stale).
+
+Position (exact resume): groups are consumed first-in first-out, so per validator the consumed part
+is a prefix of its feed: `cursor` (every item with seq <= cursor is done: trained, dropped by the
+window, refused or a duplicate) plus `partial` (how many leading groups of the next item are done).
+Fetched but unconsumed items are not part of the position; a resumed run fetches them again. Only a
+returned batch moves the position: a step that fails for lack of data puts its groups back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from protocol.canonical import parse_json, to_hex
+from protocol.envelope import Envelope, open_envelope
+from protocol.errors import OversizeError, PrimeError, ProtocolError, SignatureError
+from protocol.identity import checksum
+from protocol.rollout import FeedItem
+from protocol.rollout_files import feed_groups
+from trainer.config import ValidatorsData
+from trainer.source import Batch, DataStarvedError, Group, RolloutSource, window_verdict
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class FeedError(ProtocolError):
+    """A validator's feed response or item is refused: wrong shape, out of order, or not what was signed."""
+
+    code = "bad_feed"
+
+
+class FeedUnavailableError(PrimeError):
+    """A validator's feed could not be read (connection, timeout, HTTP status): polled again later."""
+
+    code = "feed_unavailable"
+
+
+class _AcceptAnyNonce:
+    """The replay guard `open_envelope` is given for feed items: it accepts every nonce.
+
+    A replay guard stops a message from being acted on twice. Here the action is training on a
+    piece of work, and that is de-duplicated by work key, which is stronger: it also catches the same
+    work under different envelopes (two validators, a re-sealed item). A nonce seen-set would instead
+    refuse the legitimate second fetch of an item after a resume (or after a failed step).
+    """
+
+    def check_and_record(
+        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
+    ) -> None:
+        return None
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    seq: int = Field(ge=1, lt=2**63)
+    work_key: str = Field(max_length=256)
+    envelope: str
+
+
+class _Page(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    validator: str = Field(max_length=256)
+    domain: str = Field(max_length=256)
+    items: list[_Entry]
+    next: int = Field(ge=0)
+
+
+@dataclass
+class _Item:
+    """A fetched feed item's progress: groups handed out (or dropped) so far out of `total`."""
+
+    seq: int
+    total: int
+    done: int = 0
+
+
+@dataclass
+class _Feed:
+    """One validator: where to fetch next and which fetched items are not fully consumed yet."""
+
+    url: str
+    signer: str | None  # the expected signer; None: any of the source's accepted addresses
+    limit: int
+    cursor: int = 0  # committed: every item with seq <= cursor is done
+    fetched: int = 0  # the next request's `after`
+    skip: dict[int, int] = field(default_factory=dict)  # after a resume: seq -> leading groups already done
+    items: deque[_Item] = field(default_factory=deque)  # fetched, seq > cursor, in seq order
+    last_problem: str | None = None
+
+    def advance(self) -> None:
+        while self.items and self.items[0].done >= self.items[0].total:
+            self.cursor = self.items.popleft().seq
+
+
+@dataclass
+class _Queued:
+    feed: _Feed
+    item: _Item
+    group: Group
+
+
+class ValidatorFeedSource(RolloutSource):
+    """Groups from one or more validators' feeds, checked, de-duplicated and windowed; see the module doc."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        domain: str,
+        *,
+        addresses: list[str] | None = None,
+        accepted: list[str] | None = None,
+        run_id: str | None = None,
+        poll_interval_s: float = 1.0,
+        wait_timeout_s: float = 600.0,
+        request_timeout_s: float = 10.0,
+        page_items: int = 64,
+        max_response_bytes: int = 64 << 20,
+        max_item_bytes: int = 16 << 20,
+        max_item_age_s: float = 30 * 86400.0,
+        vocab_size: int | None = None,
+    ) -> None:
+        if bool(addresses) == bool(accepted):
+            raise ValueError("give exactly one of addresses (one per url) or accepted")
+        if addresses and len(addresses) != len(urls):
+            raise ValueError(f"{len(addresses)} addresses for {len(urls)} urls")
+        signers = [checksum(a) for a in addresses] if addresses else [None] * len(urls)
+        self.accepted = frozenset(checksum(a) for a in accepted or ())
+        self.feeds = [_Feed(u.rstrip("/"), s, page_items) for u, s in zip(urls, signers, strict=True)]
+        self.domain = domain
+        self.run_id = run_id
+        self.poll_interval_s = poll_interval_s
+        self.wait_timeout_s = wait_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_response_bytes = max_response_bytes
+        self.max_item_bytes = max_item_bytes
+        self.max_item_age_s = max_item_age_s
+        self.vocab_size = vocab_size
+        self.stats: Counter[str] = Counter()
+        """Running totals: items, groups, duplicates, refused_<code> (items), refused_pages, unavailable."""
+        self._seen: dict[str, tuple[str, int, int]] = {}  # work key -> (url, seq, policy version)
+        self._buffer: deque[_Queued] = deque()
+        self._guard = _AcceptAnyNonce()
+        self._http = httpx.Client(timeout=httpx.Timeout(request_timeout_s), follow_redirects=False)
+
+    @classmethod
+    def from_config(cls, cfg: ValidatorsData, vocab_size: int | None = None) -> ValidatorFeedSource:
+        return cls(
+            cfg.urls, cfg.envelope_domain(), addresses=cfg.addresses, accepted=cfg.accepted, run_id=cfg.run_id,
+            poll_interval_s=cfg.poll_interval_s, wait_timeout_s=cfg.wait_timeout_s,
+            request_timeout_s=cfg.request_timeout_s, page_items=cfg.page_items,
+            max_response_bytes=cfg.max_response_bytes, max_item_bytes=cfg.max_item_bytes,
+            max_item_age_s=cfg.max_item_age_s, vocab_size=vocab_size,
+        )
+
+    # -- RolloutSource ----------------------------------------------------------------------------
+
+    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+        batch = Batch(groups=[])
+        popped: list[_Queued] = []
+        deadline = time.monotonic() + self.wait_timeout_s
+        try:
+            while True:
+                while self._buffer and len(batch.groups) < n_groups:
+                    q = self._buffer.popleft()
+                    popped.append(q)
+                    verdict = window_verdict(q.group, step, async_level)
+                    if verdict == "ok":
+                        batch.groups.append(q.group)
+                        batch.counts.accepted += len(q.group)
+                    elif verdict == "stale":
+                        batch.counts.stale += len(q.group)
+                    else:
+                        batch.counts.future += len(q.group)
+                if len(batch.groups) == n_groups:
+                    break
+                if time.monotonic() > deadline:
+                    raise DataStarvedError(
+                        f"step {step}: {len(batch.groups)}/{n_groups} fresh groups from {len(self.feeds)} "
+                        f"validator(s) after {self.wait_timeout_s:.0f} s"
+                    )
+                if not self._poll(batch):
+                    time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+        except BaseException:
+            self._buffer.extendleft(reversed(popped))  # nothing of a failed step counts as consumed
+            raise
+        for q in popped:
+            q.item.done += 1
+        for feed in self.feeds:
+            feed.advance()
+        self._forget_before(step - async_level)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        feeds = {}
+        for f in self.feeds:
+            head = f.items[0] if f.items else None
+            partial = [head.seq, head.done] if head is not None and head.done > 0 else None
+            feeds[f.url] = {"cursor": f.cursor, "partial": partial}
+        return {
+            "version": STATE_VERSION,
+            "validators": feeds,
+            "seen": {k: [url, seq, v] for k, (url, seq, v) in sorted(self._seen.items())},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"validators source state version {state.get('version')!r}, expected {STATE_VERSION}")
+        saved = state["validators"]
+        self._buffer.clear()
+        for f in self.feeds:
+            pos = saved.get(f.url, {"cursor": 0, "partial": None})
+            f.cursor = f.fetched = int(pos["cursor"])
+            f.items.clear()
+            f.skip = {}
+            if pos.get("partial") is not None:
+                seq, done = (int(x) for x in pos["partial"])
+                f.skip[seq] = done
+        for url in set(saved) - {f.url for f in self.feeds}:
+            log.warning("checkpoint names validator %s, which is no longer configured: its position is dropped", url)
+        self._seen = {str(k): (str(u), int(s), int(v)) for k, (u, s, v) in state["seen"].items()}
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- fetching ---------------------------------------------------------------------------------
+
+    def _poll(self, batch: Batch) -> bool:
+        """One page from every validator; True if any had new items (then poll again at once)."""
+        got = False
+        for feed in self.feeds:
+            try:
+                page = self._page(feed)
+            except FeedUnavailableError as exc:
+                self.stats["unavailable"] += 1
+                self._problem(feed, f"unavailable: {exc}")
+                continue
+            except ProtocolError as exc:
+                self.stats["refused_pages"] += 1
+                batch.counts.rejected_files += 1
+                if isinstance(exc, OversizeError) and feed.limit > 1:
+                    feed.limit = max(1, feed.limit // 2)
+                    self._problem(feed, f"refused response ({exc.code}): {exc}; asking for {feed.limit} items")
+                else:
+                    self._problem(feed, f"refused response ({exc.code}): {exc}")
+                continue
+            if feed.last_problem is not None:
+                log.info("validator %s: feed readable again", feed.url)
+                feed.last_problem = None
+            if page.domain != self.domain:
+                log.warning("validator %s serves domain %r, this run is %r", feed.url, page.domain, self.domain)
+            for entry in page.items:
+                self._admit(feed, entry, batch)
+                feed.fetched = entry.seq
+            feed.advance()
+            got = got or bool(page.items)
+        return got
+
+    def _problem(self, feed: _Feed, what: str) -> None:
+        # A validator that stays down must not fill the log once per poll: warn when the problem changes.
+        (log.debug if what == feed.last_problem else log.warning)("validator %s: %s", feed.url, what)
+        feed.last_problem = what
+
+    def _page(self, feed: _Feed) -> _Page:
+        after = feed.fetched
+        data = self._get(feed.url + "/v1/feed", {"after": after, "limit": feed.limit})
+        try:
+            page = _Page.model_validate(parse_json(data))
+        except ValidationError as exc:
+            raise FeedError(f"malformed feed page: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+        if len(page.items) > feed.limit:
+            raise FeedError(f"{len(page.items)} items, asked for at most {feed.limit}")
+        seqs = [e.seq for e in page.items]
+        if any(b <= a for a, b in zip([after, *seqs], seqs, strict=False)):
+            raise FeedError(f"item seqs {seqs[:8]} not increasing after {after}")
+        return page
+
+    def _get(self, url: str, params: dict[str, int]) -> bytes:
+        """The response body, refused unread past `max_response_bytes` or `request_timeout_s`."""
+        limit, start = self.max_response_bytes, time.monotonic()
+        try:
+            # identity encoding: a compressed body could expand far past the limit inside one chunk
+            with self._http.stream("GET", url, params=params, headers={"accept-encoding": "identity"}) as resp:
+                if resp.status_code != 200:
+                    raise FeedUnavailableError(f"HTTP {resp.status_code}")
+                encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    raise FeedError(f"content-encoding {encoding[:32]!r} (asked for identity)")
+                declared = resp.headers.get("content-length")
+                if declared is not None and (not (declared.isascii() and declared.isdigit()) or int(declared) > limit):
+                    raise OversizeError(f"Content-Length {declared[:32]!r}, limit {limit} bytes")
+                body = bytearray()
+                for chunk in resp.iter_raw():
+                    body += chunk
+                    if len(body) > limit:
+                        raise OversizeError(f"response over {limit} bytes")
+                    if time.monotonic() - start > self.request_timeout_s:
+                        raise FeedUnavailableError(f"response slower than {self.request_timeout_s} s")
+                return bytes(body)
+        except httpx.HTTPError as exc:
+            raise FeedUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _admit(self, feed: _Feed, entry: _Entry, batch: Batch) -> None:
+        """Open one listed item; queue its groups, or record it as refused or duplicate (done)."""
+        try:
+            item = self._open(feed, entry)
+            groups = feed_groups(item)
+            for g in groups:
+                for s in g:
+                    s.validate(self.vocab_size)
+        except ProtocolError as exc:  # SignatureError, DomainError, ExpiredError, RolloutError, FeedError, ...
+            self.stats[f"refused_{exc.code}"] += 1
+            batch.counts.rejected_files += 1
+            log.warning("refused feed item %d from %s (%s): %s", entry.seq, feed.url, exc.code, exc)
+            feed.items.append(_Item(entry.seq, 0))
+            return
+        key = entry.work_key
+        owner = self._seen.get(key)
+        if owner is not None and owner[:2] != (feed.url, entry.seq):
+            self.stats["duplicates"] += 1
+            log.debug("feed item %d from %s: work %s already taken from %s #%d", entry.seq, feed.url, key, *owner[:2])
+            feed.items.append(_Item(entry.seq, 0))
+            return
+        self._seen[key] = (feed.url, entry.seq, item.policy_version)
+        done = feed.skip.pop(entry.seq, 0)  # groups consumed before a resume
+        record = _Item(entry.seq, len(groups), done)
+        feed.items.append(record)
+        self._buffer.extend(_Queued(feed, record, g) for g in groups[done:])
+        self.stats["items"] += 1
+        self.stats["groups"] += len(groups) - done
+
+    def _open(self, feed: _Feed, entry: _Entry) -> FeedItem:
+        envelope = Envelope.from_bytes(entry.envelope.encode(), max_bytes=self.max_item_bytes)
+        body = open_envelope(
+            envelope,
+            domain=self.domain,
+            replay_guard=self._guard,
+            expected_signer=feed.signer,
+            body_types=[FeedItem],
+            max_age_s=self.max_item_age_s,
+        )
+        assert isinstance(body, FeedItem)
+        if feed.signer is None and envelope.signer not in self.accepted:
+            raise SignatureError(f"signed by {envelope.signer}, not an accepted validator")
+        if to_hex(body.work_key) != entry.work_key:
+            raise FeedError(f"listed as work {entry.work_key[:80]!r}, the signed item is {to_hex(body.work_key)}")
+        if self.run_id is not None and body.run_id != self.run_id:
+            raise FeedError(f"item of run {body.run_id!r}, this is run {self.run_id!r}")
+        return body
+
+    def _forget_before(self, version: int) -> None:
+        """Forget work keys whose policy version no step from now on can accept (a copy would be stale)."""
+        for key in [k for k, (_, _, v) in self._seen.items() if v < version]:
+            del self._seen[key]
