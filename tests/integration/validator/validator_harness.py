@@ -1,8 +1,9 @@
 """A validator on 127.0.0.1 against a real anvil pool, and a node built from the libraries that can
 submit honest work or cheat in one named way.
 
-The node side here is what `prime-node` does for one assignment (generate with the seeded sampler,
-grade, prove, seal); the cheats are applied between generation and sealing.
+Honest work is built by `prime-node`'s own `node.rollouts.build_submission`; the copy of its steps
+below (generate with the seeded sampler, grade, prove, seal) exists only for the cheats, which are
+applied between generation and sealing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from environments import render_prompt
 from models.engine import Engine
 from models.loading import LoadedModel, load
 from models.sampling import SamplingParams
+from node.engines import ModelsEngine
+from node.rollouts import build_submission
 from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.model_spec import TinyModelSpec
@@ -120,6 +123,10 @@ class SimNode:
         """One assignment's submission and its sealed bytes; `cheat` names a way to cheat."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
+        if cheat is None:  # honest work is exactly what prime-node builds
+            sub = build_submission(ModelsEngine(model or self.loaded), self.run, self.identity.address, version,
+                                   counter, self.manifest_hash)
+            return sub, self.seal(sub)
         run, env = self.run, get_environment(self.run.env, self.run.env_version)
         gen_model = model or self.loaded
         draw_counter = counter + 1000 if cheat == "unassigned_task" else counter
