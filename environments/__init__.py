@@ -4,20 +4,23 @@
     env = environments.get("reverse-text")          # latest version; get(name, "1") pins one
     tasks = env.sample(seed, 8)                     # seed: an int the protocol derives
     prompt = environments.render_prompt(tokenizer, tasks[0])
-    score = env.reward(tasks[0], completion_text)   # float in [0, 1], pure
+    score = env.reward(tasks[0], completion_text)   # float in [0, 1], pure; UngradableError when
+                                                    # grading itself failed (never record it as 0)
 
 See environments/README.md for each environment, its grading rule and the sandbox limits.
 """
+
+from protocol.errors import UngradableError
 
 from .base import Environment
 from .chat import render_prompt
 from .length import LengthReward
 from .registry import get, names, register, versions
-from .sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from .sandbox import SandboxLimits, SandboxResult, SandboxUnavailableError, run_sandboxed
 from .task import HiddenTest, Message, Task, make_task, task_digest_ok
 
 __all__ = [
-    "Environment", "HiddenTest", "LengthReward", "Message", "SandboxLimits", "SandboxResult", "Task",
-    "get", "make_task", "names", "register", "render_prompt", "run_sandboxed", "task_digest_ok",
-    "versions",
+    "Environment", "HiddenTest", "LengthReward", "Message", "SandboxLimits", "SandboxResult",
+    "SandboxUnavailableError", "Task", "UngradableError", "get", "make_task", "names", "register",
+    "render_prompt", "run_sandboxed", "task_digest_ok", "versions",
 ]

@@ -8,7 +8,7 @@ import random
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from protocol.errors import TaskEnvironmentError
+from protocol.errors import TaskEnvironmentError, UngradableError
 
 from .task import Task
 
@@ -59,14 +59,33 @@ class Environment(ABC):
         """Score `completion` for `task` in [0, 1]; pure and deterministic.
 
         `completion_tokens` is the completion's length in tokens; only length-aware wrappers use it.
-        Raises `TaskEnvironmentError` when the task belongs to another environment or version.
+
+        The contract, for node, validator and trainer alike:
+        - a float is a judgement of the answer: a wrong, malformed, oversized or too-expensive answer
+          (one that exhausts a budget that does not depend on the grader's load, e.g. CPU time, or
+          candidate code that crashes or times out in the sandbox) gets a low reward;
+        - `UngradableError` means grading itself failed and says nothing about the answer: a
+          timeout on a starved grader, a dead worker, a sandbox that could not start or cannot
+          isolate here, the grader out of memory, a bug in the grader. Never record it as 0 (an
+          honest node would be slashed for a validator's overload): drop the sample or give a
+          soft verdict;
+        - `TaskEnvironmentError` (other subclasses): the task belongs to another environment or
+          version, or the arguments are wrong: the caller's mistake.
         """
         if task.env != self.name or task.env_version != self.version:
             raise TaskEnvironmentError(
                 f"task is for {task.env}@{task.env_version}, this is {self.name}@{self.version}")
         if not isinstance(completion, str):
             raise TaskEnvironmentError(f"completion must be str, got {type(completion).__name__}")
-        score = float(self._score(task, completion))
+        try:
+            score = float(self._score(task, completion))
+        except TaskEnvironmentError:
+            raise  # already classified (UngradableError, a bad task...)
+        except MemoryError as exc:
+            raise UngradableError(f"{self.name}: the grader ran out of memory") from exc
+        except Exception as exc:  # the grading code or its plumbing failed: no judgement of the answer
+            log.warning("%s@%s: grading failed with %r", self.name, self.version, exc)
+            raise UngradableError(f"{self.name}: grading failed: {exc!r}") from exc
         # Clamp and kill NaN: a reward outside [0, 1] would poison a GRPO group's advantages.
         return min(1.0, max(0.0, score)) if score == score else 0.0
 

@@ -90,6 +90,8 @@ class LengthReward(Environment):
         return self._wrap(self.inner.task_from(question, answer), target)
 
     def reward(self, task: Task, completion: str, *, completion_tokens: int | None = None) -> float:
+        """The inner reward adjusted for length; the inner grader's `UngradableError` passes through
+        (never a length-adjusted 0)."""
         length = completion_length(completion, completion_tokens)
         return length_factor(self.mode, super().reward(task, completion), length,
                              int(task.info["target_length"]), self.alpha)  # type: ignore[arg-type]

@@ -4,8 +4,8 @@ agree). Reward 1 or 0.
 
 Extraction: text after the last `</think>`; of that, the last `MAX_PRED_CHARS` characters go to
 `math-verify`, which prefers the last `\\boxed{}` and otherwise takes the last LaTeX or plain
-expression. Threading: see `math_verifier` (signal timeouts on the main thread, a worker process
-elsewhere).
+expression. Grading runs in a worker process (see `math_verifier`): an answer that exhausts its CPU
+budget scores 0; a check the grader could not do (starved, worker dead) raises `UngradableError`.
 """
 
 from __future__ import annotations

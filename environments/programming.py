@@ -5,7 +5,9 @@ Reward = fraction of hidden tests whose return value equals the expected one aft
 
 Code extraction: text after the last `</think>`; the content of the last fenced block
 (```` ```python ... ``` ```` or any ```` ``` ```` fence; an unclosed last fence runs to the end); with no
-fence, the whole text. Code over `MAX_CODE_CHARS` scores 0 without being run.
+fence, the whole text. Code over `MAX_CODE_CHARS` scores 0 without being run. Code that fails,
+crashes or times out in the sandbox loses those tests; a sandbox that cannot isolate or start raises
+`UngradableError` (see `sandbox`).
 """
 
 from __future__ import annotations

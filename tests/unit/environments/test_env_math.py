@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import environments
 from environments.math_verifier import MathVerifier
+from protocol.errors import UngradableError
 
 ENV = environments.get("math")
 HALF = ENV.task_from("What is 1/2 as a fraction?", "\\frac{1}{2}")
@@ -57,7 +62,7 @@ CASES: list[tuple[object, str, float]] = [
     (INT, "x" * 10_000_000, 0.0),                             # 10 MB: only the tail is parsed
     (INT, "x" * 10_000_000 + " \\boxed{21}", 1.0),
     (INT, "\\boxed{" + "(" * 3000 + "21" + ")" * 3000 + "}", 0.0),
-    (INT, "\\boxed{9^{9^{9^{9}}}}", 0.0),                     # a power tower times out, scores 0
+    (INT, "\\boxed{9^{9^{9^{9}}}}", 0.0),                     # a power tower uses up its CPU budget: 0
     (INT, "\\boxed{\\boxed{\\boxed{21}}}", 1.0),
 ]
 
@@ -94,12 +99,62 @@ def test_reward_off_main_thread_uses_the_worker() -> None:
     assert out == [1.0, 0.0, 0.0, 1.0]
 
 
-def test_worker_overrun_is_killed_and_scores_zero() -> None:
-    verifier = MathVerifier(hard_timeout_s=0.001)  # the worker cannot even import sympy in time
-    result: list[bool] = []
-    thread = threading.Thread(target=lambda: result.append(verifier.check("1", "\\boxed{1}")))
-    thread.start()
-    thread.join(60)
-    assert result == [False]
-    assert verifier._worker is None  # killed, restarted lazily on the next call
+def test_worker_that_cannot_start_is_ungradable_not_zero() -> None:
+    # The grader's own failure (here: no time to import sympy) says nothing about the answer.
+    verifier = MathVerifier(hard_timeout_s=0.001)
+    env = type(ENV)(verifier)
+    with pytest.raises(UngradableError, match="did not start"):
+        env.reward(INT, "\\boxed{21}")
+    assert verifier._worker is None  # killed; a later check starts a fresh one
     verifier.close()
+
+
+@pytest.fixture
+def verifier() -> Iterator[MathVerifier]:
+    v = MathVerifier(hard_timeout_s=3.0, cpu_budget_s=1.0)
+    yield v
+    v.close()
+
+
+def starve(verifier: MathVerifier) -> int:
+    """Start the worker if needed and stop it (SIGSTOP): a grader so loaded it gets no CPU."""
+    verifier.check("1", "\\boxed{1}")
+    assert verifier._worker is not None
+    pid = verifier._worker.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+@pytest.mark.timeout(120)
+def test_starved_worker_is_ungradable_then_recovers(verifier: MathVerifier) -> None:
+    """An overloaded grader cannot fail an honest answer: no reward at all, not a 0."""
+    env = type(ENV)(verifier)
+    stopped = starve(verifier)
+    with pytest.raises(UngradableError, match="overloaded"):
+        env.reward(INT, "\\boxed{21}")
+    assert verifier._worker is None and not Path(f"/proc/{stopped}").exists()  # killed, reaped
+    wrapped = environments.LengthReward(env, "max")
+    starve(verifier)
+    with pytest.raises(UngradableError):  # through the length wrapper too
+        wrapped.reward(wrapped.task_from(INT.question(), "21"), "\\boxed{21}")
+    assert env.reward(INT, "\\boxed{21}") == 1.0  # a fresh worker grades again
+
+
+@pytest.mark.timeout(120)
+def test_expensive_answer_is_zero_not_ungradable(verifier: MathVerifier) -> None:
+    # CPU time is the answer's cost whatever the load: exhausting the budget is its own fault.
+    env = type(ENV)(verifier)
+    assert env.reward(INT, "\\boxed{9^{9^{9^{9}}}}") == 0.0
+    assert env.reward(INT, "\\boxed{21}") == 1.0
+
+
+def test_worker_death_mid_check_is_ungradable(verifier: MathVerifier) -> None:
+    env = type(ENV)(verifier)
+    assert env.reward(INT, "\\boxed{21}") == 1.0
+    assert verifier._worker is not None
+    worker = verifier._worker.proc.pid
+    killer = threading.Timer(0.3, os.kill, (worker, signal.SIGKILL))
+    killer.start()  # dies while it works on a slow answer (the budget is 1 s of CPU)
+    with pytest.raises(UngradableError, match="died"):
+        env.reward(INT, "\\boxed{9^{9^{9^{9}}}}")
+    killer.join()
