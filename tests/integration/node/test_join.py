@@ -83,6 +83,16 @@ def test_join_stakes_registers_works_and_is_recorded_on_chain(
     assert served.wait_decided(to_hex(work_key(RUN.run_id, node.address, 1, 1)))["outcome"] == "accepted"
     assert published.admin.get_node(node.address).stake == SETTINGS.min_stake
 
+    # claim pays the accepted work once its reward has unlocked (anvil's clock moved past the lock)
+    served.wait_reported(to_hex(work_key(RUN.run_id, node.address, 1, 1)))
+    held = token.balance_of(operator_env)
+    assert commands.claim(cfg) == 0 and token.balance_of(operator_env) == held  # still locked
+    published.chain.advance_time(SETTINGS.reward_lock_period + 1)
+    assert commands.claim(cfg) == 0
+    paid = token.balance_of(operator_env) - held
+    assert paid > 0 and published.admin.get_work(key).status is WorkStatus.CLAIMED
+    assert commands.status(cfg) == 0
+
 
 def test_a_validator_that_is_down_does_not_crash_the_node_and_the_work_is_kept(
         published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
