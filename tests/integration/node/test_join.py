@@ -163,3 +163,67 @@ def test_clear_one_line_errors(published: Pools, deployment_file: Path, operator
     assert main(["protection", "export", str(out), "--state-dir", str(tmp_path / "s")]) == 0
     assert json.loads(out.read_text())["metadata"]["interchange_format"] == "prime-slashing-protection"
     assert main(["protection", "import", str(out), "--state-dir", str(tmp_path / "s2")]) == 0
+
+
+@pytest.mark.parametrize("misbehaviour", ["garbage", "hang", "error"])
+def test_a_validator_that_answers_garbage_hangs_or_fails_does_not_crash_the_node(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path, misbehaviour: str) -> None:
+    """A server that announces the real validator's /v1/info but answers submissions badly."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from node.engines import build_engine
+    from node.protection import SlashingProtection
+    from node.worker import PolicySource, ValidatorDirectory, Worker
+
+    served = make_validator()
+    info = httpx.get(served.url + "/v1/info").content
+
+    class Bad(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(info if self.path == "/v1/info" else b"\x00garbage")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            if misbehaviour == "hang":
+                time.sleep(2)
+            self.send_response(500 if misbehaviour == "error" else 200)
+            self.end_headers()
+            self.wfile.write(b"<html>not json")
+
+    bad = ThreadingHTTPServer(("127.0.0.1", 0), Bad)
+    threading.Thread(target=bad.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{bad.server_address[1]}"
+    node = published.new_node()
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [url], run=RUN, model=TINY,
+                      max_batches=None, submit={"attempts": 2, "backoff_s": 0.05, "max_backoff_s": 0.2,
+                                                "timeout_s": 0.5, "decide_timeout_s": 1})
+    chain = commands.open_chain(cfg)
+    failure: list[BaseException] = []
+    with httpx.Client(timeout=5) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+        worker = Worker(cfg, node, RUN, commands.submission_domain(chain.chain_id, chain.pool, RUN.run_id),
+                        build_engine(cfg.engine, TINY), db, PolicySource(chain.client(node)),
+                        ValidatorDirectory([url], http))
+
+        def run() -> None:
+            try:
+                worker.run_loop()
+            except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        time.sleep(4)
+        assert thread.is_alive() and not failure, failure
+        assert worker.tally.batches == 1  # one batch made, kept unsent, no more generated
+        assert [r.state for r in db.unfinished(RUN.run_id, node.address)] == ["signed"]
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive() and not failure, failure
+    bad.shutdown()
