@@ -30,6 +30,22 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 to expose)")
         p.add_argument("--port", type=int, default=port, help=f"TCP port (default {port})")
         p.add_argument("--retention", type=int, default=3, help="versions kept (older ones are deleted)")
+        p.add_argument("--max-conns-per-peer", type=int, default=128,
+                       help="open connections one peer address (IPv6: its /64) may hold; more get 503 (default 128)")
+        p.add_argument("--head-timeout", type=float, default=20.0,
+                       help="seconds a connection may take to send a complete request head, counted from its "
+                            "opening or its previous response; idle connections close after it too (default 20)")
+        p.add_argument("--min-send-kib", type=float, default=16.0,
+                       help="KiB/s a shard response must average once the grace has passed, or the connection "
+                            "is cut (default 16)")
+        p.add_argument("--send-grace", type=float, default=20.0,
+                       help="seconds before --min-send-kib applies to a response (default 20)")
+
+    def bans(p: argparse.ArgumentParser, who: str) -> None:
+        p.add_argument("--ban-hours", type=float, default=24.0,
+                       help=f"how long {who} that served bad bytes or a bad manifest stays banned (remembered "
+                            "in bans.json; 0: only for this run)")
+        p.add_argument("--forget-bans", action="store_true", help="clear the remembered bans first")
 
     def keyed(p: argparse.ArgumentParser) -> None:
         key = p.add_mutually_exclusive_group(required=True)
@@ -56,22 +72,20 @@ def _parser() -> argparse.ArgumentParser:
     relay.add_argument("--trainer", required=True, help="trainer address that must have signed every manifest")
     relay.add_argument("--run-id", help="training run id (default: the first manifest's)")
     relay.add_argument("--concurrency", type=int, default=4, help="shards fetched from upstream at once")
+    bans(relay, "an upstream")
 
     pull = sub.add_parser("pull", help="download, verify and install a version")
     pull.add_argument("--from", dest="sources", nargs="+", action="extend", required=True, metavar="URL", help="relay URLs")
     pull.add_argument("--trainer", required=True, help="trainer address that must have signed the manifest")
     pull.add_argument("--out", required=True, help="directory receiving v<N>/ and the `current` symlink")
-    pull.add_argument("--version", default="latest", help="N or 'latest' (default)")
+    pull.add_argument("--version", default="latest", type=_version, help="N or 'latest' (default)")
     pull.add_argument("--run-id", help="training run id (default: that of the installed version, if any)")
     pull.add_argument("--concurrency", type=int, default=8, help="shards fetched at once")
     pull.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the version to appear")
     pull.add_argument("--keep", type=int, default=2, help="installed versions kept")
     pull.add_argument("--fsync", action="store_true", help="fsync files before the swap")
     pull.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
-    pull.add_argument("--ban-hours", type=float, default=24.0,
-                      help="how long a relay that served bad bytes or a bad manifest stays banned for later pulls "
-                           "(remembered in OUT/bans.json; 0: only for this pull)")
-    pull.add_argument("--forget-bans", action="store_true", help="clear the remembered bans before pulling")
+    bans(pull, "a relay")
     pull.add_argument("--json", action="store_true", help="print the result as JSON (with --follow: one line per install)")
     pull.add_argument("--follow", action="store_true",
                       help="keep running: install every newer version as soon as a source advertises it "
@@ -81,6 +95,19 @@ def _parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list the versions a server holds")
     ls.add_argument("url")
     return parser
+
+
+def _version(text: str) -> str:
+    if text != "latest" and not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected a version number or 'latest', not {text!r}")
+    return text
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from shardcast.server import ServeLimits
+
+    return ServeLimits(max_conns_per_peer=args.max_conns_per_peer, head_timeout_s=args.head_timeout,
+                       min_send_rate=args.min_send_kib * 1024, send_grace_s=args.send_grace)
 
 
 def _identity(args: argparse.Namespace) -> Any:
@@ -151,7 +178,8 @@ def _run(args: argparse.Namespace) -> int:
         from shardcast.origin import Origin
 
         _freeze_heap()
-        asyncio.run(_serve(Origin(args.store, run_id=args.run_id, host=args.host, port=args.port, retention=args.retention)))
+        asyncio.run(_serve(Origin(args.store, run_id=args.run_id, host=args.host, port=args.port, retention=args.retention,
+                                  limits=_limits(args))))
         return 0
     if args.command == "publish":
         from pathlib import Path
@@ -168,9 +196,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "relay":
         from shardcast.relay import Relay
 
+        relay = Relay(args.upstream, trainer=args.trainer, store_root=args.store, run_id=args.run_id, host=args.host,
+                      port=args.port, retention=args.retention, concurrency=args.concurrency,
+                      ban_s=args.ban_hours * 3600, limits=_limits(args))
+        if args.forget_bans:
+            relay.forget_bans()
         _freeze_heap()
-        asyncio.run(_serve(Relay(args.upstream, trainer=args.trainer, store_root=args.store, run_id=args.run_id,
-                                 host=args.host, port=args.port, retention=args.retention, concurrency=args.concurrency)))
+        asyncio.run(_serve(relay))
         return 0
     if args.command == "pull":
         from shardcast.client import Client

@@ -5,9 +5,14 @@ Layout of `out_dir`:
     current -> v<N>            symlink, replaced atomically (rename of a fresh link) after a pull
     v<N>/...                   the checkpoint's files, exactly as the trainer published them
     manifests/<N>.json         the signed manifest each installed version was checked against
-    .partial/<N>/              a pull in progress: the files (written in place at shard offsets),
-                               `manifest.json` and `journal` (indices of verified shards)
+    bans.json                  relays banned by earlier pulls (shardcast.bans)
+    .partial/<N>/              a pull in progress: the files (written in place at shard offsets), and
+                               this client's bookkeeping under dot-names no manifest can use (file names
+                               never start with a dot): `.manifest.json` (the signed manifest being
+                               pulled) and `.journal` (indices of verified shards)
 
+The bookkeeping stays out of the checkpoint's namespace: a checkpoint may itself contain a
+`manifest.json` (clients before this layout kept theirs under that name, and lost the checkpoint's).
 A pull killed half-way resumes from `.partial/<N>/`: shards in the journal are re-hashed locally (cheap)
 and kept, the rest are fetched. Replay guard: a `latest` pull never moves `current` backwards and
 refuses manifests of another run; a pull of an explicit version must get a manifest of that version.
@@ -32,15 +37,20 @@ import blake3
 from protocol.errors import RelayError
 from protocol.identity import checksum
 from shardcast.bans import DEFAULT_BAN_S, BanList
-from shardcast.errors import ManifestError, SourceError
+from shardcast.errors import ManifestError, RelayConfigError, StorageError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard
-from shardcast.transfer import Downloader, fetch_index, fetch_manifest, new_session
+from shardcast.transfer import Downloader, fetch_index, new_session, verified_manifest
 from shardcast.wire import parse_source
 
 log = logging.getLogger(__name__)
 
 _WATCH_INTERVAL_S = 0.5
+STAGED_MANIFEST = ".manifest.json"
+"""The signed manifest of a pull in progress, in `.partial/<N>/` (a dot-name: never a checkpoint file)."""
+JOURNAL = ".journal"
+"""Indices of the verified shards of a pull in progress, in `.partial/<N>/`."""
+_LEGACY_STAGED_MANIFEST = "manifest.json"  # where clients before the dot-names kept STAGED_MANIFEST
 _FOLLOW_BACKOFF_START_S = 0.5
 _FOLLOW_BACKOFF_MAX_S = 30.0
 
@@ -77,21 +87,56 @@ class _StagedVersion:
     def __init__(self, directory: Path, signed: SignedManifest) -> None:
         self.directory = directory
         self.manifest = signed.manifest
-        directory.mkdir(parents=True, exist_ok=True)
         self._fds: list[int] = []
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / STAGED_MANIFEST).write_bytes(signed.to_bytes())
+        except OSError as exc:
+            raise StorageError(f"cannot stage v{self.manifest.version} in {directory}: {exc.strerror or exc}") from exc
         for entry in self.manifest.files:
             path = directory / entry.path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(fd).st_size != entry.size:
-                os.ftruncate(fd, entry.size)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                self.close()
+                raise StorageError(f"cannot create {entry.path} in {directory}: {exc.strerror or exc}") from exc
             self._fds.append(fd)
-        self._journal = open(directory / ".journal", "a")  # noqa: SIM115 (closed in close())
+            try:
+                if os.fstat(fd).st_size != entry.size:
+                    os.ftruncate(fd, entry.size)
+            except OSError as exc:  # e.g. EFBIG: larger than this file system allows
+                self.close()
+                raise StorageError(f"cannot hold {entry.path} ({entry.size} bytes) in {directory}: "
+                                   f"{exc.strerror or exc}") from exc
+        self._journal = open(directory / JOURNAL, "a")  # noqa: SIM115 (closed in close())
+
+    def check_space(self, todo: list[int]) -> None:
+        """`StorageError` naming the first file that cannot fit if the file system lacks room for `todo`.
+
+        Files are sparse until written, so what they still need is their size less what is already
+        allocated to them (journaled shards and the bytes of an interrupted attempt).
+        """
+        if not todo:
+            return
+        try:
+            stat = os.statvfs(self.directory)
+        except OSError as exc:
+            raise StorageError(f"cannot inspect {self.directory}: {exc.strerror or exc}") from exc
+        free = stat.f_bavail * stat.f_frsize
+        needed = 0
+        for entry, fd in zip(self.manifest.files, self._fds, strict=True):
+            needed += max(0, entry.size - os.fstat(fd).st_blocks * 512)
+            if needed > free:
+                raise StorageError(
+                    f"no room for {entry.path} of v{self.manifest.version} ({entry.size} bytes) in "
+                    f"{self.directory}: {needed} bytes needed up to this file, {free} free"
+                )
 
     def verified_on_disk(self) -> set[int]:
         """Shards listed in the journal whose bytes still hash right (a crash may have lost writes)."""
         try:
-            listed = {int(line) for line in (self.directory / ".journal").read_text().split() if line.isdigit()}
+            listed = {int(line) for line in (self.directory / JOURNAL).read_text().split() if line.isdigit()}
         except OSError:
             return set()
         good = set()
@@ -123,12 +168,17 @@ class _StagedVersion:
         """Nothing to undo: unjournaled bytes are simply overwritten by the next attempt."""
 
     def close(self, *, fsync: bool = False) -> None:
-        for fd in self._fds:
-            if fsync:
-                os.fsync(fd)
-            os.close(fd)
-        self._fds = []
-        self._journal.close()
+        try:
+            for fd in self._fds:
+                if fsync:
+                    os.fsync(fd)
+                os.close(fd)
+        except OSError as exc:
+            raise StorageError(f"writing v{self.manifest.version} in {self.directory}: {exc.strerror or exc}") from exc
+        finally:
+            self._fds = []
+            if hasattr(self, "_journal"):
+                self._journal.close()
 
 
 class Client:
@@ -150,7 +200,7 @@ class Client:
         stall_s: float = 5.0,
     ) -> None:
         if not sources:
-            raise RelayError("at least one source URL is needed")
+            raise RelayConfigError("at least one source URL is needed")
         self.sources = [s.rstrip("/") for s in sources]
         for url in self.sources:
             parse_source(url)  # SourceError now, not at the first shard
@@ -262,19 +312,8 @@ class Client:
     async def _verified_manifest(self, session: aiohttp.ClientSession, url: str, version: int, *,
                                  run_id: str | None, min_version: int | None) -> SignedManifest | None:
         """`version`'s manifest from `url` if it verifies; a source serving one that does not is banned."""
-        source = self.board.sources[url]
-        try:
-            signed = await fetch_manifest(session, url, version)
-            signed.verify(self.trainer, run_id=run_id, version=version, min_version=min_version)
-        except ManifestError as exc:
-            log.warning("banning %s: %s", url, exc)
-            self.board.ban(source, f"manifest: {exc}")
-            return None
-        except SourceError as exc:
-            log.info("%s: %s", url, exc)
-            self.board.failure(source)
-            return None
-        return signed
+        return await verified_manifest(session, self.board, url, version, trainer=self.trainer, run_id=run_id,
+                                       min_version=min_version)
 
     async def _resolve(self, session: aiohttp.ClientSession, version: int | None) -> tuple[SignedManifest, list[str]]:
         """A verified manifest for `version` (None: the newest anyone has) and the sources holding it."""
@@ -309,6 +348,7 @@ class Client:
 
     async def pull(self, version: int | None = None) -> PullResult:
         """Download `version` (None: the newest available), verify it, and install it."""
+        self.bans.lift_expired(self.board)  # a long `follow` outlives the bans it started with
         try:
             return await self._pull(version)
         finally:
@@ -329,29 +369,42 @@ class Client:
                 log.info("v%d stopped arriving and v%d is out: pulling v%d instead", exc.old, exc.new, exc.new)
 
     async def _pull_once(self, version: int | None, started: float) -> PullResult:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create {self.out_dir}: {exc.strerror or exc}") from exc
         async with new_session() as session:
             try:
                 signed, holders = await self._resolve(session, version)
             except _NothingNewer as exc:
-                manifest = SignedManifest.parse((self.out_dir / "manifests" / f"{exc.version}.json").read_bytes()).manifest
+                manifest = self._installed_manifest(exc.version)
                 return PullResult(exc.version, self.out_dir / f"v{exc.version}", manifest, 0, len(manifest.shards), 0,
                                   time.monotonic() - started, self.board.summary())
             manifest = signed.manifest
             final = self.out_dir / f"v{manifest.version}"
             if final.is_dir() and (self.out_dir / "manifests" / f"{manifest.version}.json").exists():
-                self._swap(manifest.version)
-                return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
-                                  time.monotonic() - started, self.board.summary())
+                missing = _missing_files(final, manifest)
+                if not missing:
+                    self._install_guarded(lambda: self._swap(manifest.version), manifest.version)
+                    return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
+                                      time.monotonic() - started, self.board.summary())
+                log.warning("v%d is installed without %s: pulling it again", manifest.version, ", ".join(missing[:5]))
             staging = self.out_dir / ".partial" / str(manifest.version)
-            previous = staging / "manifest.json"
-            if previous.exists() and previous.read_bytes() != signed.to_bytes():
-                shutil.rmtree(staging)  # a different manifest for this version: start over
-            staged = _StagedVersion(staging, signed)
+            _drop_stale_staging(staging, signed)
             try:
-                (staging / "manifest.json").write_bytes(signed.to_bytes())
+                staged = _StagedVersion(staging, signed)
+            except StorageError:
+                _drop_if_nothing_verified(staging)
+                raise
+            try:
                 done = staged.verified_on_disk()
                 todo = [s.index for s in manifest.shards if s.index not in done]
+                try:
+                    staged.check_space(todo)
+                except StorageError:
+                    staged.close()
+                    _drop_if_nothing_verified(staging)
+                    raise
                 board = SourceBoard(holders)
                 for url in holders:  # carry scores and bans over from manifest resolution
                     board.sources[url] = self.board.sources[url]
@@ -372,7 +425,7 @@ class Client:
                         bar.close()
             finally:
                 staged.close(fsync=self.fsync)
-        self._install(signed, staging)
+        self._install_guarded(lambda: self._install(signed, staging), manifest.version)
         seconds = time.monotonic() - started
         log.info("installed v%d in %.2f s (%d shards fetched, %d reused)", manifest.version, seconds,
                  downloader.stats.shards_fetched, len(done))
@@ -434,6 +487,21 @@ class Client:
         return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"v{manifest.version}",
                     file=sys.stderr, mininterval=0.25)
 
+    def _installed_manifest(self, version: int) -> Manifest:
+        path = self.out_dir / "manifests" / f"{version}.json"
+        try:
+            return SignedManifest.parse(path.read_bytes()).manifest
+        except (OSError, ManifestError) as exc:
+            raise StorageError(f"v{version} is installed but {path} cannot be read: {exc}") from exc
+
+    def _install_guarded(self, step: Any, version: int) -> None:
+        """Run an install step; a file system that refuses it is a `StorageError` naming the directory."""
+        try:
+            step()
+        except OSError as exc:
+            raise StorageError(f"installing v{version} in {self.out_dir}: {exc.strerror or exc}"
+                               f"{f' ({exc.filename})' if exc.filename else ''}") from exc
+
     def _install(self, signed: SignedManifest, staging: Path) -> None:
         version = signed.manifest.version
         manifests = self.out_dir / "manifests"
@@ -441,8 +509,8 @@ class Client:
         tmp = manifests / f".{version}.json.tmp"
         tmp.write_bytes(signed.to_bytes())
         os.replace(tmp, manifests / f"{version}.json")
-        (staging / ".journal").unlink(missing_ok=True)
-        (staging / "manifest.json").unlink(missing_ok=True)
+        (staging / JOURNAL).unlink(missing_ok=True)
+        (staging / STAGED_MANIFEST).unlink(missing_ok=True)
         final = self.out_dir / f"v{version}"
         if final.exists():
             shutil.rmtree(final)
@@ -468,6 +536,52 @@ class Client:
         for old in [v for v in versions if v != current][: max(0, len(versions) - self.keep)]:
             shutil.rmtree(self.out_dir / f"v{old}", ignore_errors=True)
             (self.out_dir / "manifests" / f"{old}.json").unlink(missing_ok=True)
+
+
+def _missing_files(directory: Path, manifest: Manifest) -> list[str]:
+    """Files of `manifest` absent from `directory` or of the wrong size (an install damaged since, or made
+    by a client that kept its bookkeeping under a checkpoint's own file name)."""
+    missing = []
+    for entry in manifest.files:
+        try:
+            if (directory / entry.path).stat().st_size != entry.size:
+                missing.append(entry.path)
+        except OSError:
+            missing.append(entry.path)
+    return missing
+
+
+def _drop_if_nothing_verified(staging: Path) -> None:
+    """Remove a staged pull that holds no verified shard (after a failure: nothing is worth keeping, and
+    its files, sparse or not, may be huge)."""
+    try:
+        journaled = (staging / JOURNAL).read_text().split()
+    except OSError:
+        journaled = []
+    if not journaled:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _drop_stale_staging(staging: Path, signed: SignedManifest) -> None:
+    """Start `staging` over if it holds a pull of another manifest for this version.
+
+    A pull staged by a client before the dot-named bookkeeping keeps the manifest as `manifest.json`:
+    kept (journal and all) when it is this manifest and the checkpoint has no file of that name,
+    else started over, since the checkpoint's own `manifest.json` was then overwritten.
+    """
+    current, legacy = staging / STAGED_MANIFEST, staging / _LEGACY_STAGED_MANIFEST
+    try:
+        if current.exists():
+            if current.read_bytes() != signed.to_bytes():
+                shutil.rmtree(staging)
+        elif legacy.exists():
+            declared = any(f.path == _LEGACY_STAGED_MANIFEST for f in signed.manifest.files)
+            if declared or legacy.read_bytes() != signed.to_bytes():
+                shutil.rmtree(staging)
+            else:
+                legacy.unlink()
+    except OSError as exc:
+        raise StorageError(f"cannot clear {staging}: {exc.strerror or exc}") from exc
 
 
 class _Superseded(Exception):

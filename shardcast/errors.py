@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.errors import OversizeError, ProtocolError, RelayError, ReplayError, SignatureError
+from protocol.errors import ConfigError, OversizeError, ProtocolError, RelayError, ReplayError, SignatureError
 
 
 class ManifestError(RelayError, ProtocolError):
@@ -45,3 +45,16 @@ class PublishError(RelayError):
     """A checkpoint could not be sharded, hashed or written into the origin's store."""
 
     code = "publish"
+
+
+class StorageError(RelayError):
+    """Local disk refused a version: no space for a declared file, a file larger than the file system
+    allows, or a store/output directory that cannot be created, written or renamed (names the path)."""
+
+    code = "storage"
+
+
+class RelayConfigError(RelayError, ConfigError):
+    """A SHARDCAST setting is unusable: no sources, retention below 1, a port that cannot be bound."""
+
+    code = "config"

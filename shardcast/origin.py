@@ -13,11 +13,12 @@ import contextlib
 import logging
 from pathlib import Path
 
+from protocol.errors import RelayError
 from protocol.identity import Identity
 from shardcast.errors import PublishError
 from shardcast.manifest import SignedManifest
 from shardcast.publisher import DEFAULT_SHARD_SIZE, Publisher
-from shardcast.server import ShardServer
+from shardcast.server import ServeLimits, ShardServer
 from shardcast.store import Store
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,14 @@ class Origin:
         retention: int = 3,
         shard_size: int = DEFAULT_SHARD_SIZE,
         watch_interval_s: float = 0.5,
+        limits: ServeLimits | None = None,
     ) -> None:
         self.store = Store(Path(store_root), retention=retention)
         self.store.run_id = run_id
         self.run_id = run_id
         self.identity = identity
         self.shard_size = shard_size
-        self.server = ShardServer(self.store, role="origin", host=host, port=port)
+        self.server = ShardServer(self.store, role="origin", host=host, port=port, limits=limits)
         self.watch_interval_s = watch_interval_s
         self._publisher: Publisher | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -79,7 +81,7 @@ class Origin:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.watch_interval_s)
-            self.store.scan()
+            self._scan()
 
     def publish(self, source: str | Path, version: int | None = None) -> int:
         """Queue `source` (file or directory) as the next version; returns its number immediately."""
@@ -94,7 +96,13 @@ class Origin:
 
     def _published(self, version: int) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.store.scan)
+            self._loop.call_soon_threadsafe(self._scan)
+
+    def _scan(self) -> None:
+        try:
+            self.store.scan()
+        except RelayError as exc:  # e.g. the store's directory was removed: say so, keep serving
+            log.error("cannot scan the store: %s", exc)
 
     async def wait_published(self, version: int) -> SignedManifest:
         """Wait until `version` is sharded, signed and being served."""

@@ -9,11 +9,13 @@ published), and the caller's training step goes on. The checkpoint path must sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +39,15 @@ DEFAULT_SHARD_SIZE = 32 * 1024 * 1024
 _COPY_CHUNK = 8 * 1024 * 1024
 
 
+@contextlib.contextmanager
+def _disk(what: str) -> Iterator[None]:
+    """The file system's refusals (unreadable checkpoint, full or read-only store) as a `PublishError`."""
+    try:
+        yield
+    except OSError as exc:
+        raise PublishError(f"{what}: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}") from exc
+
+
 def checkpoint_files(source: Path) -> list[tuple[str, Path]]:
     """(relative name, path) of every regular file to publish, in a stable order."""
     source = Path(source)
@@ -44,7 +55,9 @@ def checkpoint_files(source: Path) -> list[tuple[str, Path]]:
         pairs = [(source.name, source)]
     elif source.is_dir():
         pairs = []
-        for path in sorted(source.rglob("*")):
+        with _disk(f"cannot list {source}"):
+            paths = sorted(source.rglob("*"))
+        for path in paths:
             if path.is_symlink():
                 raise PublishError(f"refusing to publish symlink {path}")
             if path.is_file():
@@ -62,7 +75,9 @@ def checkpoint_files(source: Path) -> list[tuple[str, Path]]:
 def next_version_on_disk(versions_dir: Path) -> int:
     """One more than the highest version (finished or in progress) under `versions_dir`, or 1."""
     highest = 0
-    for entry in os.scandir(versions_dir):
+    with _disk(f"cannot list {versions_dir}"):
+        entries = list(os.scandir(versions_dir))
+    for entry in entries:
         name = entry.name.removeprefix(".tmp-").split("-")[0]
         if name.isdigit():
             highest = max(highest, int(name))
@@ -83,26 +98,12 @@ def build_version(
     if final.exists():
         raise PublishError(f"version {version} already exists")
     tmp = versions_dir / f".tmp-{version}-{os.getpid()}"
-    (tmp / "shards").mkdir(parents=True, exist_ok=False)
+    shutil.rmtree(tmp, ignore_errors=True)  # an attempt of this process that died without cleaning up
     files: list[FileEntry] = []
     shards: list[ShardEntry] = []
     try:
-        for file_index, (name, path) in enumerate(checkpoint_files(source)):
-            with open(path, "rb") as src:
-                size = os.fstat(src.fileno()).st_size
-                files.append(FileEntry(path=name, size=size))
-                offset = 0
-                while offset < size:
-                    length = min(shard_size, size - offset)
-                    shard_path = tmp / "shards" / str(len(shards))
-                    _copy_range(src.fileno(), shard_path, offset, length)
-                    # Hash the copy, not the source: what is signed is exactly what will be served.
-                    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-                    hasher.update_mmap(shard_path)
-                    shards.append(
-                        ShardEntry(index=len(shards), file=file_index, offset=offset, size=length, hash=hasher.hexdigest())
-                    )
-                    offset += length
+        with _disk(f"publishing {source} as version {version}"):
+            _shard_into(source, tmp, files, shards, shard_size)
         manifest = Manifest(
             run_id=run_id,
             version=version,
@@ -112,15 +113,35 @@ def build_version(
             shards=tuple(shards),
         )
         signed = sign_manifest(identity, manifest)
-        (tmp / "manifest.json").write_bytes(signed.to_bytes())
-        os.rename(tmp, final)
+        with _disk(f"storing version {version} in {versions_dir}"):
+            (tmp / "manifest.json").write_bytes(signed.to_bytes())
+            os.rename(tmp, final)
     except BaseException:
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("published version %d: %d files, %d shards, %d bytes", version, len(files), len(shards), manifest.total_bytes)
     return signed
+
+
+def _shard_into(source: Path, tmp: Path, files: list[FileEntry], shards: list[ShardEntry], shard_size: int) -> None:
+    """Copy the files of `source` into `tmp/shards/<i>`, hashing each shard; fill `files` and `shards`."""
+    (tmp / "shards").mkdir(parents=True)
+    for file_index, (name, path) in enumerate(checkpoint_files(source)):
+        with open(path, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            files.append(FileEntry(path=name, size=size))
+            offset = 0
+            while offset < size:
+                length = min(shard_size, size - offset)
+                shard_path = tmp / "shards" / str(len(shards))
+                _copy_range(src.fileno(), shard_path, offset, length)
+                # Hash the copy, not the source: what is signed is exactly what will be served.
+                hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+                hasher.update_mmap(shard_path)
+                shards.append(
+                    ShardEntry(index=len(shards), file=file_index, offset=offset, size=length, hash=hasher.hexdigest())
+                )
+                offset += length
 
 
 def _copy_range(src_fd: int, dest: Path, offset: int, length: int) -> None:
@@ -148,8 +169,10 @@ def publish_blocking(
 ) -> SignedManifest:
     """Publish from another process than the origin server (the CLI): a file lock orders versions."""
     versions_dir = Path(store_root) / "versions"
-    versions_dir.mkdir(parents=True, exist_ok=True)
-    with open(Path(store_root) / ".publish.lock", "w") as lock:
+    with _disk(f"cannot open the store {store_root}"):
+        versions_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(Path(store_root) / ".publish.lock", "w")  # noqa: SIM115 (closed by the with below)
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         chosen = next_version_on_disk(versions_dir)
         if version is not None:

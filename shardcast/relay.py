@@ -1,12 +1,21 @@
 """A relay: follows upstreams (the origin or other relays), verifies, re-serves while still fetching.
 
-The follower long-polls every upstream's version index; when one announces a newer version it fetches
-that manifest, checks the trainer's signature, run id and that the version is newer than anything
-held, then advertises it at once and fetches the shards (several at a time, from the fastest
-upstream). Each shard is served downstream the moment its hash checks (pipelining), so a tree of
-relays streams rather than store-and-forwards. A newer version pre-empts an older one still
-arriving. Unreachable upstreams are retried with capped exponential backoff forever: a relay
-outlives restarts of everything above it.
+Each upstream has a watcher that long-polls its version index. When an upstream announces a version
+newer than anything held, its watcher fetches that manifest from it and checks it exactly as a
+pulling client does (`transfer.verified_manifest`: the trainer's signature, the run id, the version
+asked for, newer than anything held). A manifest that fails bans the upstream (remembered in
+`<store>/bans.json` for `ban_s`, as a client's bans are, and across retries and versions); one it
+cannot produce (404, timeout) only fails it. The version is advertised at once and its shards are
+fetched (several at a time, from the best-scored upstreams). Each shard is served downstream the
+moment its hash checks (pipelining), so a tree of relays streams rather than store-and-forwards. A
+newer version pre-empts an older one still arriving.
+
+Watchers are independent so that no upstream can hold up another: one that announces a version it
+cannot back (999999, then 404), or hangs its manifest, occupies only its own watcher, and an honest
+upstream's new version is taken as soon as it is announced. An upstream that answers the long-poll
+at once without anything usable (a server that ignores `wait`) is polled no more often than a capped
+exponential backoff allows instead of in a busy loop. Unreachable upstreams are retried the same way
+forever: a relay outlives restarts of everything above it.
 """
 
 from __future__ import annotations
@@ -16,24 +25,27 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 
 import aiohttp
 
 from protocol.errors import RelayError
 from protocol.identity import checksum
-from shardcast.errors import ManifestError
+from shardcast.bans import DEFAULT_BAN_S, BanList
+from shardcast.errors import ManifestError, RelayConfigError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
-from shardcast.server import ShardServer
+from shardcast.server import ServeLimits, ShardServer
 from shardcast.sources import SourceBoard
 from shardcast.store import Store, VersionState
-from shardcast.transfer import Downloader, fetch_index, fetch_manifest, new_session
+from shardcast.transfer import Downloader, fetch_index, new_session, verified_manifest
 from shardcast.wire import parse_source
 
 log = logging.getLogger(__name__)
 
 _BACKOFF_START_S = 0.25
 _BACKOFF_MAX_S = 10.0
+_BAN_RECHECK_MAX_S = 60.0
 
 
 class _ShardFiles:
@@ -78,18 +90,29 @@ class Relay:
         retention: int = 3,
         concurrency: int = 4,
         poll_wait_s: float = 30.0,
+        ban_s: float = DEFAULT_BAN_S,
+        limits: ServeLimits | None = None,
     ) -> None:
         if not upstreams:
-            raise RelayError("a relay needs at least one upstream")
-        self.upstreams = [u.rstrip("/") for u in upstreams]
+            raise RelayConfigError("a relay needs at least one upstream")
+        self.upstreams = list(dict.fromkeys(u.rstrip("/") for u in upstreams))
         for url in self.upstreams:
             parse_source(url)  # SourceError now, not at the first shard
         self.trainer = checksum(trainer)
         self.run_id = run_id
         self.store = Store(Path(store_root), retention=retention, check=self._check)
-        self.server = ShardServer(self.store, role="relay", host=host, port=port)
+        self.server = ShardServer(self.store, role="relay", host=host, port=port, limits=limits)
         self.concurrency = concurrency
         self.poll_wait_s = poll_wait_s
+        self.board = SourceBoard(self.upstreams)
+        """Scores, cool-downs and bans of the upstreams, kept across polls, versions and retries."""
+        self.bans = BanList(Path(store_root) / "bans.json", duration_s=ban_s)
+        """Upstreams banned by this relay (or an earlier run of it) stay banned for `ban_s` (0: this run only)."""
+        self.bans.apply(self.board)
+        self.announced: dict[str, int | None] = dict.fromkeys(self.upstreams)
+        """The newest version each upstream announced at its last answer (None: unreachable, banned)."""
+        self.polls: dict[str, int] = dict.fromkeys(self.upstreams, 0)
+        """Index requests sent to each upstream."""
         self._follower: asyncio.Task[None] | None = None
         self._download: asyncio.Task[None] | None = None
         self._downloading: int | None = None
@@ -98,13 +121,23 @@ class Relay:
     def url(self) -> str:
         return self.server.url
 
+    def forget_bans(self) -> None:
+        """Clear the remembered bans (and lift them on this relay)."""
+        self.bans.forget()
+        for source in self.board.sources.values():
+            source.banned, source.ban_reason = False, None
+
     def _check(self, signed: SignedManifest) -> Manifest:
         return signed.verify(self.trainer, run_id=self.run_id or self.store.run_id)
+
+    def _known(self) -> int:
+        return self.store.latest if self.store.latest is not None else -1
 
     async def start(self) -> None:
         self.store.scan()
         await self.server.start()
         self._follower = asyncio.create_task(self._follow())
+        self._follower.add_done_callback(_report_death)
 
     async def stop(self) -> None:
         for task in (self._follower, self._download):
@@ -126,70 +159,73 @@ class Relay:
     async def _follow(self) -> None:
         async with new_session() as session:
             latest = self.store.latest
-            if latest is not None and not self.store.get(latest).complete:  # type: ignore[union-attr]
-                self._start_download(session, self.store.get(latest))  # type: ignore[arg-type]
-            backoff = _BACKOFF_START_S
-            while True:
-                known = self.store.latest if self.store.latest is not None else -1
-                newest = await self._poll(session, known)
-                if newest is None:
-                    await asyncio.sleep(backoff)
-                    backoff = min(_BACKOFF_MAX_S, backoff * 2)
-                    continue
-                if newest > known and not await self._take(session, newest):
-                    # Refused or unreachable everywhere: back off instead of re-asking at once (a
-                    # forged or foreign manifest upstream must not turn into a busy loop).
-                    await asyncio.sleep(backoff)
-                    backoff = min(_BACKOFF_MAX_S, backoff * 2)
-                    continue
-                backoff = _BACKOFF_START_S
+            state = self.store.get(latest) if latest is not None else None
+            if state is not None and not state.complete:
+                self._start_download(session, state)
+            async with asyncio.TaskGroup() as group:
+                for url in self.upstreams:
+                    group.create_task(self._watch(session, url))
 
-    async def _poll(self, session: aiohttp.ClientSession, known: int) -> int | None:
-        """Long-poll all upstreams; the newest version announced, or None if every upstream failed."""
-        tasks = [asyncio.create_task(fetch_index(session, u, after=known, wait=self.poll_wait_s)) for u in self.upstreams]
-        best: int | None = None
-        failed = 0
-        try:
-            for next_done in asyncio.as_completed(tasks):
-                try:
-                    index = await next_done
-                except RelayError as exc:
-                    log.debug("upstream poll failed: %s", exc)
-                    self.server.metrics.upstream_errors.inc()
-                    failed += 1
+    async def _watch(self, session: aiohttp.ClientSession, url: str) -> None:
+        """Follow one upstream's version index for as long as the relay runs."""
+        source = self.board.sources[url]
+        backoff = _BACKOFF_START_S
+        while True:
+            if source.banned:
+                self.announced[url] = None
+                self.bans.lift_expired(self.board)
+                if source.banned:  # not asked anything, not even its index, until the ban runs out
+                    until = self.bans.expires(url)
+                    left = until - time.time() if until is not None else _BAN_RECHECK_MAX_S
+                    await asyncio.sleep(min(_BAN_RECHECK_MAX_S, max(0.05, left)))
                     continue
-                best = max(best if best is not None else -1, index.latest if index.latest is not None else -1)
-                if best > known:
-                    break  # one upstream has news: no need to wait for the others' long-polls
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        if failed == len(tasks):
-            return None
-        return best
-
-    async def _take(self, session: aiohttp.ClientSession, version: int) -> bool:
-        """Fetch and verify the manifest of `version`, advertise it, and start fetching its shards."""
-        for url in self.upstreams:
+            known = self._known()
+            started = time.monotonic()
+            self.polls[url] += 1
             try:
-                signed = await fetch_manifest(session, url, version)
-                latest = self.store.latest
-                signed.verify(self.trainer, run_id=self.run_id or self.store.run_id, version=version,
-                              min_version=latest + 1 if latest is not None else None)
-            except ManifestError as exc:
-                log.warning("refusing manifest v%d from %s: %s", version, url, exc)
-                continue
+                index = await fetch_index(session, url, after=known, wait=self.poll_wait_s)
             except RelayError as exc:
-                log.info("manifest v%d from %s: %s", version, url, exc)
+                log.debug("upstream poll failed: %s", exc)
                 self.server.metrics.upstream_errors.inc()
+                self.board.failure(source)
+                self.announced[url] = None
+                await asyncio.sleep(backoff)
+                backoff = min(_BACKOFF_MAX_S, backoff * 2)
                 continue
-            state = self.store.add(signed)
-            log.info("following v%d (%d shards, %d bytes)", version, len(signed.manifest.shards),
-                     signed.manifest.total_bytes)
-            self._start_download(session, state)
-            return True
-        return False
+            announced = self.announced[url] = index.latest
+            if announced is not None and announced > known:
+                await self._consider(session, url, announced, known)
+                if self._known() >= announced:
+                    backoff = _BACKOFF_START_S
+                    continue  # its news is taken (from it or from another upstream): poll again at once
+            # Nothing usable in this answer. An honest upstream answers only with news or at the end of
+            # its long-poll window; one that answers sooner with nothing (or with a version it cannot
+            # back) is asked again only after a backoff that grows while that goes on.
+            elapsed = time.monotonic() - started
+            if elapsed >= backoff:
+                backoff = _BACKOFF_START_S
+                continue
+            await asyncio.sleep(backoff - elapsed)
+            backoff = min(_BACKOFF_MAX_S, backoff * 2)
+
+    async def _consider(self, session: aiohttp.ClientSession, url: str, version: int, known: int) -> None:
+        """Verify the manifest of `version` that `url` announced; advertise it and fetch it if still newest."""
+        signed = await verified_manifest(session, self.board, url, version, trainer=self.trainer,
+                                         run_id=self.run_id or self.store.run_id, min_version=known + 1)
+        if signed is not None and version > self._known():
+            try:
+                state = self.store.add(signed)
+            except ManifestError as exc:  # another run than the one this relay holds, taken meanwhile
+                log.warning("banning %s: %s", url, exc)
+                self.board.ban(self.board.sources[url], f"manifest: {exc}")
+            except RelayError as exc:
+                log.error("cannot take v%d: %s", version, exc)
+                self.server.metrics.upstream_errors.inc()
+            else:
+                log.info("following v%d (%d shards, %d bytes)", version, len(signed.manifest.shards),
+                         signed.manifest.total_bytes)
+                self._start_download(session, state)
+        self.bans.record(self.board)
 
     def _start_download(self, session: aiohttp.ClientSession, state: VersionState) -> None:
         if self._download is not None and not self._download.done():
@@ -205,8 +241,7 @@ class Relay:
             if not todo or self.store.get(state.version) is None:
                 log.info("v%d complete", state.version)
                 return
-            downloader = Downloader(SourceBoard(self.upstreams), state.manifest, _ShardFiles(self, state),
-                                    concurrency=self.concurrency)
+            downloader = Downloader(self.board, state.manifest, _ShardFiles(self, state), concurrency=self.concurrency)
             try:
                 await downloader.run(todo)
             except RelayError as exc:
@@ -214,3 +249,10 @@ class Relay:
                 log.warning("v%d: %s; retrying in %.1f s", state.version, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(_BACKOFF_MAX_S, backoff * 2)
+            finally:
+                self.bans.record(self.board)  # an upstream that served bad shard bytes stays banned
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the relay stopped following its upstreams", exc_info=task.exception())

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from protocol.errors import RelayError
+from shardcast.errors import RelayConfigError
 
 _EWMA = 0.3
 _COOLDOWN_BASE_S = 0.2
@@ -47,7 +48,7 @@ class SourceBoard:
 
     def __init__(self, urls: list[str]) -> None:
         if not urls:
-            raise RelayError("no sources given")
+            raise RelayConfigError("no sources given")
         self.sources = {url.rstrip("/"): SourceStats(url.rstrip("/")) for url in urls}
 
     def usable(self) -> list[SourceStats]:

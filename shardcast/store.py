@@ -14,20 +14,30 @@ loop's thread; other threads hand results over with `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from protocol.errors import RelayError
-from shardcast.errors import ManifestError
+from shardcast.errors import ManifestError, RelayConfigError, StorageError
 from shardcast.manifest import Manifest, SignedManifest
 
 log = logging.getLogger(__name__)
 
 ManifestCheck = Callable[[SignedManifest], Manifest]
+
+
+@contextlib.contextmanager
+def _disk(what: str) -> Iterator[None]:
+    """The file system's refusals as a `StorageError` saying what was being done."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError(f"{what}: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}") from exc
 
 
 @dataclass
@@ -61,10 +71,11 @@ class Store:
 
     def __init__(self, root: Path, *, retention: int = 3, check: ManifestCheck | None = None) -> None:
         if retention < 1:
-            raise ValueError("retention must be >= 1")
+            raise RelayConfigError(f"retention must be >= 1, not {retention}")
         self.root = Path(root)
         self.versions_dir = self.root / "versions"
-        self.versions_dir.mkdir(parents=True, exist_ok=True)
+        with _disk(f"cannot create the store {self.versions_dir}"):
+            self.versions_dir.mkdir(parents=True, exist_ok=True)
         self.retention = retention
         self._check = check
         self._versions: dict[int, VersionState] = {}
@@ -114,7 +125,9 @@ class Store:
         vanished = [v for v, s in self._versions.items() if not s.directory.exists()]
         for version in vanished:  # removed by another process's retention
             self._versions.pop(version)
-        for entry in os.scandir(self.versions_dir):
+        with _disk(f"cannot list {self.versions_dir}"):
+            entries = list(os.scandir(self.versions_dir))
+        for entry in entries:
             if not entry.name.isdigit() or int(entry.name) in self._versions:
                 continue
             directory = Path(entry.path)
@@ -132,7 +145,9 @@ class Store:
             state = VersionState(signed=signed, raw=raw, directory=directory)
             shards_dir = directory / "shards"
             if shards_dir.is_dir():
-                for shard_file in os.scandir(shards_dir):
+                with _disk(f"cannot list {shards_dir}"):
+                    shard_files = list(os.scandir(shards_dir))
+                for shard_file in shard_files:
                     if shard_file.name.isdigit() and int(shard_file.name) < len(signed.manifest.shards):
                         state.available.add(int(shard_file.name))
             self._adopt(state)
@@ -156,11 +171,12 @@ class Store:
         if existing is not None:
             return existing
         directory = self.versions_dir / str(version)
-        (directory / "shards").mkdir(parents=True, exist_ok=True)
         raw = signed.to_bytes()
-        tmp = directory / "manifest.json.tmp"
-        tmp.write_bytes(raw)
-        os.replace(tmp, directory / "manifest.json")
+        with _disk(f"cannot store the manifest of v{version} in {directory}"):
+            (directory / "shards").mkdir(parents=True, exist_ok=True)
+            tmp = directory / "manifest.json.tmp"
+            tmp.write_bytes(raw)
+            os.replace(tmp, directory / "manifest.json")
         state = VersionState(signed=signed, raw=raw, directory=directory)
         self._adopt(state)
         self.gc()
@@ -201,7 +217,9 @@ class Store:
             # Open file handles keep serving in-flight responses after the unlink (POSIX semantics).
             shutil.rmtree(state.directory, ignore_errors=True)
             log.info("retention: removed version %d", version)
-        for entry in os.scandir(self.versions_dir):
+        with _disk(f"cannot list {self.versions_dir}"):
+            entries = list(os.scandir(self.versions_dir))
+        for entry in entries:
             # Leftovers of a publish that died half-way, and versions GC'd by another process.
             if entry.name.startswith(".tmp-") and not _pid_alive(entry.name):
                 shutil.rmtree(entry.path, ignore_errors=True)

@@ -11,6 +11,7 @@ source that alone served bad bytes is banned.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -29,6 +30,7 @@ from shardcast.errors import (
     ManifestTooLargeError,
     ShardHashError,
     SourceError,
+    StorageError,
 )
 from shardcast.manifest import MAX_MANIFEST_BYTES, Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard, SourceStats
@@ -121,6 +123,33 @@ async def fetch_manifest(
     return SignedManifest.parse(data, max_bytes=max_bytes)
 
 
+async def verified_manifest(
+    session: aiohttp.ClientSession, board: SourceBoard, url: str, version: int, *, trainer: str,
+    run_id: str | None, min_version: int | None,
+) -> SignedManifest | None:
+    """`version`'s manifest from `url` if it verifies, else None; a source serving one that does not is banned.
+
+    The one fetch-verify-ban step of both a pulling client and a relay. A manifest that fails
+    verification (malformed, not signed by `trainer`, another run, another version than asked for,
+    older than `min_version`) is the source's doing, never bad luck: ban. A source that cannot produce a
+    manifest (404, timeout, refused) is only failed (cooled down): retention or a restart can drop a
+    version between the index and this request.
+    """
+    source = board.sources[url]
+    try:
+        signed = await fetch_manifest(session, url, version)
+        signed.verify(trainer, run_id=run_id, version=version, min_version=min_version)
+    except ManifestError as exc:
+        log.warning("banning %s: %s", url, exc)
+        board.ban(source, f"manifest: {exc}")
+        return None
+    except SourceError as exc:
+        log.info("%s: %s", url, exc)
+        board.failure(source)
+        return None
+    return signed
+
+
 class ShardSink(Protocol):
     """Where verified shard bytes go."""
 
@@ -150,7 +179,7 @@ def _absorb(partial: _Partial, data: memoryview) -> None:
     while view:  # a short write to a regular file is rare (full disk: the next call raises) but legal
         written = os.pwrite(partial.fd, view, offset)
         if written == 0:
-            raise OSError(f"pwrite wrote nothing at offset {offset}")
+            raise OSError(errno.ENOSPC, f"pwrite wrote nothing at offset {offset}")
         offset += written
         view = view[written:]
     partial.hasher.update(data)
@@ -217,7 +246,13 @@ class Downloader:
     async def _worker(self, queue: deque[int], pool: ConnectionPool) -> None:
         buffer = memoryview(bytearray(ABSORB_BATCH))  # reused for every shard this worker fetches
         while queue:
-            await self._fetch(self.manifest.shards[queue.popleft()], pool, buffer)
+            shard = self.manifest.shards[queue.popleft()]
+            try:
+                await self._fetch(shard, pool, buffer)
+            except OSError as exc:  # network errors are SourceErrors by now: this is the local disk
+                name = self.manifest.files[shard.file].path
+                raise StorageError(f"writing {name} (shard {shard.index} of v{self.manifest.version}): "
+                                   f"{exc.strerror or exc}") from exc
 
     async def _fetch(self, shard: ShardEntry, pool: ConnectionPool, buffer: memoryview) -> None:
         failed: set[str] = set()

@@ -51,6 +51,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def connect_from(address: str, port: int, *, rcvbuf: int | None = None) -> socket.socket:
+    """A blocking TCP connection to 127.0.0.1:`port` from the loopback `address` (127.0.0.2, ...: another
+    peer as far as a server can tell), optionally with a small receive buffer (a slow reader)."""
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.bind((address, 0))
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end has closed (or reset) `sock`: reads and discards whatever is still buffered."""
+    sock.setblocking(False)
+    try:
+        while True:
+            if not sock.recv(1 << 20):
+                return True
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
 async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0, interval: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
@@ -74,11 +98,13 @@ async def holds_complete(url: str, version: int) -> bool:
 
 class ThrottleProxy:
     """A TCP proxy on loopback that forwards server->client bytes at `rate` bytes/s (so a test can
-    interrupt a transfer half-way); counts the bytes it forwarded."""
+    interrupt a transfer half-way), each read `latency` seconds late (a far-away server); counts the
+    bytes it forwarded."""
 
-    def __init__(self, target_port: int, rate: float) -> None:
+    def __init__(self, target_port: int, rate: float, latency: float = 0.0) -> None:
         self.target_port = target_port
         self.rate = rate
+        self.latency = latency
         self.forwarded = 0
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -117,6 +143,8 @@ class ThrottleProxy:
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, throttle: bool) -> None:
             try:
                 while data := await src.read(16384):
+                    if throttle and self.latency:
+                        await asyncio.sleep(self.latency)
                     dst.write(data)
                     await dst.drain()
                     if throttle:

@@ -87,3 +87,31 @@ def test_every_source_banned_says_why(tmp_path: Path) -> None:
     BanList(path).apply(board)
     with pytest.raises(RelayError, match="forged manifest"):
         board.pick()
+
+
+def test_a_long_running_holder_lifts_bans_that_ran_out(tmp_path: Path) -> None:
+    """A relay runs for weeks: bans it applied (from the file) or recorded run out while it runs."""
+    path = tmp_path / "bans.json"
+    path.write_text(json.dumps({A: {"reason": "old", "until": time.time() + 0.2}}))
+    bans = BanList(path, duration_s=0.3)
+    board = SourceBoard([A, B])
+    assert bans.apply(board) == [A]
+    board.ban(board.sources[B], "forged manifest")
+    bans.record(board)
+    assert bans.lift_expired(board) == []  # nothing ran out yet
+    expires = bans.expires(B)
+    assert expires is not None and expires > time.time()
+    time.sleep(0.35)
+    assert sorted(bans.lift_expired(board)) == [A, B]
+    assert not board.sources[A].banned and not board.sources[B].banned
+    assert bans.expires(A) is None and bans.lift_expired(board) == []
+
+
+def test_a_ban_list_that_cannot_be_written_still_bans_for_this_process(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "file").write_text("x")
+    bans = BanList(tmp_path / "file" / "bans.json")
+    board = SourceBoard([A])
+    board.ban(board.sources[A], "bad bytes")
+    bans.record(board)  # no exception: the ban holds in memory
+    assert board.sources[A].banned and "cannot remember bans" in caplog.text

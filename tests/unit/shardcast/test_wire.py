@@ -16,7 +16,7 @@ import blake3
 import pytest
 
 from protocol.errors import RelayError
-from shardcast.errors import SourceError
+from shardcast.errors import SourceError, StorageError
 from shardcast.manifest import Manifest, ShardEntry, now_ms
 from shardcast.sources import SourceBoard
 from shardcast.transfer import Downloader
@@ -695,5 +695,32 @@ def test_dripping_body_falls_below_the_rate_floor_and_resumes_elsewhere(tmp_path
             assert downloader.board.sources[slow.url].failures == 1
             assert not downloader.board.sources[slow.url].banned
             assert downloader.stats.range_resumes == 1
+
+    run(body_())
+
+
+class ReadOnlySink(FileSink):
+    """A sink whose file refuses writes (as a full or read-only disk would): every pwrite fails."""
+
+    def __init__(self, path: Path) -> None:
+        path.write_bytes(b"")
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        self.committed, self.discarded = [], []
+
+
+def test_a_disk_that_refuses_the_bytes_is_a_storage_error_naming_the_file(tmp_path: Path) -> None:
+    data = random.Random(5).randbytes(300_000)
+    manifest = make_manifest(data, 100_000)
+
+    async def body_() -> None:
+        async with Scripted(shard_server(data, manifest)) as server:
+            sink = ReadOnlySink(tmp_path / "w.bin")
+            downloader = Downloader(SourceBoard([server.url]), manifest, sink, concurrency=1)
+            with pytest.raises(StorageError, match=r"w\.bin \(shard 0 of v3\)") as caught:
+                await downloader.run([0, 1, 2])
+            assert isinstance(caught.value, RelayError)
+            assert not downloader.board.sources[server.url].banned  # the local disk is nobody's fault
+            sink.close()
 
     run(body_())
