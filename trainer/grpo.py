@@ -265,6 +265,7 @@ class Trainer:
             "stale_samples": batch.counts.stale,
             "future_samples": batch.counts.future,
             "rejected_files": batch.counts.rejected_files,
+            "ungradable_samples": batch.counts.ungradable,
             "filtered_groups": len(dropped),
             "too_long_samples": len(too_long),
             "staleness_mean": sum(step - s.policy_version for s in samples) / len(samples) if samples else 0.0,

@@ -3,7 +3,10 @@
 Step n draws `groups_per_step` tasks from the environment (seeded by `task_seed` and n), samples
 `group_size` completions per task with the current policy (so policy_version = n, staleness 0),
 grades them with the environment's reward, and hands the groups to the trainer. Every seed is a
-function of (task_seed, n, index), so a resumed run regenerates exactly the same rollouts.
+function of (task_seed, n, index), so a resumed run regenerates exactly the same rollouts. A group
+with a sample the environment could not grade (`UngradableError`: a starved math worker, a sandbox
+that would not start) is dropped, logged and counted (`WindowCounts.ungradable`), never trained on
+as reward 0: the step goes on with the other groups.
 Single process only (generation needs the whole model; use the directory source under torchrun).
 """
 
@@ -16,11 +19,11 @@ from typing import Any
 
 import torch
 
-from environments import Environment, render_prompt
+from environments import Environment, UngradableError, render_prompt
 from models import LoadedModel
 from models.engine import Engine
 from models.sampling import SamplingParams
-from trainer.rollouts import Sample
+from protocol.rollout_files import Sample
 from trainer.source import Batch, RolloutSource, WindowCounts
 
 log = logging.getLogger(__name__)
@@ -81,15 +84,23 @@ class LocalSource(RolloutSource):
         finally:
             self.policy.train(was_training)
         groups: list[list[Sample]] = []
+        ungradable = 0
         self.last_completions = []
         self.last_prompts = [str(tok.decode(p)) for p in prompts[:: self.group_size]]
         for g, task in enumerate(tasks):
+            group_gens = gens[g * self.group_size : (g + 1) * self.group_size]
+            texts = [str(tok.decode(gen.tokens, skip_special_tokens=True)) for gen in group_gens]
+            self.last_completions.extend(texts)
+            try:
+                rewards = [self.env.reward(task, text, completion_tokens=len(gen.tokens))
+                           for gen, text in zip(group_gens, texts, strict=True)]
+            except UngradableError as exc:
+                # One missing reward would skew the whole group's advantages: drop all of it.
+                log.warning("step %d: group %d dropped, %s could not grade it: %s", step, g, task.env, exc)
+                ungradable += self.group_size
+                continue
             group = []
-            for k in range(self.group_size):
-                gen = gens[g * self.group_size + k]
-                text = str(tok.decode(gen.tokens, skip_special_tokens=True))
-                self.last_completions.append(text)
-                reward = self.env.reward(task, text, completion_tokens=len(gen.tokens))
+            for gen, reward in zip(group_gens, rewards, strict=True):
                 p = gen.prompt_tokens
                 group.append(Sample(
                     tokens=tuple(p) + tuple(gen.tokens),
@@ -105,7 +116,7 @@ class LocalSource(RolloutSource):
             groups.append(group)
         self.last_generation_s = time.monotonic() - t0
         n = sum(len(g) for g in groups)
-        return Batch(groups=groups, counts=WindowCounts(accepted=n))
+        return Batch(groups=groups, counts=WindowCounts(accepted=n, ungradable=ungradable))
 
     def state_dict(self) -> dict[str, Any]:
         # Everything is a function of (task_seed, step) and the weights, which the checkpoint holds.

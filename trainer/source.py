@@ -37,12 +37,15 @@ class WindowCounts:
     stale: int = 0
     future: int = 0
     rejected_files: int = 0
+    ungradable: int = 0
+    """Samples of groups dropped because the environment could not grade one of them (local mode)."""
 
     def add(self, other: WindowCounts) -> None:
         self.accepted += other.accepted
         self.stale += other.stale
         self.future += other.future
         self.rejected_files += other.rejected_files
+        self.ungradable += other.ungradable
 
 
 def window_verdict(group: Sequence[Sample], step: int, async_level: int) -> str:
@@ -72,7 +75,8 @@ class RolloutSource(ABC):
 
     @abstractmethod
     def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
-        """Exactly `n_groups` groups, all inside the async window of `step`."""
+        """`n_groups` groups, all inside the async window of `step` (the local source returns fewer
+        when some could not be graded; `counts.ungradable` says how many samples that dropped)."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
