@@ -275,7 +275,7 @@ class ValidatorFeedSource(RolloutSource):
             if feed.last_problem is not None:
                 log.info("validator %s: feed readable again", feed.url)
                 feed.last_problem = None
-            if page.domain != self.domain:
+            if page.items and page.domain != self.domain:  # a hint for the operator; items are checked anyway
                 log.warning("validator %s serves domain %r, this run is %r", feed.url, page.domain, self.domain)
             for entry in page.items:
                 self._admit(feed, entry, batch)
