@@ -181,6 +181,10 @@ def test_result_channel_garbage_is_a_wrong_answer(sandbox_mode: str, bomb: str) 
 def test_sandbox_that_cannot_start_in_time_is_ungradable() -> None:
     with pytest.raises(UngradableError, match="did not start"):
         run_sandboxed("def f():\n    return 1", "f", [[]], SandboxLimits(start_s=0.001))
+    env = CodeEnvironment(SandboxLimits(start_s=0.001))  # and so is the reward: no 0 for a right answer
+    task = env.task_from("Write f.", json.dumps({"entry_point": "f", "tests": [{"args": [], "expected": 1}]}))
+    with pytest.raises(UngradableError):
+        env.reward(task, "```python\ndef f():\n    return 1\n```")
 
 
 def supervisor_pids() -> list[int]:
