@@ -219,6 +219,9 @@ class Client:
         self.stall_s = stall_s
         """A `latest` pull whose download made no progress this long switches to a newer signed version."""
         self.on_shard: Any = None  # test/observer hook: called with each verified ShardEntry
+        self._unbacked: dict[str, int] = {}
+        """Per source, the newest version it announced that no source could back with a manifest that
+        verifies (at the last resolution): waiting for news, that source wakes us only for a newer one."""
 
     # -- local state -------------------------------------------------------------------------------
 
@@ -258,21 +261,26 @@ class Client:
         return dict(zip(self.sources, results, strict=True))
 
     async def wait_for_version(self, after: int, timeout: float) -> int | None:
-        """Long-poll every source until one advertises a version newer than `after` (None on timeout)."""
+        """Long-poll every source until one advertises a version newer than `after` (None on timeout).
+
+        A source that announced a version nobody could back (see `_unbacked`) counts only when it
+        announces something newer than that: a relay claiming version 999999 forever cannot wake us.
+        """
+        floors = {u: max(after, self._unbacked.get(u, -1)) for u in self.sources if not self.board.sources[u].banned}
         async with new_session() as session:
-            tasks = [asyncio.ensure_future(fetch_index(session, u, after=after, wait=timeout)) for u in self.sources
-                     if not self.board.sources[u].banned]
+            tasks = {asyncio.ensure_future(fetch_index(session, u, after=floor, wait=timeout)): u
+                     for u, floor in floors.items()}
+            pending = set(tasks)
             deadline = time.monotonic() + timeout + 1
             try:
-                while tasks and time.monotonic() < deadline:
-                    done, pending = await asyncio.wait(tasks, timeout=deadline - time.monotonic(),
+                while pending and time.monotonic() < deadline:
+                    done, pending = await asyncio.wait(pending, timeout=deadline - time.monotonic(),
                                                        return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
-                        if task.exception() is None and (task.result().latest or -1) > after:
+                        if task.exception() is None and (task.result().latest or -1) > floors[tasks[task]]:
                             return task.result().latest
-                    tasks = list(pending)
             finally:
-                for task in tasks:
+                for task in pending:
                     task.cancel()
         return None
 
@@ -285,6 +293,8 @@ class Client:
         cancelled. `poll_s`: the long-poll window on the sources' version index.
         """
         backoff = _FOLLOW_BACKOFF_START_S
+        woken = False
+        wasted = _FOLLOW_BACKOFF_START_S
         while True:
             before = self.installed_version()
             try:
@@ -294,13 +304,20 @@ class Client:
                 await self._pause(before if before is not None else -1, backoff)
                 backoff = min(_FOLLOW_BACKOFF_MAX_S, backoff * 2)
                 continue
+            backoff = _FOLLOW_BACKOFF_START_S
             if result.version != before:
                 yield result
-            backoff = _FOLLOW_BACKOFF_START_S
-            await self._pause(result.version, poll_s)
+                wasted = _FOLLOW_BACKOFF_START_S
+            elif woken:
+                # A source announced a newer version, and nothing newer could be verified: whatever it
+                # announces next, do not pull again at once (a source can invent versions forever).
+                await asyncio.sleep(wasted)
+                wasted = min(_FOLLOW_BACKOFF_MAX_S, wasted * 2)
+            woken = await self._pause(result.version, poll_s)
 
-    async def _pause(self, after: int, seconds: float) -> None:
-        """Wait up to `seconds`, returning as soon as a source advertises a version newer than `after`.
+    async def _pause(self, after: int, seconds: float) -> bool:
+        """Wait up to `seconds`, returning as soon as a source advertises a version newer than `after`
+        (True) or once the time is up (False).
 
         If every source answers at once without one (unreachable, or banned), sleep out the rest of
         `seconds` rather than ask again straight away.
@@ -308,6 +325,8 @@ class Client:
         started = time.monotonic()
         if await self.wait_for_version(after, seconds) is None:
             await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+            return False
+        return True
 
     async def _verified_manifest(self, session: aiohttp.ClientSession, url: str, version: int, *,
                                  run_id: str | None, min_version: int | None) -> SignedManifest | None:
@@ -336,13 +355,24 @@ class Client:
                     signed = await self._verified_manifest(session, url, candidate, run_id=run_id,
                                                            min_version=installed if version is None else None)
                     if signed is not None:
+                        if version is None:
+                            self._note_unbacked(latest, candidate)
                         return signed, holders
             if time.monotonic() >= deadline:
                 if version is None and installed is not None:
+                    self._note_unbacked(latest, installed)
                     raise _NothingNewer(installed)
                 what = f"version {version}" if version is not None else "any version"
                 raise RelayError(f"no source holds a verifiable {what}: {self.board.summary()}")
             await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def _note_unbacked(self, latest: dict[str, int | None], resolved: int) -> None:
+        """Remember, per source, an announced version newer than the newest one that could be verified."""
+        for url, announced in latest.items():
+            if announced is not None and announced > resolved:
+                self._unbacked[url] = announced
+            else:
+                self._unbacked.pop(url, None)
 
     # -- pulling -----------------------------------------------------------------------------------
 

@@ -181,6 +181,45 @@ async def _async(value: web.Response) -> web.Response:
     return value
 
 
+def test_client_follow_is_not_woken_by_a_source_announcing_a_version_it_cannot_back(
+    tmp_path: Path, trainer: Identity
+) -> None:
+    """The client's side of the same liar: `follow` long-polls its sources between installs; a source
+    answering every poll at once with 999999 (then 404) must neither make it spin nor hide v2."""
+    ckpts = [make_checkpoint(tmp_path / f"ckpt{v}", {"w.bin": 40 * KiB}, seed=v) for v in (1, 2)]
+
+    async def lie_manifest(request: web.Request) -> web.Response:
+        raise web.HTTPNotFound()
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", identity=trainer, shard_size=16 * KiB) as origin, \
+                FakeRelay({"/versions": lambda r: _async(_index(999999)),
+                           "/v/999999/manifest": lie_manifest}) as liar:
+            await origin.wait_published(origin.publish(ckpts[0]))
+            client = Client([liar.url, origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            installed: asyncio.Queue[int] = asyncio.Queue()
+
+            async def follow() -> None:
+                async for result in client.follow(poll_s=30):
+                    installed.put_nowait(result.version)
+
+            task = asyncio.create_task(follow())
+            try:
+                assert await asyncio.wait_for(installed.get(), 20) == 1
+                before = liar.hits["/versions"]
+                await asyncio.sleep(2.0)  # a window in which to count polls
+                polls = liar.hits["/versions"] - before
+                assert polls <= 4, polls
+                assert not client.board.sources[liar.url].banned
+                await origin.wait_published(origin.publish(ckpts[1]))
+                assert await asyncio.wait_for(installed.get(), 20) == 2
+                assert same_tree(tmp_path / "out" / "current", ckpts[1])
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    run(body())
+
+
 # -- a server's clients ----------------------------------------------------------------------------
 
 
