@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+from types import FrameType
 
 from protocol.errors import PrimeError
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived (an operator, systemd, a container runtime): stop like on Ctrl-C."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("prime-validator")
+    # uvicorn shuts its server down on SIGTERM and then raises the signal again; with the default
+    # handler that killed the process before `service.stop()` (checker, reporter, ledger) could run.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)  # --help exits here, before torch
         import uvicorn
@@ -33,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except _Terminated:
+        log.info("stopped (SIGTERM)")
     return 0
 
 
