@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
+from netfixtures import free_port
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[3]
@@ -43,12 +44,6 @@ def same_tree(a: Path, b: Path) -> bool:
     files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
     return files_a == files_b and all((a / f).read_bytes() == (b / f).read_bytes() for f in files_a)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def connect_from(address: str, port: int, *, rcvbuf: int | None = None) -> socket.socket:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from shardcast_harness import REPO, free_port, make_checkpoint, same_tree
+from netfixtures import free_port
+from shardcast_harness import REPO, make_checkpoint, same_tree
 
 from protocol.identity import Identity
 
