@@ -4,6 +4,7 @@ whose clients read slowly, not at all, or never finish their request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -320,19 +321,21 @@ def test_half_sent_request_heads_are_capped_per_peer_and_timed_out(tmp_path: Pat
     """250 connections from one peer each send half a request head and wait: all but `max_conns_per_peer`
     are turned away at once, the rest closed after `head_timeout_s`; honest pulls go on meanwhile."""
     ckpt = make_checkpoint(tmp_path / "ckpt", {"w.bin": 200 * KiB})
-    limits = ServeLimits(max_conns_per_peer=16, head_timeout_s=3.0)
+    limits = ServeLimits(max_conns_per_peer=16, head_timeout_s=8.0)  # longer than opening 250 connections takes
 
     async def body() -> None:
         async with Origin(tmp_path / "origin", run_id="r", identity=trainer, shard_size=64 * KiB,
                           limits=limits) as origin:
             await origin.wait_published(origin.publish(ckpt))
 
-            def half_sent() -> socket.socket:
-                sock = connect_from(HOSTILE, origin.server.port)
-                sock.sendall(b"GET /v/1/shards/0 HTTP/1.1\r\nHost: x\r\n")  # no blank line: never complete
-                return sock
+            def half_sent(count: int) -> list[socket.socket]:
+                socks = [connect_from(HOSTILE, origin.server.port) for _ in range(count)]
+                for sock in socks:
+                    with contextlib.suppress(ConnectionError):  # a refused one may be reset already
+                        sock.sendall(b"GET /v/1/shards/0 HTTP/1.1\r\nHost: x\r\n")  # no blank line: never ends
+                return socks
 
-            socks = [await asyncio.to_thread(half_sent) for _ in range(250)]
+            socks = await asyncio.to_thread(half_sent, 250)
             try:
                 async def settled() -> bool:
                     return origin.server.metrics.registry.get_sample_value("shardcast_connections_refused_total") == 234
