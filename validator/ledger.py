@@ -349,9 +349,14 @@ class Ledger:
             return self._decide(db, work_key, decision, time.time() if now is None else now)
 
     def redecide(self, work_key: str, decision: Decision, *, now: float | None = None) -> None:
-        """Replace a verdict (equivocation turns an accepted row hard); the row is reported again."""
+        """Replace a verdict (equivocation turns an accepted row hard); the row is reported again.
+
+        A rejection also takes the row's item out of the feed, so a trainer that has not fetched it yet
+        never will (one already fetched, or a Parquet file already written, cannot be called back)."""
         with self._db.transaction() as db:
             db.execute("UPDATE submissions SET reported_at = NULL, chain_tx = NULL WHERE work_key = ?", (work_key,))
+            if decision.outcome != "accepted":
+                db.execute("DELETE FROM feed WHERE work_key = ?", (work_key,))
             self._decide(db, work_key, decision, time.time() if now is None else now, only_received=False)
 
     def claim(self, limit: int, *, lease_s: float = 300.0, now: float | None = None) -> list[Row]:

@@ -311,9 +311,7 @@ class Pipeline:
             decision = self._reject(body, data, Reason.EQUIVOCATION,
                                     f"a second, different payload for assignment #{body.counter} at "
                                     f"v{body.policy_version}", extra_evidence={"first": existing.envelope.decode()})
-            if existing.state == "received":
-                self.ledger.decide(existing.work_key, decision)
-            else:
+            if not self.ledger.decide(existing.work_key, decision):  # the checker decided it first
                 self.ledger.redecide(existing.work_key, decision)
         row = self.ledger.get(existing.work_key)
         assert row is not None

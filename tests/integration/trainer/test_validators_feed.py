@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from netfixtures import free_port
 
 from tests.unit.trainer.feed_server import POOL, RUN_ID, FeedServer, feed_item
 from trainer.config import load_config
@@ -91,12 +91,6 @@ def test_trainer_on_validator_feeds_resumes_exactly(tmp_path: Path) -> None:
     assert ckpt["source"]["validators"][a.url]["cursor"] == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(300)
 def test_two_processes_train_on_rank_zeros_feed(tmp_path: Path) -> None:
     # Only rank 0 reads the feeds; both ranks must train the same groups as one process does.
@@ -106,7 +100,7 @@ def test_two_processes_train_on_rank_zeros_feed(tmp_path: Path) -> None:
         run(load_config(toml_path=_config(tmp_path, a, b, 3, "one")))
         n_requests = len(a.requests) + len(b.requests)
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                        "127.0.0.1", "--master-port", str(_free_port()), "-m", "trainer.cli", "--config",
+                        "127.0.0.1", "--master-port", str(free_port()), "-m", "trainer.cli", "--config",
                         str(_config(tmp_path, a, b, 3, "two"))], cwd=tmp_path, env=env, check=True, timeout=240,
                        capture_output=True)
         two_requests = len(a.requests) + len(b.requests) - n_requests

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from netfixtures import free_port
 from validator_harness import RUN, TINY
 
 from contracts.devchain import dev_identity
@@ -19,10 +20,8 @@ from models.loading import load
 from protocol.model_spec import HFModelSpec
 from shardcast.publisher import publish_blocking
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shardcast"))
-from shardcast_harness import REPO, free_port  # noqa: E402
-
 pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[3]
 TRAINER_INDEX = 2  # PUBLIC anvil dev account holding TRAINER_ROLE in the test deployment
 
 

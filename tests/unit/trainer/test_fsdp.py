@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from netfixtures import free_port
 from safetensors.torch import load_file
 
 from tests.unit.trainer.rollout_factory import directory_run_config, write_step_files
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(args: list[str], cwd: Path) -> None:
@@ -35,7 +29,7 @@ def test_two_process_fsdp2_equals_one_process(tmp_path: Path) -> None:
     common = ["-m", "trainer.cli", "--config", str(cfg)]
     _run([sys.executable, *common, "--metrics-file", "one.jsonl", "--checkpoint.dir", "ck1"], tmp_path)
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-          "--master-port", str(_free_port()), *common, "--metrics-file", "two.jsonl", "--checkpoint.dir", "ck2"],
+          "--master-port", str(free_port()), *common, "--metrics-file", "two.jsonl", "--checkpoint.dir", "ck2"],
          tmp_path)
     one = [json.loads(x) for x in (tmp_path / "one.jsonl").read_text().splitlines()]
     two = [json.loads(x) for x in (tmp_path / "two.jsonl").read_text().splitlines()]

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from netfixtures import free_port
 
 from protocol.errors import ConfigError
 from trainer.config import TrainerConfig, load_config
@@ -59,18 +60,10 @@ def test_help_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_metrics_json_lines_and_prometheus(tmp_path: Path) -> None:
     import io
 
-    port = _free_port()
+    port = free_port()
     out = io.StringIO()
     sink = MetricsSink(tmp_path / "m.jsonl", port=port, progress=True, total_steps=2, stream=out)
     try:
