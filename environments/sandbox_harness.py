@@ -19,8 +19,9 @@ The candidate locks itself down before the first byte of candidate code runs, in
    size- and inode-limited tmpfs on /tmp; no network interface but a downed loopback;
 3. its own session; a uid and gid of its own (not the grader's, not shared with other runs) unless
    the mode is `none`; no new privileges; SIGKILL when the supervisor dies;
-4. rlimits: CPU, address space, file size, open files, processes (0), core dumps (0);
-5. an audit hook refusing process creation, sockets, ctypes, signals and writes outside the working
+4. a seccomp filter refusing sockets, exec, ptrace, cross-process memory access and io_uring;
+5. rlimits: CPU, address space, file size, open files, processes (0), core dumps (0);
+6. an audit hook refusing process creation, sockets, ctypes, signals and writes outside the working
    directory (a second line of defence only: the kernel-enforced layers above are what hold).
 Then it writes `{"ready": <layers>}` and runs the code. Everything after that line is the
 candidate's own claim about its own return values: the grader compares them with expected outputs
@@ -191,6 +192,44 @@ def _write_line(text: str) -> None:
         data = data[os.write(RESULT_FD, data):]
 
 
+# seccomp: syscalls refused with EPERM, per architecture (socket, socketpair, execve, execveat,
+# ptrace, process_vm_readv, process_vm_writev, io_uring_setup: io_uring can open sockets itself).
+SECCOMP_DENY = {
+    "x86_64": (0xC000003E, (41, 53, 59, 322, 101, 310, 311, 425)),
+    "aarch64": (0xC00000B7, (198, 199, 221, 281, 117, 270, 271, 425)),
+}
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+
+
+def _seccomp(libc: Any) -> bool:
+    """Refuse network, exec and tracing syscalls in the kernel, whatever the candidate does to the
+    audit hook. An allow-by-default filter on a short list: what matters without namespaces is
+    the network; the uid already stops signals and writes. False on an unknown architecture."""
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    if os.uname().machine not in SECCOMP_DENY:
+        return False
+    arch, numbers = SECCOMP_DENY[os.uname().machine]
+    deny_at = 4 + len(numbers) + 1  # index of the final "refuse" instruction
+    code = [(BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch: refuse every other ABI (i386 via int 0x80)
+            (BPF_JEQ_K, 0, deny_at - 2, arch),
+            (BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+            (BPF_JGE_K, deny_at - 4, 0, 0x40000000)]  # x32 numbers reach the same calls
+    code += [(BPF_JEQ_K, deny_at - (4 + i) - 1, 0, nr) for i, nr in enumerate(numbers)]
+    code += [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW), (BPF_RET_K, 0, 0, SECCOMP_RET_EPERM)]
+    instructions = (Filter * len(code))(*[Filter(*c) for c in code])
+    program = Program(len(code), instructions)
+    return bool(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) == 0)
+
+
 def _stdlib_by_descriptor() -> None:
     """Point the import path at descriptors opened while still root.
 
@@ -198,12 +237,22 @@ def _stdlib_by_descriptor() -> None:
     cannot enter (here /root/.pyenv); /proc/self/fd/N reaches them without searching its parents.
     The descriptors give nothing but what the import path already names.
     """
-    paths = []
+    reach: dict[str, str] = {}
     for entry in sys.path:
         if os.path.isdir(entry):
-            entry = f"/proc/self/fd/{os.open(entry, os.O_RDONLY | os.O_DIRECTORY)}"
-        paths.append(entry)
-    sys.path[:] = paths
+            reach[entry.rstrip("/") + "/"] = f"/proc/self/fd/{os.open(entry, os.O_RDONLY | os.O_DIRECTORY)}/"
+
+    def moved(path: str) -> str:
+        for old, new in reach.items():
+            if (path + "/").startswith(old):
+                return (new + path[len(old):]).rstrip("/")
+        return path
+
+    sys.path[:] = [moved(p) for p in sys.path]
+    for module in list(sys.modules.values()):  # packages imported already (encodings...) find
+        search = getattr(module, "__path__", None)  # their submodules through __path__
+        if isinstance(search, list):
+            search[:] = [moved(p) for p in search]
     sys.path_importer_cache.clear()
 
 
@@ -230,6 +279,7 @@ def _lock_down(libc: Any, request: dict[str, Any], mode: str, uid: int) -> dict[
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    status["seccomp"] = _seccomp(libc)
     cpu = limits["cpu_s"]
     for res, value in ((resource.RLIMIT_CPU, (cpu, cpu)),
                        (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
@@ -292,6 +342,8 @@ def _workdir_usage(path: str, max_entries: int) -> tuple[int, int]:
                 with os.scandir(fd) as it:
                     for entry in it:
                         entries += 1
+                        if entries > max_entries:
+                            break  # over the budget already; a huge directory is not listed in full
                         try:
                             st = entry.stat(follow_symlinks=False)
                             total += st.st_blocks * 512

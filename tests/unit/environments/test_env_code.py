@@ -114,6 +114,7 @@ def test_isolation_layers_reported(sandbox_mode: str) -> None:
                            LIMITS.model_copy(update={"isolation": sandbox_mode}))
     layers = result.isolation
     assert layers["mode"] == sandbox_mode and layers["rlimits"] and layers["audit"]
+    assert layers["seccomp"] is (os.uname().machine in ("x86_64", "aarch64"))
     assert result.values[0]["value"][1] == []  # type: ignore[index]
     if sandbox_mode == "namespaces":
         assert layers["netns"] and layers["pidns"] and layers["proc"] and layers["root"] == "private"

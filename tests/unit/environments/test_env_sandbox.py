@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -105,6 +106,33 @@ def test_kill_everything_leaves_the_grader_standing(sandbox_mode: str) -> None:
             "    except ProcessLookupError:\n        pass\n    return 1")
     result = run(sandbox_mode, body)
     assert result.values[0] == {"value": 1}  # the grader and supervisor still stand to collect it
+
+
+@pytest.mark.timeout(60)
+def test_no_network(sandbox_mode: str) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    body = (f"import socket\ndef f():\n    s = socket.create_connection(('127.0.0.1', {port}), 2)\n"
+            "    s.sendall(b'exfiltrated')\n    return 'sent'")
+    try:
+        result = run(sandbox_mode, body)
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+    assert result.values[0] in ({"error": "PermissionError"}, {"error": "OSError"})
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers below are x86_64's")
+def test_raw_socket_syscalls_are_refused(sandbox_mode: str) -> None:
+    # Straight to the kernel (ctypes, hook disarmed): socket(2) natively and through the x32 ABI.
+    body = ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n    out = []\n"
+            "    for nr in (41, 0x40000000 + 41):\n        rc = libc.syscall(nr, 2, 1, 0)\n"
+            "        out.append([rc, ctypes.get_errno()])\n    return out")
+    result = run(sandbox_mode, body)
+    assert result.isolation["seccomp"] is True
+    assert result.values[0] == {"value": [[-1, 1], [-1, 1]]}  # EPERM both times
 
 
 GRADER = """
