@@ -6,12 +6,12 @@ runs `equivalent()` on its own main thread. Two budgets, and whose fault each is
 - CPU time (`cpu_budget_s`, ITIMER_PROF in the worker, plus RLIMIT_AS `memory_bytes`): spent by the
   *answer* (a power tower, 3,000 nested parentheses). CPU time does not depend on how loaded the
   grader is, so an answer that exhausts it is judged not equivalent (reward 0) on every machine.
-- Wall time (`hard_timeout_s`): if the worker has not answered by then and has used less CPU than its
+- Wall time (`hard_timeout_s` per check): if the worker has not answered by then and has used less CPU than its
   budget, the grader was starved (overloaded), so the check is `UngradableError`, not a 0. If it did
   burn its CPU budget (stuck in uninterruptible C code), the answer is at fault: 0. Either way the
   worker is killed and restarted.
 
-A worker that cannot start within `hard_timeout_s`, dies, or breaks its protocol is likewise
+A worker that cannot start within `start_timeout_s`, dies, or breaks its protocol is likewise
 `UngradableError`. Why not call math-verify in-process: its own timeouts are wall-clock `signal.alarm`
 (main thread only, and load-dependent), and a process-wide CPU timer would charge the answer for the
 host's other threads. The worker costs ~2% in throughput (see the README's bench).
@@ -158,9 +158,11 @@ class MathVerifier:
     """Thread-safe front door to one worker subprocess (checks are serialized)."""
 
     def __init__(self, hard_timeout_s: float = 30.0, cpu_budget_s: float = 4.0,
-                 memory_bytes: int = 2 * 2**30) -> None:
+                 memory_bytes: int = 2 * 2**30, start_timeout_s: float = 60.0) -> None:
         self.hard_timeout_s = hard_timeout_s
-        """Wall time for the worker to start (sympy import) and, separately, to answer one check."""
+        """Wall time for the worker to answer one check."""
+        self.start_timeout_s = start_timeout_s
+        """Wall time for a worker to start (interpreter, sympy and math-verify imports)."""
         self.cpu_budget_s = cpu_budget_s
         """CPU seconds one check may use; past it the answer is not equivalent."""
         self.memory_bytes = memory_bytes
@@ -175,7 +177,7 @@ class MathVerifier:
         gold = gold[:MAX_GOLD_CHARS]
         with self._lock:
             if self._worker is None or self._worker.proc.poll() is not None:
-                self._worker = _Worker(self.cpu_budget_s, self.memory_bytes, self.hard_timeout_s)
+                self._worker = _Worker(self.cpu_budget_s, self.memory_bytes, self.start_timeout_s)
             try:
                 return self._worker.ask(gold, tail, self.hard_timeout_s, self.cpu_budget_s)
             except UngradableError as exc:

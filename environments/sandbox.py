@@ -28,12 +28,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from protocol.canonical import parse_json
-from protocol.errors import ProtocolError, UngradableError
+from protocol.errors import ConfigError, ProtocolError, UngradableError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,10 @@ class SandboxUnavailableError(UngradableError):
 
 
 def _isolation_default() -> str:
-    return os.environ.get(ISOLATION_ENV, "auto")
+    value = os.environ.get(ISOLATION_ENV, "auto")
+    if value not in get_args(IsolationMode):
+        raise ConfigError(f"{ISOLATION_ENV}={value!r}: choose one of {', '.join(get_args(IsolationMode))}")
+    return value
 
 
 class SandboxLimits(BaseModel):

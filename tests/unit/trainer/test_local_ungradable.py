@@ -62,7 +62,7 @@ def test_only_the_ungradable_groups_are_dropped(loaded: LoadedModel) -> None:
 @pytest.mark.timeout(120)
 def test_trainer_survives_a_grader_that_cannot_grade(loaded: LoadedModel, tmp_path: Path) -> None:
     # A real grader failure: the math worker cannot even start in the time it is given.
-    verifier = MathVerifier(hard_timeout_s=0.001)
+    verifier = MathVerifier(start_timeout_s=0.001)
     source = LocalSource(loaded, MathEnvironment(verifier), group_size=GROUP, max_new_tokens=4)
     cfg = TrainerConfig.model_validate({
         "max_steps": 1, "progress": False,
