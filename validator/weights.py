@@ -107,15 +107,25 @@ class WeightStore:
                             keep=self._keep + 1, progress=False)
             async for result in client.follow(poll_s=5.0):
                 log.info("weights: installed v%d (%d shards fetched)", result.version, result.fetched_shards)
-                if self._stop.is_set():
-                    return
+
+        async def until_stopped() -> None:
+            follow = asyncio.ensure_future(run())
+            while not self._stop.is_set() and not follow.done():
+                await asyncio.sleep(0.2)
+            follow.cancel()
+            try:
+                await follow
+            except asyncio.CancelledError:
+                pass
 
         while not self._stop.is_set():
             try:
-                asyncio.run(run())
+                asyncio.run(until_stopped())
             except PrimeError as exc:
                 log.warning("weights: following the relays failed (retrying): %s", exc)
             self._stop.wait(5.0)
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
