@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from node.config import EngineSettings
 from protocol.model_spec import ModelSpec
-from protocol.rollout import RunSpec
+from protocol.run import RunSpec
 
 if TYPE_CHECKING:
     from models.loading import LoadedModel

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.config import PrimeConfig, parse_config
 from protocol.model_spec import ModelSpec, TinyModelSpec
-from protocol.rollout import RunSpec
+from protocol.run import RunSpec
 
 
 class Section(BaseModel):
