@@ -37,6 +37,7 @@ from node.protection import SlashingProtection
 from node.rollouts import build_submission
 from protocol.canonical import to_hex
 from protocol.envelope import seal
+from protocol.errors import UngradableError
 from protocol.identity import Identity, checksum
 from protocol.nonce import random_nonce
 from protocol.rollout import Outcome, Reason, RunSpec, Submission
@@ -150,7 +151,13 @@ class Worker:
                 self._stop.wait(self.cfg.chain.poll_s)
                 continue
             started = time.monotonic()
-            sub = build_submission(self.engine, self.run, self.node, version, counter, manifest)
+            try:
+                sub = build_submission(self.engine, self.run, self.node, version, counter, manifest)
+            except UngradableError as exc:  # our grader failed: a guessed reward would be a slashable lie
+                logger.warning("v%d #%d: could not grade locally (%s); nothing signed, retrying later", version,
+                               counter, exc)
+                self._stop.wait(self.cfg.chain.poll_s)
+                continue
             elapsed = time.monotonic() - started
             self.tally.batches += 1
             self.tally.tokens += sub.n_tokens()
