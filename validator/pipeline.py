@@ -32,7 +32,6 @@ from environments import get as get_environment
 from protocol.canonical import canonical_bytes
 from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
 from protocol.errors import (
-    ExpiredError,
     ModelError,
     OversizeError,
     PrimeError,
@@ -275,9 +274,7 @@ class Pipeline:
             return answer
         except ReplayError as exc:
             return self._refuse(409, exc, envelope.signer if envelope else None)
-        except ExpiredError as exc:
-            return self._refuse(400, exc, None)
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # malformed, expired, wrong domain, unknown version, body invalid
             return self._refuse(400, exc, None)
         assert isinstance(body, Submission)
         if body.node != envelope.signer:
