@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.config import PrimeConfig, parse_config
+from protocol.config import KeySource, PrimeConfig, parse_config
 from protocol.model_spec import ModelSpec
 from protocol.run import RunSpec
 
@@ -32,30 +32,18 @@ class ChainSettings(Section):
     """How often the policy version is read from the chain while waiting for one."""
 
 
-class KeySettings(Section):
-    keystore: Path | None = None
-    """The node's encrypted keystore (created by `join` when missing and `create` is set)."""
-    key_env: str | None = None
-    """Dev chains only: an environment variable holding a raw private key instead of a keystore."""
-    password_env: str = "PRIME_KEYSTORE_PASSWORD"
-    """Environment variable holding the keystore password."""
-    password_file: Path | None = None
-    """File holding the keystore password."""
+class KeySettings(KeySource):
     create: bool = True
     """`join` creates a new key in `keystore` when the file does not exist."""
     scrypt_n: int | None = None
     """scrypt cost of a newly created keystore (default eth-account's 2**18; lower only for throwaway keys)."""
 
 
-class OperatorKeySettings(Section):
-    keystore: Path | None = None
-    """The operator's keystore: the key that holds the stake and receives rewards."""
-    key_env: str | None = None
-    """Dev chains only: an environment variable holding the operator's raw private key."""
+class OperatorKeySettings(KeySource):
+    """The operator's key: it holds the stake and receives rewards (default: the node key itself)."""
+
     password_env: str = "PRIME_OPERATOR_PASSWORD"
     """Environment variable holding the operator keystore's password."""
-    password_file: Path | None = None
-    """File holding the operator keystore's password."""
 
 
 class CpuEngineSettings(Section):

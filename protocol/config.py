@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
@@ -190,3 +190,20 @@ def parse_config(
 def help_text(cls: type[PrimeConfig], *, prog: str | None = None) -> str:
     """The `--help` text of `cls` (for docs and tests)."""
     return build_parser(cls, prog=prog).root_parser.format_help()
+
+
+class KeySource(BaseModel):
+    """Where a role's signing key comes from: an encrypted keystore (the password from an environment
+    variable, a file or a prompt), or on dev chains only a raw key in an environment variable. A config
+    section; `protocol.identity.load_identity` reads it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    keystore: Path | None = None
+    """Encrypted keystore file (Web3 secret storage JSON)."""
+    key_env: str | None = None
+    """Dev chains only: an environment variable holding a raw private key instead of a keystore."""
+    password_env: str = "PRIME_KEYSTORE_PASSWORD"
+    """Environment variable holding the keystore password."""
+    password_file: Path | None = None
+    """File holding the keystore password."""

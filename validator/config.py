@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.config import PrimeConfig, parse_config
+from protocol.config import KeySource, PrimeConfig, parse_config
 from protocol.model_spec import ModelSpec, TinyModelSpec
 from protocol.run import RunSpec
 
@@ -27,17 +27,6 @@ class ChainSettings(Section):
     """JSON-RPC URL of the chain the pool lives on."""
     poll_s: float = Field(1.0, gt=0.0)
     """How often new pool events (registrations, slashes, policy versions) are read."""
-
-
-class KeySettings(Section):
-    keystore: Path | None = None
-    """The validator's encrypted keystore (it must hold VALIDATOR_ROLE on the pool)."""
-    key_env: str | None = None
-    """Dev chains only: an environment variable holding a raw private key instead of a keystore."""
-    password_env: str = "PRIME_KEYSTORE_PASSWORD"
-    """Environment variable holding the keystore password."""
-    password_file: Path | None = None
-    """File holding the keystore password."""
 
 
 class StaticWeights(Section):
@@ -131,8 +120,8 @@ class ValidatorConfig(PrimeConfig):
     """Where the weights of each policy version come from."""
     chain: ChainSettings = ChainSettings()
     """The pool contract."""
-    key: KeySettings = KeySettings()
-    """The validator's signing key."""
+    key: KeySource = KeySource()
+    """The validator's signing key (it must hold VALIDATOR_ROLE on the pool)."""
     validators: list[str] = []
     """The announced validator set of the run (rendezvous assignment); empty means this validator only."""
     max_submission_bytes: int = Field(4 << 20, ge=1024)
