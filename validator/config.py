@@ -111,8 +111,10 @@ class ValidatorConfig(PrimeConfig):
     """Write each accepted submission as a Parquet rollout file here (the trainer's `directory` source)."""
     run: RunSpec = RunSpec()
     """The run's rules (served at /v1/info; nodes must follow the same)."""
-    model: ModelSpec = TinyModelSpec()
-    """The run's base model (tokenizer, architecture, and the weights of the base version)."""
+    model: ModelSpec = TinyModelSpec(hidden_size=128)
+    """The run's base model (tokenizer, architecture, and the weights of the base version). The tiny
+    default is 128 wide: a TOPLOC chunk needs at least top-k (128) values, so a completion whose last
+    chunk holds one token can only be proved when one hidden state has 128 values."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the validation prefill (bf16 is 1000x slower than fp32 on CPUs without AMX: measure
     with bench/validator.py). TOPLOC compares bf16-rounded activations either way."""
