@@ -144,22 +144,24 @@ class SimNode:
         params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
         gens = Engine(gen_model).generate(prompts, params, seeds, run.max_new_tokens)
         task_rollouts = []
+        cut = cheat == "early_stop"  # the first sample long enough is cut (a random node may draw short ones)
         for t, task in enumerate(tasks):
             samples = []
             for i in range(run.samples_per_task):
                 g = gens[t * run.samples_per_task + i]
                 tokens, logprobs, hidden = list(g.tokens), list(g.logprobs), g.hidden_states
                 finish = g.finish_reason
-                if cheat == "edit_token" and t == 0 and i == 0:
+                if cheat == "edit_token" and t == 0 and i == 0:  # the token the seeded draw ranks last
                     pos = len(tokens) // 2
-                    tokens[pos] = (tokens[pos] + 7) % self.loaded.vocab_size
+                    tokens[pos] = _last_ranked(self.loaded, hidden[pos], params, seeds[0], pos)
                     hidden = _prefill_hidden(self.loaded, prompts[0], tokens)  # a careful cheat re-proves
-                if cheat == "early_stop" and t == 0 and i == 0:  # stop 3 tokens early, claim an EOS ending
+                if cut and len(tokens) > 4:  # stop 3 tokens early, claim an EOS ending
                     tokens, logprobs, hidden, finish = tokens[:-3], logprobs[:-3], hidden[:-3], "eos"
+                    cut = False
                 text = str(tok.decode(tokens, skip_special_tokens=True))
                 reward = env.reward(task, text, completion_tokens=len(tokens))
-                if cheat == "inflate_reward":
-                    reward = min(1.0, reward + 0.5)
+                if cheat == "inflate_reward":  # a lie whatever the true reward was
+                    reward = reward + 0.5 if reward <= 0.5 else reward - 0.5
                 samples.append(SampleRollout(tokens=tuple(tokens), logprobs=tuple(logprobs), finish_reason=finish,
                                              reward=reward, proofs=tuple(prove(hidden))))
             task_rollouts.append(TaskRollouts(task_id=task.task_id, samples=tuple(samples)))
@@ -173,6 +175,18 @@ class SimNode:
         data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
         self.sealed.append(data)
         return data
+
+
+def _last_ranked(loaded: LoadedModel, hidden: Any, params: SamplingParams, seed: int, step: int) -> int:
+    import torch
+
+    from models.loading import output_head
+    from models.sampling import scores, seed_tensor
+
+    with torch.inference_mode():
+        logits = output_head(loaded.model)(hidden.unsqueeze(0)).float()
+        row = scores(logits, params, seed_tensor([seed]), torch.tensor([step]))
+    return int(row.argmin())
 
 
 def _prefill_hidden(loaded: LoadedModel, prompt: list[int], tokens: list[int]) -> Any:
