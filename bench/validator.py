@@ -1,0 +1,567 @@
+"""Validator cost: cheap checks, full checks against the node's generation, and a junk flood.
+
+Everything runs against a real anvil pool (`contracts.devchain.DevChain`, `deploy_pool` like the
+integration tests), with honest submissions built the way a node builds them (generate with
+`models.engine.Engine`, grade, prove with `toploc.validation.prove`, seal a `Submission`).
+
+1. Cheap checks: submissions/s through `Pipeline.intake` (size, envelope, signature, sender gate,
+   replay guard, assignment, schema, the `received` ledger row), in-process on the pre-built honest
+   submissions of each model (a fresh ledger and replay guard each round), and once over HTTP
+   against the validator served by uvicorn in a subprocess (intake only, no checker running).
+2. Full checks vs generation: rollout tokens/s of `Pipeline.check_pending` (reward recomputation,
+   batched prefill with TOPLOC, sampling replay, termination and logprob checks, signed verdicts,
+   ledger) against tokens/s of `Engine.generate` producing the same rollouts (one submission per
+   generate call, as a node does), same model, threads and dtype, in this run. The ratio
+   `validation_over_generation` is check time / generation time for the same tokens. The dtype is
+   the one a node would run here: fp32 and bf16 matmul speed are measured first and the faster
+   one is used for both sides. Check time is broken down by stage (exclusive times, instrumented).
+3. Junk flood: N junk POSTs (malformed bytes, forged signatures, correctly signed submissions of
+   unregistered nodes, oversized bodies declared and chunked) at a running validator (a subprocess,
+   all its loops on, like `prime-validator`); its VmRSS is sampled from /proc during the flood
+   (bench/validator_http.py).
+
+The anchors are in the same run: generation for full checks; the RSS before the flood for memory.
+Sender rate limits are lifted (`rate_per_node`) so cheap-check throughput measures the checks.
+
+    python bench/validator.py --json out.json          # tiny + SmolLM2, 10,000 junk (~15 minutes)
+    python bench/validator.py --quick                  # tiny only, fewer rollouts (~2 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+# This file is named like the package: keep bench/ off sys.path so `import validator` finds the package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
+sys.path.insert(0, str(ROOT))
+
+
+def _bench_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+vhttp = _bench_module("validator_http")  # the validator as a process: HTTP intake and the junk flood
+TOKEN = 10**18
+ADMIN, VALIDATOR, TRAINER, OPERATOR, TREASURY = 0, vhttp.VALIDATOR, 2, 3, 9  # PUBLIC anvil dev accounts
+
+
+# -- timing helpers ---------------------------------------------------------------------------------
+
+
+class Stages:
+    """Exclusive wall time per label of wrapped callables (a wrapped call inside another is charged
+    to its own label only). Single-threaded use; `restore()` puts every original back."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = defaultdict(float)
+        self._stack: list[float] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap(self, owner: Any, attr: str, label: str) -> None:
+        original = getattr(owner, attr)
+        raw = owner.__dict__.get(attr, None) if hasattr(owner, "__dict__") else None
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            self._stack.append(0.0)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t0
+                self.times[label] += dt - self._stack.pop()
+                if self._stack:
+                    self._stack[-1] += dt
+
+        setattr(owner, attr, timed)
+        if raw is None:
+            self._undo.append(lambda: delattr(owner, attr))
+        else:
+            self._undo.append(lambda: setattr(owner, attr, raw))
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def matmul_gflops(dtype: str, seconds: float, n: int = 512) -> float:
+    """Dense n x n matmul GFLOP/s in `dtype` (small n: bf16 without AMX runs at < 1 GFLOP/s)."""
+    import torch
+
+    a, b = torch.randn(n, n).to(getattr(torch, dtype)), torch.randn(n, n).to(getattr(torch, dtype))
+    torch.mm(a, b)
+    k, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, b)
+        k += 1
+    return 2 * n**3 * k / (time.perf_counter() - t0) / 1e9
+
+
+# -- chain and validator --------------------------------------------------------------------------
+
+
+class Chain:
+    """anvil + the pool deployed like the integration tests, some registered nodes, policy v1."""
+
+    def __init__(self, n_nodes: int, manifest: bytes) -> None:
+        from contracts.deployment import PoolSettings, deploy_pool
+        from contracts.devchain import DevChain
+        from contracts.pool import PoolClient
+        from contracts.transactor import Transactor, connect
+        from protocol.identity import Identity
+
+        self.devchain = DevChain.start()
+        c = self.devchain
+        settings = PoolSettings(min_stake=10 * TOKEN, unbonding_period=300, invalidation_window=100,
+                                reward_lock_period=200, reward_per_unit=10**15, slash_penalty=4 * TOKEN)
+        self.deployment = deploy_pool(
+            Transactor(connect(c.rpc_url), c.account(ADMIN)), treasury=c.account(TREASURY).address,
+            settings=settings, validators=[c.account(VALIDATOR).address], trainers=[c.account(TRAINER).address],
+            mint={c.account(i).address: 1000 * TOKEN for i in (ADMIN, OPERATOR)}, fund_rewards=100 * TOKEN)
+        operator = PoolClient(connect(c.rpc_url), self.deployment.pool, c.account(OPERATOR))
+        # Fixed node keys, so the same tasks (and so the same rollouts) come up in every run.
+        self.nodes = [Identity.from_key(hashlib.sha256(f"bench node {i}".encode()).digest()) for i in range(n_nodes)]
+        for node in self.nodes:
+            operator.register(node, settings.min_stake)
+        PoolClient(connect(c.rpc_url), self.deployment.pool, c.account(TRAINER)).publish_policy(1, manifest)
+        self.rpc_url = c.rpc_url
+        self.validator = c.account(VALIDATOR)
+
+    def stop(self) -> None:
+        self.devchain.stop()
+
+
+def validator_config(state_dir: Path, deployment: Path, rpc_url: str, run: Any, model: Any, dtype: str,
+                     threads: int) -> Any:
+    from validator.config import ValidatorConfig
+
+    return ValidatorConfig.model_validate({
+        "state_dir": state_dir, "run": run, "model": model, "dtype": dtype, "threads": threads,
+        "chain": {"deployment": deployment, "rpc_url": rpc_url, "poll_s": 0.5},
+        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"enabled": False},
+        "max_age_s": 3600.0,  # submissions are built minutes before they are checked
+        "rate_per_node": 1e9, "rate_burst": 10**9,  # measure the checks, not the sender limit
+    })
+
+
+def fresh_pipeline(service: Any, state: Path) -> tuple[Any, Callable[[], None]]:
+    """A new Pipeline on the service's chain view and loaded model, with a new ledger and replay guard."""
+    from protocol.nonce import NonceCounter
+    from protocol.replay import ReplayGuard
+    from validator.ledger import Ledger
+    from validator.pipeline import Pipeline
+
+    state.mkdir(parents=True)
+    ledger = Ledger.open(path=state / "ledger.sqlite")
+    replay, nonces = ReplayGuard(state / "replay.sqlite"), NonceCounter(state / "nonces.sqlite")
+    p = Pipeline(service.cfg, service.identity, ledger, service.chain, service.weights, domain=service.domain,
+                 replay_guard=replay, nonces=nonces)
+
+    def close() -> None:
+        ledger.close()
+        replay.close()
+        nonces.close()
+
+    return p, close
+
+
+# -- the node side ----------------------------------------------------------------------------------
+
+
+class NodeSide:
+    """Honest submissions built like `SimNode.build`; `generate_pass` re-times `Engine.generate` alone."""
+
+    def __init__(self, loaded: Any, nodes: list[Any], n_subs: int, run: Any) -> None:
+        from environments import get as get_environment
+        from environments import render_prompt
+        from models.engine import Engine
+        from models.sampling import SamplingParams
+        from protocol.seeds import sampling_seed, task_seed
+
+        self.loaded, self.run = loaded, run
+        self.env = get_environment(run.env, run.env_version)
+        self.params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
+        self.engine = Engine(loaded)
+        self.jobs = []
+        for i in range(n_subs):
+            node, counter = nodes[i % len(nodes)], i // len(nodes)
+            tasks = self.env.sample(task_seed(node.address, 1, counter, run_id=run.run_id), run.tasks_per_batch)
+            prompts, seeds = [], []
+            for task in tasks:
+                ids = render_prompt(loaded.tokenizer, task, tokenize=True)
+                ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+                for s in range(run.samples_per_task):
+                    prompts.append(ids)
+                    seeds.append(sampling_seed(node.address, 1, task.task_id, s, run_id=run.run_id))
+            self.jobs.append((node, counter, tasks, prompts, seeds))
+        self.engine.generate([self.jobs[0][3][0]], self.params, [1], 4)  # warm-up
+        self.tokens = self.prompt_tokens = self.sequences = 0
+
+    def build(self, domain: str, manifest: bytes) -> tuple[list[bytes], float, float]:
+        """(sealed submissions, seconds in Engine.generate, seconds grading + proving + sealing)."""
+        from protocol.envelope import seal
+        from protocol.nonce import random_nonce
+        from protocol.rollout import SampleRollout, Submission, TaskRollouts
+        from toploc.validation import prove
+
+        run, datas, gen_s, node_s = self.run, [], 0.0, 0.0
+        for node, counter, tasks, prompts, seeds in self.jobs:
+            t0 = time.perf_counter()
+            gens = self.engine.generate(prompts, self.params, seeds, run.max_new_tokens)
+            t1 = time.perf_counter()
+            task_rollouts = []
+            for t, task in enumerate(tasks):
+                samples = []
+                for g in gens[t * run.samples_per_task : (t + 1) * run.samples_per_task]:
+                    text = str(self.loaded.tokenizer.decode(g.tokens, skip_special_tokens=True))
+                    samples.append(SampleRollout(
+                        tokens=tuple(g.tokens), logprobs=tuple(g.logprobs), finish_reason=g.finish_reason,
+                        reward=self.env.reward(task, text, completion_tokens=len(g.tokens)),
+                        proofs=tuple(prove(g.hidden_states))))
+                task_rollouts.append(TaskRollouts(task_id=task.task_id, samples=tuple(samples)))
+            sub = Submission(run_id=run.run_id, node=node.address, policy_version=1, manifest_hash=manifest,
+                             counter=counter, env=run.env, env_version=run.env_version, tasks=tuple(task_rollouts))
+            datas.append(seal(node, sub, domain=domain, nonce=random_nonce()).to_bytes())
+            gen_s, node_s = gen_s + t1 - t0, node_s + time.perf_counter() - t1
+            self.tokens += sum(len(g.tokens) for g in gens)
+            self.prompt_tokens += sum(len(p) for p in prompts)
+            self.sequences += len(gens)
+        return datas, gen_s, node_s
+
+    def generate_pass(self) -> float:
+        """Seconds of `Engine.generate` for the same prompts and seeds (the same tokens again)."""
+        gen_s = 0.0
+        for _, _, _, prompts, seeds in self.jobs:
+            t0 = time.perf_counter()
+            self.engine.generate(prompts, self.params, seeds, self.run.max_new_tokens)
+            gen_s += time.perf_counter() - t0
+        return gen_s
+
+
+def model_flops(loaded: Any, prompt: int, completion: int, sequences: int) -> dict[str, float]:
+    """Matmul FLOPs (attention left out: short sequences) of generating vs checking the same rollouts."""
+    m = loaded.model
+    embed = m.get_input_embeddings().weight
+    head = m.get_output_embeddings().weight
+    tied = head.data_ptr() == embed.data_ptr()
+    body = sum(p.numel() for p in m.parameters()) - embed.numel() - (0 if tied else head.numel())
+    return {
+        "body_params": body, "head_params": head.numel(),
+        # the engine: every prompt and generated token through the body, the head once per generated token
+        "generation": 2 * body * (prompt + completion) + 2 * head.numel() * completion,
+        # the check: prompt + completion - 1 tokens through the body, the head on every completion position
+        # (plus the last position of each row, computed by the prefill itself)
+        "check": 2 * body * (prompt + completion - sequences) + 2 * head.numel() * (completion + sequences),
+    }
+
+
+# -- in-process checks ------------------------------------------------------------------------------
+
+
+def time_intake(service: Any, datas: list[bytes], state: Path, profile: bool = False) -> tuple[float, Any, Any]:
+    """Seconds to take all `datas` in on a fresh pipeline (all must be 202); returns the pipeline too."""
+    import protocol.envelope
+    import validator.pipeline
+    from protocol.envelope import Envelope
+
+    p, close = fresh_pipeline(service, state)
+    stages = Stages()
+    if profile:
+        stages.wrap(Envelope, "from_bytes", "envelope parse + canonical check")
+        stages.wrap(validator.pipeline, "open_envelope", "body validation + canonical body")
+        stages.wrap(protocol.envelope, "recover_message", "signature recovery")
+        stages.wrap(p.gate, "check_and_record", "sender gate + replay guard (SQLite)")
+        stages.wrap(validator.pipeline, "submission_hash", "submission hash")
+        stages.wrap(p.ledger, "by_hash", "ledger lookups")
+        stages.wrap(p.ledger, "get", "ledger lookups")
+        stages.wrap(p, "_not_ours_yet", "assignment")
+        stages.wrap(p, "_cheap_checks", "run, version, manifest, tasks, schema")
+        stages.wrap(p.ledger, "insert", "ledger insert (SQLite commit)")
+    try:
+        t0 = time.perf_counter()
+        for d in datas:
+            a = p.intake(d)
+            if a.status != 202:
+                raise RuntimeError(f"honest submission refused at intake: {a.status} {a.body}")
+        dt = time.perf_counter() - t0
+    finally:
+        stages.restore()
+    return dt, (p, close), stages
+
+
+def time_checks(p: Any, n: int) -> tuple[float, Stages]:
+    """Seconds of `check_pending` until all `n` received rows are decided, with a stage breakdown."""
+    import models.forward
+    import toploc.validation
+    import validator.pipeline
+
+    loaded = p.weights.get(1)
+    stages = Stages()
+    stages.wrap(p.ledger, "claim", "ledger claim + decide")
+    stages.wrap(p.ledger, "decide", "ledger claim + decide")
+    stages.wrap(p, "_rewards", "rewards (decode + grade)")
+    stages.wrap(p, "_measure", "batching, prompts, padding")
+    stages.wrap(models.forward, "prefill", "prefill (model body)")
+    stages.wrap(loaded.model.get_output_embeddings(), "forward", "lm head logits")
+    stages.wrap(toploc.validation, "verify_proofs_bytes", "TOPLOC verify")
+    stages.wrap(toploc.validation, "check_sampling", "sampling replay")
+    stages.wrap(toploc.validation, "check_termination", "termination")
+    stages.wrap(toploc.validation, "_measure_one", "logprobs + per-sequence glue")
+    stages.wrap(p, "_verdict", "verdict measurements + feed item")
+    stages.wrap(validator.pipeline, "seal", "signing verdicts + feed items")
+    stages.wrap(validator.pipeline, "_parse_stored", "parsing stored envelopes")
+    stages.wrap(p, "tasks", "task sampling")
+    try:
+        decided, t0 = 0, time.perf_counter()
+        while decided < n:
+            got = p.check_pending()
+            if not got:
+                raise RuntimeError(f"check_pending decided nothing with {n - decided} rows left")
+            decided += got
+        dt = time.perf_counter() - t0
+    finally:
+        stages.restore()
+    counts = p.ledger.counts()
+    if counts.get("outcome:accepted", 0) != n:
+        raise RuntimeError(f"honest submissions not all accepted: {counts}")
+    return dt, stages
+
+
+def bench_model(name: str, chain: Chain, deployment: Path, run: Any, args: Any, dtype: str, tmp: Path,
+                manifest: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    from protocol.model_spec import SmolLM2Spec, TinyModelSpec
+    from validator.service import Service
+
+    spec = TinyModelSpec(seed=0, hidden_size=128) if name == "tiny" else SmolLM2Spec()
+    cfg = validator_config(tmp / name / "service", deployment, chain.rpc_url, run, spec, dtype, args.threads)
+    t0 = time.perf_counter()
+    service = Service(cfg, chain.validator)  # loads the model (WeightStore) and reads the chain; no loops
+    load_s = time.perf_counter() - t0
+    loaded = service.weights.get(1)
+    n_subs = args.tiny_submissions if name == "tiny" else args.smollm2_submissions
+    print(f"{name}: model loaded in {load_s:.1f} s; {n_subs} submissions of {run.tasks_per_batch}x"
+          f"{run.samples_per_task} rollouts, up to {run.max_new_tokens} new tokens", flush=True)
+    node = NodeSide(loaded, chain.nodes, n_subs, run)
+    datas, first_gen_s, node_s = node.build(service.domain, manifest)
+    tokens = node.tokens
+    k = 0
+
+    def state() -> Path:
+        nonlocal k
+        k += 1
+        return tmp / name / f"p{k}"
+
+    _, (_, close), _ = time_intake(service, datas, state())  # warm-up: first-use caches of the intake path
+    close()
+    # Generation and check passes alternate, so a change in the machine's load hits both alike.
+    gen_runs, check_runs, intake_runs, best = [first_gen_s], [], [], None
+    for r in range(args.repeats):
+        if r:
+            gen_runs.append(node.generate_pass())
+        intake_s, (p, close), _ = time_intake(service, datas, state())
+        intake_runs.append(len(datas) / intake_s)
+        check_s, stages = time_checks(p, len(datas))
+        close()
+        check_runs.append(check_s)
+        if best is None or check_s <= min(check_runs):
+            best = stages
+        print(f"  pass {r + 1}: generation {tokens / gen_runs[-1]:.1f} tok/s ({gen_runs[-1]:.1f} s), full checks "
+              f"{tokens / check_s:.1f} tok/s ({check_s:.1f} s), load {os.getloadavg()[0]:.1f}", flush=True)
+    while len(intake_runs) * len(datas) < args.intakes and len(intake_runs) < 50:
+        intake_s, (_, close), _ = time_intake(service, datas, state())
+        close()
+        intake_runs.append(len(datas) / intake_s)
+    profiled_s, (_, close), intake_stages = time_intake(service, datas, state(), profile=True)
+    close()
+    assert best is not None
+    check_s, gen_s = min(check_runs), min(gen_runs)
+    flops = model_flops(loaded, node.prompt_tokens, tokens, node.sequences)
+    model_s = best.times["prefill (model body)"] + best.times["lm head logits"]
+    total = sum(best.times.values())
+    breakdown = {k: v for k, v in sorted(best.times.items(), key=lambda kv: -kv[1])}
+    breakdown["other"] = max(0.0, check_s - total)
+    itotal = sum(intake_stages.times.values())
+    intake_breakdown = {k: v / len(datas) * 1e3 for k, v in sorted(intake_stages.times.items(), key=lambda kv: -kv[1])}
+    row = {
+        "model": name, "spec": spec.model_dump(mode="json"), "submissions": len(datas),
+        "rollouts": node.sequences, "rollout_tokens": tokens, "prompt_tokens": node.prompt_tokens,
+        "submission_bytes_mean": sum(map(len, datas)) / len(datas),
+        "generation_s": gen_s, "generation_runs_s": gen_runs, "generation_tok_s": tokens / gen_s,
+        "node_grade_prove_seal_s": node_s,
+        "check_s": check_s, "check_runs_s": check_runs, "check_tok_s": tokens / check_s,
+        "validation_over_generation": check_s / gen_s,
+        "validation_over_generation_per_pass": [c / g for c, g in zip(check_runs, gen_runs, strict=True)],
+        "flops": flops, "generation_gflops": flops["generation"] / gen_s / 1e9,
+        "check_model_gflops": flops["check"] / model_s / 1e9,
+        "prompt_share_of_check_prefill": node.prompt_tokens / (node.prompt_tokens + tokens - node.sequences),
+        "check_breakdown_s": breakdown,
+        "check_breakdown_share": {k: v / check_s for k, v in breakdown.items()},
+        # median of the rounds: a round of a few submissions is short, so its best is an outlier
+        "intake_runs_per_s": intake_runs, "intake_per_s": sorted(intake_runs)[len(intake_runs) // 2],
+        "intake_per_s_best": max(intake_runs),
+        "intake_breakdown_ms_per_submission": intake_breakdown,
+        "intake_unaccounted_ms_per_submission": max(0.0, profiled_s - itotal) / len(datas) * 1e3,
+        "model_load_s": load_s,
+    }
+    service.ledger.close()
+    service.replay.close()
+    service.nonces.close()
+    return row, datas
+
+
+# -- main ---------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny only, fewer rollouts, 2,000 junk (~2 minutes)")
+    ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of node and validator (default 1)")
+    ap.add_argument("--models", default=None, help="comma list of: tiny, smollm2 (default both; quick: tiny)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="dtype of node and validator; auto = the faster matmul on this machine")
+    ap.add_argument("--max-new", type=int, default=None, help="max new tokens per rollout (default 128, quick 32)")
+    ap.add_argument("--tiny-submissions", type=int, default=None, help="tiny submissions (default 48, quick 24)")
+    ap.add_argument("--smollm2-submissions", type=int, default=None, help="SmolLM2 submissions (default 4, quick 2)")
+    ap.add_argument("--intakes", type=int, default=None, help="in-process intakes per model, at most 50 rounds (default 1000, quick 200)")
+    ap.add_argument("--junk", type=int, default=None, help="junk requests in the flood (default 10000, quick 2000)")
+    ap.add_argument("--connections", type=int, default=4, help="concurrent HTTP connections of the clients")
+    ap.add_argument("--repeats", type=int, default=None, help="generation/check passes, best kept (default 2, quick 1)")
+    ap.add_argument("--skip-http", action="store_true", help="no HTTP intake run and no junk flood")
+    ap.add_argument("--skip-flood", action="store_true", help="no junk flood")
+    ap.add_argument("--http-rounds", type=int, default=None,
+                    help="HTTP intake rounds, each on a fresh validator process (default 3, quick 2)")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    q = args.quick
+    args.models = args.models or ("tiny" if q else "tiny,smollm2")
+    args.max_new = args.max_new or (32 if q else 128)
+    args.tiny_submissions = args.tiny_submissions or (24 if q else 48)
+    args.smollm2_submissions = args.smollm2_submissions or (2 if q else 4)
+    args.intakes = args.intakes or (200 if q else 1000)
+    args.junk = args.junk or (2000 if q else 10_000)
+    args.repeats = args.repeats or (1 if q else 2)
+    args.http_rounds = args.http_rounds or (2 if q else 3)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from protocol.rollout import RunSpec
+
+    flops = {d: matmul_gflops(d, 0.5 if q else 1.5) for d in ("float32", "bfloat16")}
+    dtype = max(flops, key=lambda d: flops[d]) if args.dtype == "auto" else args.dtype
+    run = RunSpec(run_id="bench", tasks_per_batch=4, samples_per_task=4, max_new_tokens=args.max_new)
+    manifest = hashlib.sha256(b"bench manifest v1").digest()
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model_name = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                      platform.processor() or platform.machine())
+    flags = sorted({f for f in cpuinfo.split() if f.startswith(("amx", "avx512_bf16", "avx512f", "avx2"))})
+    info = {
+        "machine": model_name, "cpu_flags": flags, "platform": platform.platform(),
+        "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__, "python": platform.python_version(),
+        "matmul_gflops_512": flops, "dtype": dtype,
+        "dtype_choice": "auto: the faster dense matmul here" if args.dtype == "auto" else "given",
+        "run": run.model_dump(mode="json"), "repeats": args.repeats, "load_average_start": os.getloadavg(),
+        "batch_submissions": 8, "batch_tokens": 8192, "generation_batch": "one submission per generate call "
+        f"({run.tasks_per_batch * run.samples_per_task} sequences)",
+    }
+    print(f"{model_name} ({', '.join(flags) or 'no avx2/avx512/amx'}) threads={args.threads} cpus={os.cpu_count()} "
+          f"load={os.getloadavg()[0]:.1f}  dense 512 matmul: "
+          f"fp32 {flops['float32']:.1f} GFLOP/s, bf16 {flops['bfloat16']:.2f} GFLOP/s -> {dtype}", flush=True)
+    results: dict[str, Any] = {"info": info, "models": {}}
+    chain = Chain(4, manifest)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-validator-") as tmpdir:
+            tmp = Path(tmpdir)
+            dep = chain.deployment.save(tmp / "deployment.json")
+            tiny_datas: list[bytes] = []
+            for name in args.models.split(","):
+                row, datas = bench_model(name, chain, dep, run, args, dtype, tmp, manifest)
+                results["models"][name] = row
+                if name == "tiny":
+                    tiny_datas = datas
+            if not args.skip_http and tiny_datas:
+                from protocol.model_spec import TinyModelSpec
+
+                cfg = validator_config(tmp / "http" / "state", dep, chain.rpc_url, run,
+                                       TinyModelSpec(seed=0, hidden_size=128), dtype, args.threads)
+                rounds = []
+                for r in range(args.http_rounds):
+                    rounds.append(vhttp.http_intake(cfg.model_copy(update={"state_dir": tmp / f"http{r}" / "state"}),
+                                              tiny_datas, args.threads, args.connections, tmp / f"http{r}"))
+                    print(f"cheap checks over HTTP, round {r + 1}: {rounds[-1]['per_s']:.1f}/s", flush=True)
+                results["http_intake"] = {**max(rounds, key=lambda x: x["per_s"]), "rounds_per_s": [
+                    x["per_s"] for x in rounds]}
+                if not args.skip_flood:
+                    cfg = cfg.model_copy(update={"state_dir": tmp / "flood" / "state"})
+                    print(f"junk flood: {args.junk} requests ...", flush=True)
+                    results["junk_flood"] = vhttp.junk_flood(cfg, tiny_datas, args.junk, args.threads, args.connections,
+                                                       tmp / "flood")
+    finally:
+        chain.stop()
+    info["load_average_end"] = os.getloadavg()
+    results["validation_over_generation"] = {m: r["validation_over_generation"] for m, r in results["models"].items()}
+    results["cheap_checks_per_s"] = {m: r["intake_per_s"] for m, r in results["models"].items()}
+    report(results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def report(res: dict[str, Any]) -> None:
+    info = res["info"]
+    print(f"\n{info['machine']} x{info['cpus']}, {info['threads']} thread(s), {info['dtype']}, "
+          f"{info['run']['tasks_per_batch']}x{info['run']['samples_per_task']} rollouts per submission, "
+          f"max {info['run']['max_new_tokens']} new tokens, load {info['load_average_start'][0]:.1f} -> "
+          f"{info['load_average_end'][0]:.1f}")
+    peak = info["matmul_gflops_512"][info["dtype"]]
+    print(f"{'model':8} {'subs':>5} {'tokens':>7} {'gen tok/s':>10} {'check tok/s':>12} {'check/gen':>10} "
+          f"{'cheap/s':>8} {'bytes/sub':>10} {'gen GFLOP/s':>12} {'prefill GFLOP/s':>16}")
+    for m, r in res["models"].items():
+        print(f"{m:8} {r['submissions']:>5} {r['rollout_tokens']:>7} {r['generation_tok_s']:>10.1f} "
+              f"{r['check_tok_s']:>12.1f} {r['validation_over_generation']:>9.3f}x {r['intake_per_s']:>8.1f} "
+              f"{r['submission_bytes_mean']:>10.0f} {r['generation_gflops']:>12.1f} {r['check_model_gflops']:>16.1f}")
+    print(f"(dense matmul peak at the start: {peak:.1f} GFLOP/s; prefill GFLOP/s = check FLOPs / time in the body "
+          "and the lm head)")
+    for m, r in res["models"].items():
+        print(f"\n{m}: full-check time by stage ({r['check_s']:.2f} s)")
+        for k, v in r["check_breakdown_s"].items():
+            print(f"  {k:<40} {v:8.3f} s {v / r['check_s']:6.1%}")
+        print(f"{m}: intake ms per submission by stage")
+        for k, v in r["intake_breakdown_ms_per_submission"].items():
+            print(f"  {k:<40} {v:8.3f} ms")
+    if "http_intake" in res:
+        h = res["http_intake"]
+        print(f"\ncheap checks over HTTP: {h['per_s']:.1f} submissions/s ({h['submissions']} tiny submissions, "
+              f"{h['connections']} connections)")
+    if "junk_flood" in res:
+        f = res["junk_flood"]
+        print(f"junk flood: {f['requests']} requests at {f['per_s']:.0f}/s; validator RSS {f['rss_before_mib']:.1f} "
+              f"-> {f['rss_after_mib']:.1f} MiB (peak {f['rss_peak_sampled_mib']:.1f}, +{f['peak_over_before_mib']:.1f}"
+              f"); flat: {f['flat']}; ledger {f['ledger_bytes_before']} -> {f['ledger_bytes_after']} bytes, "
+              f"{f['ledger_refusal_rows']} refusal rows, {f['ledger_submission_rows']} submission rows")
+        for kind, st in f["statuses"].items():
+            print(f"  {kind:<18} {st}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
