@@ -64,14 +64,16 @@ def build_app(service: Service) -> FastAPI:
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isascii() or not declared.isdigit() or int(declared) > limit):
             service.pipeline.count("refused_oversize")
+            # Connection: close, so the server does not keep the socket to drain a body it will never use
             return JSONResponse({"error": "oversize", "detail": f"Content-Length {declared[:32]!r}, limit {limit}"},
-                                status_code=413)
+                                status_code=413, headers={"Connection": "close"})
         chunks, size = [], 0
         async for chunk in request.stream():  # chunked uploads are capped while they are read
             size += len(chunk)
             if size > limit:
                 service.pipeline.count("refused_oversize")
-                return JSONResponse({"error": "oversize", "detail": f"body over {limit} bytes"}, status_code=413)
+                return JSONResponse({"error": "oversize", "detail": f"body over {limit} bytes"}, status_code=413,
+                                    headers={"Connection": "close"})
             chunks.append(chunk)
         answer = await run_in_threadpool(service.pipeline.intake, b"".join(chunks))
         if answer.status == 202:

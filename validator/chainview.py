@@ -81,6 +81,11 @@ class ChainView:
             view = self._nodes.get(checksum(node))
             return view is not None and view.status == NodeStatus.ACTIVE and view.stake >= self.min_stake
 
+    def known(self, node: str) -> bool:
+        """Ever registered in this pool (whatever its state now)."""
+        with self._lock:
+            return checksum(node) in self._nodes
+
     def current_version(self) -> int | None:
         """The newest policy version published on chain (None before the first)."""
         with self._lock:

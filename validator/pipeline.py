@@ -298,7 +298,9 @@ class Pipeline:
 
     def _refuse(self, status: int, exc: PrimeError, sender: str | None) -> Answer:
         self.count(f"refused_{exc.code}")
-        if sender is not None:  # authenticated sender: count it against the node
+        # An authenticated member of the pool: counted against it in the ledger. Keys that never registered
+        # cost nothing to make, so they are only counted in the metrics (a row each would fill the disk).
+        if sender is not None and self.chain.known(sender):
             self.ledger.count_refusal(sender, exc.code)
         return Answer(status, {"error": exc.code, "detail": str(exc)})
 

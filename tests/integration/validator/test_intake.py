@@ -96,11 +96,12 @@ def test_bad_inputs_get_their_status_and_a_ledger_row_where_they_have_a_sender(m
         env["signature"] = "0x" + sig.hex()
         forged = Envelope.model_validate(env).to_bytes()
         assert c.post("/v1/submissions", content=forged).status_code == 401
-        # an unregistered node: 403, counted against its (authenticated) address
+        # an unregistered key: 403, counted in the metrics only (fresh keys are free: no ledger row each)
         _, from_stranger = stranger.build()
         r = c.post("/v1/submissions", content=from_stranger)
         assert r.status_code == 403 and r.json()["error"] == "node_inactive"
-        assert c.get(f"/v1/nodes/{stranger.identity.address}").json()["refused"] == {"node_inactive": 1}
+        assert c.get(f"/v1/nodes/{stranger.identity.address}").json()["refused"] == {}
+        assert 'prime_validator_events{event="refused_node_inactive"} 1.0' in c.get("/metrics").text
         # the honest one goes through; then a different body under the same nonce is a replay
         assert c.post("/v1/submissions", content=good).status_code == 202
         other_sub, _ = node.build()
