@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 import torch
-from toploc.poly import c_verify_proofs_bytes
 
 import toploc
+from toploc.poly import c_verify_proofs_bytes
 
 
 def _bf16(bits: np.ndarray) -> torch.Tensor:
