@@ -1,4 +1,6 @@
-"""Fixtures: the validator tests' anvil (one per session, a snapshot per test), tiny model and served validator."""
+"""Fixtures shared by the tiers that run roles against a chain (validator, node): one anvil per session
+and a snapshot per test (the contracts tests' fixtures), policy v1 published, the tiny model, and a way
+to serve validators on 127.0.0.1. Fixtures are only set up for the tests that ask for them."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-_TESTS = Path(__file__).resolve().parents[2]
+_TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_TESTS / "unit" / "contracts"))
 sys.path.insert(0, str(_TESTS / "integration" / "validator"))
 
@@ -17,7 +19,6 @@ from chainfixtures import VALIDATOR, Pools  # noqa: E402
 from validator_harness import MANIFEST_V0, Served, serve, tiny, validator_config  # noqa: E402
 
 from models.loading import LoadedModel  # noqa: E402
-from protocol.identity import Identity  # noqa: E402
 
 devchain, deployment, pools = chainfixtures.devchain, chainfixtures.deployment, chainfixtures.pools
 
@@ -41,8 +42,9 @@ def deployment_file(published: Pools, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_validator(published: Pools, deployment_file: Path, tmp_path: Path) -> Iterator[object]:
+    """`make(name="v", **config overrides)` serves a validator (anvil account 1) until the test ends."""
     started: list[Served] = []
-    identity: Identity = published.chain.account(VALIDATOR)
+    identity = published.chain.account(VALIDATOR)
 
     def make(name: str = "v", **overrides: object) -> Served:
         cfg = validator_config(tmp_path / name, deployment_file, published.chain.rpc_url, **overrides)
