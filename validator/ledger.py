@@ -395,12 +395,17 @@ class Ledger:
     def unreported(self, limit: int) -> list[Row]:
         return self._rows("WHERE state = 'decided' ORDER BY decided_at LIMIT ?", (limit,))
 
-    def mark_reported(self, work_keys: Sequence[str], tx_hash: str | None, *, now: float | None = None) -> None:
+    def mark_reported(self, work_keys: Sequence[str], tx_hash: str | None, *, now: float | None = None,
+                      outcome: str | None = None) -> None:
+        """Rows are reported. With `outcome`, only while the row still has that outcome: a verdict replaced
+        (`redecide`) while the reporter was sending the old one stays `decided` and is reported again."""
         t = time.time() if now is None else now
+        same = "" if outcome is None else " AND outcome = ?"
         with self._db.transaction() as db:
             for key in work_keys:
                 db.execute("UPDATE submissions SET state = 'reported', reported_at = ?, chain_tx = ? "
-                           "WHERE work_key = ? AND state = 'decided'", (t, tx_hash, key))
+                           f"WHERE work_key = ? AND state = 'decided'{same}",
+                           (t, tx_hash, key) + (() if outcome is None else (outcome,)))
 
     def counts(self) -> dict[str, int]:
         """Rows per state and per outcome (for /metrics and the audit)."""

@@ -282,19 +282,22 @@ class Pipeline:
                                 envelope.signer)
         key = _hex(work_key(self.run.run_id, body.node, body.policy_version, body.counter))
         existing = self.ledger.get(key)
-        if existing is not None:
-            if _parse_stored(existing) == body:  # the same payload sealed again (a retry): the same answer
-                return Answer(200 if existing.state != "received" else 202, self.row_status(existing))
-            return self._equivocation(existing, body, data)
-        early = self._not_ours_yet(body)
-        if early is not None:
-            return early
-        decision = self._cheap_checks(body, data)
-        self.ledger.insert(work_key=key, submission_hash=_hex(sub_hash), node=body.node,
-                           policy_version=body.policy_version, counter=body.counter, envelope=data, decision=decision)
-        row = self.ledger.get(key)
-        assert row is not None
-        return Answer(202 if decision is None else 200, self.row_status(row))
+        if existing is None:
+            early = self._not_ours_yet(body)
+            if early is not None:
+                return early
+            decision = self._cheap_checks(body, data)
+            if self.ledger.insert(work_key=key, submission_hash=_hex(sub_hash), node=body.node,
+                                  policy_version=body.policy_version, counter=body.counter, envelope=data,
+                                  decision=decision):
+                row = self.ledger.get(key)
+                assert row is not None
+                return Answer(202 if decision is None else 200, self.row_status(row))
+            existing = self.ledger.get(key)  # a concurrent request took the work key first
+            assert existing is not None
+        if _parse_stored(existing) == body:  # the same payload sealed again (a retry): the same answer
+            return Answer(200 if existing.state != "received" else 202, self.row_status(existing))
+        return self._equivocation(existing, body, data)
 
     def _refuse(self, status: int, exc: PrimeError, sender: str | None) -> Answer:
         self.count(f"refused_{exc.code}")

@@ -27,6 +27,7 @@ from validator.ledger import Ledger, Row
 
 log = logging.getLogger(__name__)
 
+_ACCEPTED = Outcome.ACCEPTED.value
 _ON_CHAIN_SOFT = {Reason.STALE_VERSION.value}
 _TRANSIENT = {"http", "timeout", "unreachable", None}
 """`ChainError.reason`s that say nothing about the items: the whole batch is retried later."""
@@ -70,7 +71,7 @@ class Reporter:
                 elif row.reason in _ON_CHAIN_SOFT and self.pool is not None:
                     done += self._invalidate(row, hard=False)
                 else:
-                    self.ledger.mark_reported([row.work_key], None)
+                    self.ledger.mark_reported([row.work_key], None, outcome=row.outcome)
                     done += 1
             for i in range(0, len(accepted), self.batch):
                 done += self._record(accepted[i : i + self.batch])
@@ -79,7 +80,7 @@ class Reporter:
 
     def _record(self, rows: list[Row]) -> int:
         if self.pool is None:
-            self.ledger.mark_reported([r.work_key for r in rows], None)
+            self.ledger.mark_reported([r.work_key for r in rows], None, outcome=_ACCEPTED)
             return len(rows)
         items: list[tuple[str, bytes | str, int]] = [(r.node, r.work_key, _units(r)) for r in rows]
         try:
@@ -88,7 +89,7 @@ class Reporter:
             self.failures += 1
             log.warning("recordWorkBatch of %d keys failed: %s", len(rows), exc)
             landed = [r for r in rows if self._done_on_chain(r, WorkStatus.ACCEPTED, WorkStatus.CLAIMED)]
-            self.ledger.mark_reported([r.work_key for r in landed], None)
+            self.ledger.mark_reported([r.work_key for r in landed], None, outcome=_ACCEPTED)
             if len(rows) > 1 and exc.reason not in _TRANSIENT:  # one bad item must not block the rest
                 rest = [r for r in rows if r not in landed]
                 return len(landed) + sum(self._record([r]) for r in rest)
@@ -96,17 +97,17 @@ class Reporter:
                 # e.g. the node left or was ejected after we accepted: it can no longer be paid
                 log.error("accepted %s of %s can never be recorded (%s); kept in the ledger and the feed",
                           rows[0].work_key, rows[0].node, exc.reason)
-                self.ledger.mark_reported([rows[0].work_key], f"refused:{exc.reason}")
+                self.ledger.mark_reported([rows[0].work_key], f"refused:{exc.reason}", outcome=_ACCEPTED)
                 return 1
             return len(landed)
-        self.ledger.mark_reported([r.work_key for r in rows], receipt.tx_hash)
+        self.ledger.mark_reported([r.work_key for r in rows], receipt.tx_hash, outcome=_ACCEPTED)
         log.info("recorded %d accepted submissions on chain (tx %s)", len(rows), receipt.tx_hash)
         return len(rows)
 
     def _invalidate(self, row: Row, *, hard: bool) -> int:
         assert self.pool is not None or not hard
         if self.pool is None:
-            self.ledger.mark_reported([row.work_key], None)
+            self.ledger.mark_reported([row.work_key], None, outcome=row.outcome)
             return 1
         code = Reason(str(row.reason)).code
         try:
@@ -117,12 +118,12 @@ class Reporter:
                 receipt = self.pool.invalidate_soft(row.node, row.work_key, code)
         except ChainError as exc:
             if self._done_on_chain(row, WorkStatus.HARD_INVALIDATED if hard else WorkStatus.SOFT_INVALIDATED):
-                self.ledger.mark_reported([row.work_key], None)
+                self.ledger.mark_reported([row.work_key], None, outcome=row.outcome)
                 return 1
             self.failures += 1
             log.warning("invalidate%s %s failed (will retry): %s", "Hard" if hard else "Soft", row.work_key, exc)
             return 0
-        self.ledger.mark_reported([row.work_key], receipt.tx_hash)
+        self.ledger.mark_reported([row.work_key], receipt.tx_hash, outcome=row.outcome)
         log.info("invalidated%s %s of %s (%s) on chain, tx %s", " and slashed" if hard else "", row.work_key,
                  row.node, row.reason, receipt.tx_hash)
         return 1

@@ -135,3 +135,20 @@ def test_evidence_hash_is_the_sha256_of_what_is_served(make_validator, make_node
         assert json.loads(ev.content)["submission"] == data.decode()
         assert c.get("/v1/evidence/0x" + "00" * 32).status_code == 404
         assert c.get("/v1/evidence/nothex").status_code == 400
+
+
+def test_two_payloads_for_one_assignment_at_once_are_equivocation_whoever_wins(make_validator, make_node):
+    from concurrent.futures import ThreadPoolExecutor
+
+    node = make_node()
+    v = make_validator()
+    _, first = node.build(counter=3)
+    _, second = node.build(counter=3, cheat="inflate_reward")
+    with v.client() as c, ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda d: c.post("/v1/submissions", content=d), [first, second]))
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses[1] == 409 and statuses[0] in (200, 202), [a.text for a in answers]
+        key = answers[0].json()["work_key"]
+        row = v.wait_decided(key)
+        assert (row["outcome"], row["reason"]) == ("rejected_hard", "equivocation")
+    assert _count_rows(v) == 1

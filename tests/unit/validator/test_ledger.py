@@ -150,6 +150,17 @@ def test_redecide_replaces_the_verdict_and_reports_it_again(ledger: Ledger) -> N
     assert keys(ledger.unreported(10)) == ["k1"]
 
 
+def test_a_verdict_replaced_while_the_old_one_was_sent_is_reported_again(ledger: Ledger) -> None:
+    add(ledger, "k1")
+    ledger.decide("k1", accepted("k1"), now=T0 + 1)
+    sending = ledger.unreported(10)  # the reporter picks up the accepted verdict...
+    ledger.redecide("k1", hard("k1", "equivocation"), now=T0 + 2)  # ...while it turns hard
+    ledger.mark_reported(keys(sending), "0xrecord", now=T0 + 3, outcome=sending[0].outcome)
+    row = ledger.get("k1")
+    assert row is not None and (row.state, row.outcome) == ("decided", "rejected_hard")
+    assert keys(ledger.unreported(10)) == ["k1"]  # the slash still goes out
+
+
 # -- claims and leases -----------------------------------------------------------------------------
 
 
