@@ -20,6 +20,7 @@ whether many distinct nodes failed at the same version in the window; if so it s
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import threading
@@ -544,8 +545,6 @@ class Pipeline:
     # -- views ------------------------------------------------------------------------------------
 
     def row_status(self, row: Row) -> dict[str, Any]:
-        import json
-
         return {
             "work_key": row.work_key, "submission_hash": row.submission_hash, "node": row.node,
             "policy_version": row.policy_version, "counter": row.counter, "state": row.state,
