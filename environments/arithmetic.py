@@ -77,6 +77,11 @@ class Arithmetic(Environment):
         messages = (Message(role="system", content=SYSTEM_PROMPT), Message(role="user", content=question))
         return make_task(self.name, self.version, messages, answer.strip())
 
+    def reference_completion(self, task: Task) -> str:
+        """The exact value, boxed as the system prompt asks."""
+        self._check_task(task)
+        return f"\\boxed{{{task.answer}}}"
+
     def _score(self, task: Task, completion: str) -> float:
         got = final_number(completion)
         return 1.0 if got is not None and got == parse_number(task.answer) else 0.0

@@ -72,9 +72,7 @@ class Environment(ABC):
         - `TaskEnvironmentError` (other subclasses): the task belongs to another environment or
           version, or the arguments are wrong: the caller's mistake.
         """
-        if task.env != self.name or task.env_version != self.version:
-            raise TaskEnvironmentError(
-                f"task is for {task.env}@{task.env_version}, this is {self.name}@{self.version}")
+        self._check_task(task)
         if not isinstance(completion, str):
             raise TaskEnvironmentError(f"completion must be str, got {type(completion).__name__}")
         try:
@@ -88,6 +86,19 @@ class Environment(ABC):
             raise UngradableError(f"{self.name}: grading failed: {exc!r}") from exc
         # Clamp and kill NaN: a reward outside [0, 1] would poison a GRPO group's advantages.
         return min(1.0, max(0.0, score)) if score == score else 0.0
+
+    def reference_completion(self, task: Task) -> str:
+        """A completion that states `task`'s reference answer the way the grader reads it (full reward).
+
+        Supervised warm-up data (`prime-trainer sft`) is built from it. Environments whose reference
+        answer cannot be written as a graded completion do not override it and raise.
+        """
+        raise TaskEnvironmentError(f"{self.name} cannot state a reference completion for its tasks")
+
+    def _check_task(self, task: Task) -> None:
+        if task.env != self.name or task.env_version != self.version:
+            raise TaskEnvironmentError(
+                f"task is for {task.env}@{task.env_version}, this is {self.name}@{self.version}")
 
     @abstractmethod
     def task_from(self, question: str, answer: str) -> Task:

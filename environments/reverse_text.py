@@ -92,6 +92,11 @@ class ReverseText(Environment):
         messages = (Message(role="system", content=SYSTEM_PROMPT), Message(role="user", content=question))
         return make_task(self.name, self.version, messages, answer)
 
+    def reference_completion(self, task: Task) -> str:
+        """The exact reversal in the answer tags the system prompt asks for."""
+        self._check_task(task)
+        return f"<answer>{task.answer}</answer>"
+
     def _score(self, task: Task, completion: str) -> float:
         answer = extract_answer(completion)
         if len(answer) > MAX_ANSWER_CHARS:
