@@ -25,9 +25,9 @@ import os
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
@@ -207,3 +207,31 @@ class KeySource(BaseModel):
     """Environment variable holding the keystore password."""
     password_file: Path | None = None
     """File holding the keystore password."""
+
+
+class StaticWeights(BaseModel):
+    """Every policy version runs on the weights of the run's `model` (tests, benchmarks, a frozen policy)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["static"] = "static"
+    """Weight source: `static` (the model spec for every version) or `shardcast` (follow the relays)."""
+
+
+class ShardcastWeights(BaseModel):
+    """Pull each policy version over the SHARDCAST relay tree, checked against the chain's manifest hash."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: Literal["shardcast"] = "shardcast"
+    """Weight source: `static` (the model spec for every version) or `shardcast` (follow the relays)."""
+    relays: list[str] = []
+    """Relay (or origin) URLs, http://host:port."""
+    trainer: str
+    """Address of the trainer key that signs manifests."""
+    base_version: int = Field(0, ge=0)
+    """Versions up to this one are the base `model` (before the trainer's first publish)."""
+
+
+WeightSource = Annotated[StaticWeights | ShardcastWeights, Field(discriminator="type")]
+"""Where a role gets the weights of each policy version (a config section shared by node and validator)."""

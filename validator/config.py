@@ -7,11 +7,17 @@ e.g. `PRIME_CHAIN__RPC_URL`) < command-line flags (`--chain.rpc-url ...`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.config import KeySource, PrimeConfig, parse_config
+from protocol.config import (
+    KeySource,
+    PrimeConfig,
+    StaticWeights,
+    WeightSource,
+    parse_config,
+)
 from protocol.model_spec import ModelSpec, TinyModelSpec
 from protocol.run import RunSpec
 
@@ -27,29 +33,6 @@ class ChainSettings(Section):
     """JSON-RPC URL of the chain the pool lives on."""
     poll_s: float = Field(1.0, gt=0.0)
     """How often new pool events (registrations, slashes, policy versions) are read."""
-
-
-class StaticWeights(Section):
-    """Every policy version is checked with the weights of `model` (tests, benchmarks, a frozen policy)."""
-
-    type: Literal["static"] = "static"
-    """Weight source: `static` (the model spec for every version) or `shardcast` (follow the relays)."""
-
-
-class ShardcastWeights(Section):
-    """Pull each policy version over the SHARDCAST relay tree, checked against the chain's manifest hash."""
-
-    type: Literal["shardcast"] = "shardcast"
-    """Weight source: `static` (the model spec for every version) or `shardcast` (follow the relays)."""
-    relays: list[str] = []
-    """Relay (or origin) URLs, http://host:port."""
-    trainer: str
-    """Address of the trainer key that signs manifests."""
-    base_version: int = Field(0, ge=0)
-    """Versions up to this one are the base `model` (before the trainer's first publish)."""
-
-
-WeightSource = Annotated[StaticWeights | ShardcastWeights, Field(discriminator="type")]
 
 
 class CheckSettings(Section):

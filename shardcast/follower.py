@@ -1,0 +1,131 @@
+"""Follow the relays in a background thread and hand out versions only once they match the chain.
+
+Nodes and validators both need the same thing from SHARDCAST: keep installing the newest policy
+version (`Client.follow`, asyncio, in a thread of its own so a synchronous role can use it), and
+give a version's checkpoint directory out only when its installed manifest is signed by the run's
+trainer *and* its `content_hash` equals the hash the chain recorded for that version. The chain is
+the authority: a relay (or the trainer's origin) that serves a validly signed manifest which was
+never published, or was replaced, is refused here (`VersionUnavailable`, naming why).
+
+The expected hash comes from the caller (`verified(version, want)`), so this library does not read
+the chain itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from protocol.errors import PrimeError, RelayError
+from shardcast.client import Client, PullResult
+from shardcast.errors import ManifestError
+from shardcast.manifest import SignedManifest
+
+log = logging.getLogger(__name__)
+
+
+class VersionUnavailable(RelayError):
+    """A policy version is not installed here yet, or what is installed does not match the chain."""
+
+    code = "version_unavailable"
+
+
+class Follower:
+    """Installs each new version from `relays` into `out_dir` until `stop()` (see the module docstring)."""
+
+    def __init__(self, relays: list[str], *, trainer: str, out_dir: Path, run_id: str | None, keep: int,
+                 poll_s: float = 5.0, progress: bool | None = False,
+                 on_install: Callable[[PullResult], None] | None = None) -> None:
+        self.relays = list(relays)
+        self.trainer = trainer
+        self.out_dir = Path(out_dir)
+        self.run_id = run_id
+        self.keep = keep
+        self.poll_s = poll_s
+        self.progress = progress
+        self.on_install = on_install
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what is installed -----------------------------------------------------------------------
+
+    def installed(self) -> list[int]:
+        """Versions with a checkpoint directory and a manifest on disk, oldest first (not yet verified)."""
+        found = []
+        for path in self.out_dir.glob("v*"):
+            if path.name[1:].isdigit() and path.is_dir() and (self.out_dir / "manifests" / f"{path.name[1:]}.json").is_file():
+                found.append(int(path.name[1:]))
+        return sorted(found)
+
+    def verified(self, version: int, want: bytes | None) -> Path:
+        """The checkpoint directory of `version`, if its manifest is the trainer's and hashes to `want`."""
+        path = self.out_dir / f"v{version}"
+        manifest_file = self.out_dir / "manifests" / f"{version}.json"
+        if not path.is_dir() or not manifest_file.is_file():
+            raise VersionUnavailable(f"policy version {version} is not installed yet")
+        if want is None:
+            raise VersionUnavailable(f"policy version {version} is not published on chain (yet)")
+        try:
+            signed = SignedManifest.parse(manifest_file.read_bytes())
+            signed.verify(trainer=self.trainer)
+        except (OSError, ManifestError) as exc:
+            raise VersionUnavailable(f"installed v{version} has an unusable manifest: {exc}") from exc
+        if signed.manifest.version != version or (self.run_id is not None and signed.manifest.run_id != self.run_id):
+            raise VersionUnavailable(f"installed v{version} holds the manifest of v{signed.manifest.version} of run "
+                                     f"{signed.manifest.run_id!r}")
+        got = signed.manifest.content_hash()
+        if got != want:
+            raise VersionUnavailable(f"installed v{version} has manifest hash 0x{got.hex()}, the chain recorded "
+                                     f"0x{want.hex()}: refused")
+        return path
+
+    # -- the background thread --------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None or not self.relays:
+            return
+        self._thread = threading.Thread(target=self._run, name="shardcast-follow", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                asyncio.run(self._follow_until_stopped())
+            except PrimeError as exc:
+                self.last_error = str(exc)
+                log.warning("weights: following the relays failed (retrying): %s", exc)
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive any one failure
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("weights: follower crashed (restarting)")
+            self._stop.wait(self.poll_s)
+
+    async def _follow_until_stopped(self) -> None:
+        client = Client(self.relays, trainer=self.trainer, out_dir=self.out_dir, run_id=self.run_id, keep=self.keep,
+                        progress=self.progress)
+
+        async def follow() -> None:
+            async for result in client.follow(poll_s=self.poll_s):
+                self.last_error = None
+                log.info("weights: installed v%d (%d shards fetched, %.1f s)", result.version, result.fetched_shards,
+                         result.seconds)
+                if self.on_install is not None:
+                    self.on_install(result)
+
+        task = asyncio.ensure_future(follow())
+        while not self._stop.is_set() and not task.done():
+            await asyncio.sleep(0.2)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
