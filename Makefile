@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-TYPED := protocol models toploc shardcast contracts environments trainer validator node
+TYPED := protocol models toploc shardcast contracts environments trainer validator node discovery
 export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: setup test test-slow lint contracts clean
