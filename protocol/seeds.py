@@ -113,12 +113,13 @@ def work_key(run_id: str, node_address: str, policy_version: int, counter: int) 
     )
 
 
-def assigned_validator(run_id: str, node_address: str, policy_version: int, validators: list[str]) -> str:
-    """Which of `validators` checks `node`'s work at `policy_version` (rendezvous hashing).
+def validator_ranking(run_id: str, node_address: str, policy_version: int, validators: list[str]) -> list[str]:
+    """`validators` in the order they take `node`'s work at `policy_version` (rendezvous hashing).
 
     Every validator address gets the score SHA-256(tag, run, node, version, validator); the highest
-    wins. Deterministic from the announced set, so a node cannot shop for a lax validator; adding or
-    removing one validator moves only the nodes it wins or loses. Returns the checksummed address.
+    is the assigned validator, the next one takes over while the first is down, and so on.
+    Deterministic from the announced set, so a node cannot shop for a lax validator; adding or
+    removing one validator moves only the nodes it wins or loses. Checksummed addresses.
     """
     if not validators:
         raise ProtocolError("no validators announced for this run")
@@ -127,7 +128,13 @@ def assigned_validator(run_id: str, node_address: str, policy_version: int, vali
         + _address(node_address)
         + _uint(policy_version, "policy_version")
     )
-    return max(
-        (checksum(v) for v in validators),
+    return sorted(
+        {checksum(v) for v in validators},
         key=lambda v: _digest(b"prime/validator-rendezvous/v1", head, _address(v)),
+        reverse=True,
     )
+
+
+def assigned_validator(run_id: str, node_address: str, policy_version: int, validators: list[str]) -> str:
+    """Which of `validators` checks `node`'s work at `policy_version`: the first of `validator_ranking`."""
+    return validator_ranking(run_id, node_address, policy_version, validators)[0]

@@ -109,6 +109,11 @@ class ValidatorConfig(PrimeConfig):
     """The validator's signing key (it must hold VALIDATOR_ROLE on the pool)."""
     validators: list[str] = []
     """The announced validator set of the run (rendezvous assignment); empty means this validator only."""
+    peers: list[str] = []
+    """URLs of the run's other validators. While the validator a node's work is assigned to cannot be
+    reached from here, the next one in rendezvous order takes the work (failover)."""
+    failover_after_s: float = Field(30.0, gt=0.0)
+    """How long a peer must fail every probe before its work is taken over."""
     max_submission_bytes: int = Field(4 << 20, ge=1024)
     """Submissions larger than this are refused (413) before their body is read."""
     max_age_s: float = Field(600.0, gt=0.0)

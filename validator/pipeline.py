@@ -54,9 +54,10 @@ from protocol.rollout import (
     Verdict,
     submission_hash,
 )
-from protocol.seeds import assigned_validator, sampling_seed, task_seed, work_key
+from protocol.seeds import sampling_seed, task_seed, validator_ranking, work_key
 from validator.chainview import ChainView
 from validator.ledger import Decision, Ledger, Row
+from validator.peers import PeerWatch
 from validator.weights import WeightStore, WeightsUnavailable
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class Pipeline:
 
     def __init__(
         self, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView, weights: WeightStore,
-        *, domain: str, replay_guard: NonceGuard, nonces: NonceCounter,
+        *, domain: str, replay_guard: NonceGuard, nonces: NonceCounter, peers: PeerWatch | None = None,
     ) -> None:
         from toploc.thresholds import ToplocThresholds
 
@@ -148,6 +149,7 @@ class Pipeline:
         self.ledger = ledger
         self.chain = chain
         self.weights = weights
+        self.peers = peers
         self.domain = domain
         self.nonces = nonces
         self.gate = _SenderGate(replay_guard, chain, cfg.rate_per_node, cfg.rate_burst)
@@ -174,6 +176,14 @@ class Pipeline:
 
     def validators(self) -> list[str]:
         return self.cfg.validators or [self.identity.address]
+
+    def taker(self, node: str, version: int) -> str:
+        """The validator that takes `node`'s work at `version`: the first in rendezvous order that is not
+        down as seen from here (see `validator.peers`)."""
+        for address in validator_ranking(self.run.run_id, node, version, self.validators()):
+            if address == self.identity.address or self.peers is None or not self.peers.down(address):
+                return address
+        return self.identity.address  # pragma: no cover - the loop returns at our own address at the latest
 
     def _sign_verdict(self, sub: Submission, key: bytes, sub_hash: bytes, outcome: Outcome, reason: Reason,
                       evidence_hash: str | None) -> bytes:
@@ -324,7 +334,7 @@ class Pipeline:
     def _not_ours_yet(self, sub: Submission) -> Answer | None:
         """Work another validator must check, or of a version our chain view has not seen yet: refused
         without a ledger row (soft, counted), so the assignment stays free for the right place and time."""
-        mine = assigned_validator(self.run.run_id, sub.node, sub.policy_version, self.validators())
+        mine = self.taker(sub.node, sub.policy_version)
         if mine != self.identity.address:
             self.ledger.count_refusal(sub.node, Reason.NOT_ASSIGNED_HERE.value)
             self.count(f"refused_{Reason.NOT_ASSIGNED_HERE.value}")

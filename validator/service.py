@@ -28,6 +28,7 @@ from protocol.rollout_files import feed_groups, write_rollouts
 from validator.chainview import ChainView
 from validator.config import ValidatorConfig
 from validator.ledger import Ledger
+from validator.peers import PeerWatch
 from validator.pipeline import Pipeline
 from validator.reporter import Reporter
 from validator.weights import WeightStore
@@ -62,8 +63,9 @@ class Service:
         self.replay = ReplayGuard(cfg.state_dir / "replay.sqlite")
         self.nonces = NonceCounter(cfg.state_dir / "nonces.sqlite")
         self.weights = WeightStore(cfg, self.chain.manifest_hash)
+        self.peers = PeerWatch(cfg.peers, me=self.identity.address, failover_after_s=cfg.failover_after_s)
         self.pipeline = Pipeline(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
-                                 replay_guard=self.replay, nonces=self.nonces)
+                                 replay_guard=self.replay, nonces=self.nonces, peers=self.peers)
         self.reporter = Reporter(self.ledger, self.pool if cfg.reporter.enabled else None,
                                  batch=cfg.reporter.batch, hold_hard_s=cfg.systemic.window_s)
         self.feed_files = 0
@@ -134,6 +136,8 @@ class Service:
         self._loop("checker", 0.5, self._check_step, self._wake)
         self._loop("reporter", self.cfg.reporter.interval_s, self.reporter.drain)  # without a pool: ledger only
         self._loop("feed", 0.5, self.write_feed)
+        if self.cfg.peers:
+            self._loop("peers", min(5.0, self.cfg.failover_after_s / 3), self.peers.probe)
 
     def stop(self) -> None:
         self._stop.set()
@@ -142,5 +146,6 @@ class Service:
         for t in self._threads:
             t.join(timeout=30)
         self.ledger.close()
+        self.peers.close()
         self.replay.close()
         self.nonces.close()
