@@ -55,6 +55,10 @@ class OptimSettings(Section):
     """Gradient-norm clipping threshold."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up length in steps."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate after the warm-up: constant, or decayed (linear or cosine) to lr * min_lr_ratio at max_steps."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Where a decaying schedule ends, as a fraction of lr."""
 
 
 class BatchSettings(Section):
@@ -247,3 +251,128 @@ def build_parser() -> object:
 def load_config(argv: list[str] | None = None, toml_path: str | Path | None = None) -> TrainerConfig:
     """Merge defaults < TOML < `PRIME_*` environment < flags and validate; problems raise `ConfigError`."""
     return parse_config(TrainerConfig, [] if argv is None else argv, toml_path=toml_path, prog="prime-trainer")
+
+
+# ------------------------------------------------------------------------------------------- SFT
+class SFTBatchSettings(Section):
+    examples_per_step: int = Field(16, ge=1)
+    """(prompt, completion) examples per optimizer step."""
+    seq_len: int = Field(512, ge=8)
+    """Packed row length in tokens; an example longer than this is left out of the data set (logged)."""
+    micro_batch_rows: int = Field(1, ge=1)
+    """Packed rows per forward/backward pass (gradient accumulation covers the rest)."""
+
+
+class FileSFTData(Section):
+    """Examples from a JSONL or Parquet file: one conversation per line/row, either `messages`
+    (a list of {role, content}; the last message, the assistant's, is the completion) or `prompt` +
+    `completion` (each a string or a list of messages)."""
+
+    type: Literal["file"] = "file"
+    path: Path
+    """The JSONL (`.jsonl`, `.json`) or Parquet (`.parquet`) file."""
+    format: Literal["auto", "jsonl", "parquet"] = "auto"
+    """File format; auto = by the file name's suffix."""
+    shuffle: bool = True
+    """Visit the examples in a fresh seeded order every epoch (else in file order)."""
+
+
+class EnvironmentSFTData(Section):
+    """Examples from an environment that can state its reference answer (reverse-text, arithmetic): task
+    seed s is `env.sample(s, 1)[0]`, its completion `env.reference_completion(task)`."""
+
+    type: Literal["environment"] = "environment"
+    env: str = "reverse-text"
+    """Environment name (from `environments/`)."""
+    env_version: str | None = None
+    """Environment version; None = newest."""
+    seed_start: int = Field(0, ge=0)
+    """First task seed; keep the range disjoint from evaluation seeds."""
+    num_examples: int = Field(1024, ge=1)
+    """Task seeds seed_start .. seed_start + num_examples - 1 make the data set."""
+    shuffle: bool = True
+    """Visit the examples in a fresh seeded order every epoch (else in seed order)."""
+
+
+class SFTConfig(PrimeConfig):
+    """`prime-trainer sft`: supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens."""
+
+    model: ModelSpec = TinyModelSpec()
+    """The model to fine-tune: type = "tiny" (seed, sizes), "smollm2", or "hf" (name_or_path, revision)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype; auto = float32 on CPU, bfloat16 autocast on GPU (parameters stay float32)."""
+    optim: OptimSettings = OptimSettings(lr=5e-5)
+    """The optimizer and learning-rate schedule."""
+    batch: SFTBatchSettings = SFTBatchSettings()
+    """Examples per step, packing and micro-batching."""
+    data: Annotated[Union[FileSFTData, EnvironmentSFTData], Field(discriminator="type")]  # noqa: UP007
+    """Where examples come from: a JSONL/Parquet file, or an environment's tasks with their reference answers."""
+    publish: Annotated[Union[NoPublish, LocalPublish, ShardcastPublish], Field(discriminator="type")] = NoPublish()  # noqa: UP007, E501
+    """Where finished checkpoints are handed for broadcast: none, a local directory, or a SHARDCAST origin store."""
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    """Checkpointing and resume (the same layout as RL checkpoints)."""
+    output_dir: Path | None = None
+    """At the end, the final weights and tokenizer also go here (a plain Hugging Face model directory, replaced
+    atomically): what an RL run names as `model.name_or_path`."""
+    max_steps: int = Field(100, ge=0)
+    """Number of optimizer steps to run (total, counting resumed ones); epochs follow from the data size."""
+    seed: int = 0
+    """Seed of the trainer's RNG and of the example order."""
+    torch_threads: int = Field(0, ge=0)
+    """torch intra-op threads; 0 = torch's default."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Training device."""
+    metrics_file: Path | None = None
+    """Append one JSON line of metrics per step here."""
+    metrics_port: int | None = None
+    """Serve Prometheus /metrics on 127.0.0.1:<port>."""
+    progress: bool = True
+    """Print a one-line progress display per step to stderr."""
+
+
+def load_sft_config(argv: list[str] | None = None, toml_path: str | Path | None = None) -> SFTConfig:
+    """`prime-trainer sft` flags and TOML, merged like `load_config`."""
+    return parse_config(SFTConfig, [] if argv is None else argv, toml_path=toml_path, prog="prime-trainer sft")
+
+
+# ------------------------------------------------------------------------------------------ eval
+class EvalConfig(PrimeConfig):
+    """`prime-trainer eval`: score a model on a held-out seed range of an environment."""
+
+    model: ModelSpec = TinyModelSpec()
+    """The model to score: type = "tiny", "smollm2", or "hf" (a checkpoint directory: name_or_path)."""
+    env: str = "reverse-text"
+    """Environment name (from `environments/`)."""
+    env_version: str | None = None
+    """Environment version; None = newest."""
+    seed_start: int = Field(1_000_000, ge=0)
+    """First task seed of the held-out range (task seed s is `env.sample(s, 1)[0]`)."""
+    num_tasks: int = Field(100, ge=1)
+    """Tasks scored: seeds seed_start .. seed_start + num_tasks - 1."""
+    samples_per_task: int = Field(1, ge=1)
+    """Completions sampled per task (all are averaged)."""
+    temperature: float = Field(0.0, ge=0.0)
+    """Sampling temperature; 0 = greedy."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Generation length limit."""
+    pass_threshold: float = Field(1.0, ge=0.0, le=1.0)
+    """A completion passes when its reward is at least this (1.0 = fully correct)."""
+    batch_size: int = Field(32, ge=1)
+    """Completions generated together."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights dtype for generation."""
+    seed: int = 0
+    """Seed of the sampling noise (temperature > 0)."""
+    torch_threads: int = Field(0, ge=0)
+    """torch intra-op threads; 0 = torch's default."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Generation device."""
+    output: Path | None = None
+    """Write the report (summary and per-completion rewards) as JSON here."""
+    show: int = Field(3, ge=0)
+    """Print this many (prompt, completion, reward) examples."""
+
+
+def load_eval_config(argv: list[str] | None = None, toml_path: str | Path | None = None) -> EvalConfig:
+    """`prime-trainer eval` flags and TOML, merged like `load_config`."""
+    return parse_config(EvalConfig, [] if argv is None else argv, toml_path=toml_path, prog="prime-trainer eval")

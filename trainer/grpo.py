@@ -6,20 +6,15 @@ as checkpoint `step-<n+1>` and handed to the publish hook without waiting for th
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from protocol.errors import TrainerError
-from trainer.checkpoint import list_checkpoints, load_checkpoint, rotate, save_checkpoint, set_rng_state
 from trainer.config import TrainerConfig
-from trainer.distributed import DistInfo, all_reduce_sum, barrier, shard_model
+from trainer.distributed import DistInfo, all_reduce_sum
+from trainer.loop import StepResult, TrainLoop
 from trainer.loss import LossConfig, group_advantages, grpo_token_loss, token_weights, zero_advantage_groups
 from trainer.metrics import MetricsSink
 from trainer.packing import PackedRows, pack, token_logprobs
@@ -29,14 +24,8 @@ from trainer.source import RolloutSource
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class StepResult:
-    metrics: dict[str, Any]
-    checkpoint: Path | None
-
-
-class Trainer:
-    """Owns the policy, its optimizer and the step counter; everything else is handed in."""
+class Trainer(TrainLoop):
+    """GRPO over a rollout source; the policy, optimizer, checkpoints and publishing are `TrainLoop`'s."""
 
     def __init__(
         self,
@@ -50,33 +39,14 @@ class Trainer:
         pad_token_id: int = 0,
         tokenizer: Any = None,
     ) -> None:
-        self.cfg = cfg
-        self.tokenizer = tokenizer
-        self.device = device
-        self.dist = dist_info or DistInfo()
-        self.source = source
-        self.publish_hook = publish_hook
-        self.metrics = metrics
-        self.pad_token_id = pad_token_id
-        # Parameters stay fp32 (the optimizer's master copy); GPUs compute the forward in bf16 via autocast.
-        model = model.to(device=device, dtype=torch.float32).requires_grad_(True)
-        self.ref_model: torch.nn.Module | None = None
-        if cfg.loss.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        if self.dist.enabled:
-            model = shard_model(model, device)
-            if self.ref_model is not None:
-                self.ref_model = shard_model(self.ref_model, device)
-        self.model = model
-        self.model.train()
-        o = cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=o.lr,
-            betas=(o.beta1, o.beta2),
-            weight_decay=o.weight_decay,
-            foreach=False,  # identical update order on every run: exact resume compares bit for bit
+        super().__init__(
+            model, source, device, optim=cfg.optim, checkpoint=cfg.checkpoint, dtype=cfg.dtype,
+            micro_batch_rows=cfg.batch.micro_batch_rows, max_steps=cfg.max_steps, dist_info=dist_info,
+            publish_hook=publish_hook, metrics=metrics, pad_token_id=pad_token_id, tokenizer=tokenizer,
+            keep_reference=cfg.loss.kl_coef > 0,
         )
+        self.cfg = cfg
+        self.source: RolloutSource = source
         self.loss_cfg = LossConfig(
             epsilon_low=cfg.loss.epsilon_low,
             epsilon_high=cfg.loss.epsilon_high,
@@ -84,108 +54,6 @@ class Trainer:
             kl_coef=cfg.loss.kl_coef,
             entropy_coef=cfg.loss.entropy_coef,
         )
-        self.step = 0
-        self.autocast_dtype = self._autocast_dtype()
-
-    def _autocast_dtype(self) -> torch.dtype | None:
-        want = self.cfg.dtype
-        if want == "bfloat16" or (want == "auto" and self.device.type == "cuda"):
-            return torch.bfloat16
-        return None
-
-    # ----------------------------------------------------------------- state
-    def _full_model_state(self) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=opts)  # type: ignore[return-value]
-
-    def _full_optim_state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_optimizer_state_dict(self.model, self.optimizer, options=opts)
-
-    def save(self) -> Path | None:
-        model_state = self._full_model_state()
-        optim_state = self._full_optim_state()
-        path: Path | None = None
-        if self.dist.is_main:
-            state = {"step": self.step, "source": self.source.state_dict(), "world": self.dist.world}
-            inner = getattr(self.model, "module", self.model)
-            path = save_checkpoint(self.cfg.checkpoint.dir, self.step, inner, model_state, optim_state, state,
-                                   self.tokenizer)
-            protected = self.publish_hook.in_flight() if self.publish_hook else set()
-            rotate(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep, protected)
-        barrier()
-        return path
-
-    def resume(self) -> bool:
-        """Load the newest complete checkpoint if there is one; returns whether it did."""
-        ckpts = list_checkpoints(self.cfg.checkpoint.dir)
-        if not ckpts:
-            return False
-        step, path = ckpts[-1]
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        model_state, optim_state, trainer_state, rng = load_checkpoint(path)
-        try:
-            source_state, step_done = trainer_state["source"], int(trainer_state["step"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TrainerError(f"{path}: corrupt trainer_state.json (no valid source/step): {exc!r}") from exc
-        opts = StateDictOptions(full_state_dict=True, strict=False)
-        tied = {"lm_head.weight"} if getattr(getattr(self.model, "config", None), "tie_word_embeddings", False) else set()
-        # Compare names ourselves: set_model_state_dict's missing_keys comes back empty for a model
-        # with more layers than the checkpoint (transformers' loading hooks), leaving them random.
-        expected = set(self.model.state_dict())  # FQNs; cheap under FSDP2 (no gather)
-        missing, unexpected = expected - set(model_state) - tied, set(model_state) - expected
-        if missing or unexpected:
-            raise TrainerError(f"{path}: checkpoint does not match the model (missing {sorted(missing)[:3]}, "
-                               f"unexpected {sorted(unexpected)[:3]})")
-        try:
-            set_model_state_dict(self.model, model_state, options=opts)  # type: ignore[arg-type]
-            set_optimizer_state_dict(self.model, self.optimizer, optim_state,
-                                     options=StateDictOptions(full_state_dict=True))
-        except (RuntimeError, KeyError, ValueError) as exc:  # shape mismatches, optimizer state of another model
-            raise TrainerError(f"{path}: checkpoint does not match the model: {exc}") from exc
-        try:
-            self.source.load_state_dict(source_state)
-            set_rng_state(rng)
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise TrainerError(f"{path}: corrupt trainer_state.json or rng.pt: {exc!r}") from exc
-        self.step = step_done
-        log.info("resumed from %s (step %d)", path, step)
-        return True
-
-    # ------------------------------------------------------------------ step
-    def _lr(self, step: int) -> float:
-        w = self.cfg.optim.warmup_steps
-        return self.cfg.optim.lr * (min(1.0, (step + 1) / w) if w else 1.0)
-
-    def _micro_batches(self, packed: PackedRows) -> list[PackedRows]:
-        """This rank's rows in micro-batches; every rank runs the same number (FSDP collectives)."""
-        n_rows = packed.input_ids.shape[0]
-        mine = list(range(self.dist.rank, n_rows, self.dist.world))
-        per_rank = math.ceil(n_rows / self.dist.world)
-        mb = self.cfg.batch.micro_batch_rows
-        n_micro = max(1, math.ceil(per_rank / mb))
-        out = []
-        for k in range(n_micro):
-            rows = mine[k * mb : (k + 1) * mb]
-            if rows:
-                out.append(packed.select(rows))
-            else:  # an idle rank still joins the collectives, with a zero-weight padding row
-                L = packed.input_ids.shape[1]
-                z = torch.zeros(1, L)
-                out.append(PackedRows(
-                    torch.full((1, L), self.pad_token_id, dtype=torch.long), torch.arange(L)[None],
-                    torch.zeros(1, L, dtype=torch.long), z, z.clone(), z.clone(),
-                ))
-        return out
 
     def train_step(self) -> StepResult:
         cfg = self.cfg
@@ -205,9 +73,7 @@ class Trainer:
         train_adv = [adv[i] for i in keep]
         weights = token_weights([s.n_loss_tokens for s in train], cfg.loss.normalization)
 
-        lr = self._lr(step)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        lr = self.set_lr(step)
         sums = [0.0] * 8  # loss, policy, kl, entropy, clip_low, clip_high, capped, ratio
         useful = processed = n_rows = 0
         if train:
@@ -221,12 +87,7 @@ class Trainer:
                                        terms.entropy_sum, terms.clipped_low_sum, terms.clipped_high_sum,
                                        terms.capped_sum, terms.ratio_sum)):
                     sums[j] += v
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            grad_norm_f = float(grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm_f = self.optimizer_step(cfg.optim.max_grad_norm)
         else:
             grad_norm_f = 0.0
             log.warning("step %d: no trainable samples (all groups filtered); weights unchanged", step)
@@ -271,22 +132,12 @@ class Trainer:
             "staleness_mean": sum(step - s.policy_version for s in samples) / len(samples) if samples else 0.0,
             "publish_failures": self.publish_hook.failures if self.publish_hook else 0,
         }
-        # Metrics before the checkpoint: a crash in between re-runs the step and logs it again (with
-        # identical values, resume being exact) instead of leaving a hole in the metrics.
-        if self.metrics is not None and self.dist.is_main:
-            self.metrics.record(metrics)
-        ckpt = None
-        if self.step % cfg.checkpoint.interval == 0 or self.step >= cfg.max_steps:
-            ckpt = self.save()
-            if ckpt is not None and self.publish_hook is not None:
-                self.publish_hook.submit(self.step, ckpt)
-        return StepResult(metrics, ckpt)
+        return self.finish_step(metrics)
 
     def _forward_backward(self, mb: PackedRows) -> Any:
         dev = self.device
         ids, pos, seg = mb.input_ids.to(dev), mb.position_ids.to(dev), mb.segment_ids.to(dev)
-        ac = torch.autocast(dev.type, dtype=self.autocast_dtype) if self.autocast_dtype else _nullcontext()
-        with ac:
+        with self.autocast():
             # Entropy is always reported; it carries gradient only when the bonus is on.
             lp, ent = token_logprobs(self.model, ids, pos, seg, self.cfg.loss.temperature, with_entropy=True,
                                      entropy_grad=self.loss_cfg.entropy_coef != 0.0)
@@ -300,18 +151,3 @@ class Trainer:
         # FSDP averages gradients over ranks; the weights already normalize over the whole step.
         (terms.loss * self.dist.world).backward()  # type: ignore[no-untyped-call]
         return terms
-
-    def run(self) -> list[dict[str, Any]]:
-        """Train until `max_steps`; returns this run's per-step metrics."""
-        history = []
-        while self.step < self.cfg.max_steps:
-            history.append(self.train_step().metrics)
-        return history
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

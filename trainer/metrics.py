@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,6 +40,36 @@ STEP_KEYS = (
 )
 
 
+# Metric names every SFT step reports (see trainer/README.md, "Supervised warm-up").
+SFT_KEYS = (
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "epoch",
+    "examples",
+    "loss_tokens",
+    "tokens_per_s",
+    "step_time_s",
+    "packing_efficiency",
+    "row_fill",
+    "publish_failures",
+)
+
+
+def rl_line(m: dict[str, Any]) -> str:
+    """The RL step's progress fields."""
+    return (f"loss {m['loss']:+.4f} reward {m['reward_mean']:.3f} "
+            f"clip {m['clip_low_frac']:.2f}/{m['clip_high_frac']:.2f} |g| {m['grad_norm']:.3f} "
+            f"{m['tokens_per_s']:.0f} tok/s {m['step_time_s']:.2f} s/step stale {m['stale_samples']}")
+
+
+def sft_line(m: dict[str, Any]) -> str:
+    """The SFT step's progress fields."""
+    return (f"loss {m['loss']:.4f} epoch {m['epoch']:.2f} |g| {m['grad_norm']:.3f} lr {m['lr']:.2e} "
+            f"{m['tokens_per_s']:.0f} tok/s {m['step_time_s']:.2f} s/step")
+
+
 class MetricsSink:
     """Writes each step's metrics to a JSON-lines file and Prometheus gauges; prints progress."""
 
@@ -49,15 +80,18 @@ class MetricsSink:
         progress: bool = True,
         total_steps: int = 0,
         stream: TextIO | None = None,
+        keys: Sequence[str] = STEP_KEYS,
+        line: Callable[[dict[str, Any]], str] = rl_line,
     ) -> None:
         self.path = Path(path) if path else None
+        self.line = line
         self.progress = progress
         self.total_steps = total_steps
         self.stream = stream or sys.stderr
         self.registry = CollectorRegistry()
         self.gauges = {
             k: Gauge(f"prime_trainer_{k}", f"trainer {k} of the latest step", registry=self.registry)
-            for k in STEP_KEYS
+            for k in keys
         }
         self._server: Any = None
         if port is not None:
@@ -80,12 +114,7 @@ class MetricsSink:
             bar_w = 20
             frac = done / self.total_steps if self.total_steps else 1.0
             bar = "#" * int(bar_w * min(frac, 1.0))
-            self.stream.write(
-                f"[{bar:<{bar_w}}] step {done}/{self.total_steps} loss {metrics['loss']:+.4f} "
-                f"reward {metrics['reward_mean']:.3f} clip {metrics['clip_low_frac']:.2f}/{metrics['clip_high_frac']:.2f} "
-                f"|g| {metrics['grad_norm']:.3f} {metrics['tokens_per_s']:.0f} tok/s "
-                f"{metrics['step_time_s']:.2f} s/step stale {metrics['stale_samples']} ({elapsed:.0f} s)\n"
-            )
+            self.stream.write(f"[{bar:<{bar_w}}] step {done}/{self.total_steps} {self.line(metrics)} ({elapsed:.0f} s)\n")
             self.stream.flush()
 
     def close(self) -> None:

@@ -86,7 +86,32 @@ def pack(
     pad_token_id: int = 0,
 ) -> PackedRows:
     """Pack samples into rows; `advantages` and `weights` are per sample, spread over its loss tokens."""
-    plan = plan_rows([len(s.tokens) for s in samples], seq_len)
+    return _pack([s.tokens for s in samples], [s.loss_mask for s in samples],
+                 [s.sampling_logprobs for s in samples], advantages, weights, seq_len, pad_token_id)
+
+
+def pack_examples(
+    tokens: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[bool]],
+    weights: Sequence[float],
+    seq_len: int,
+    pad_token_id: int = 0,
+) -> PackedRows:
+    """Pack supervised examples (no behaviour policy): advantages are 1 and sampling logprobs 0 on loss tokens."""
+    zeros = [(0.0,) * len(t) for t in tokens]
+    return _pack(tokens, loss_masks, zeros, [1.0] * len(tokens), weights, seq_len, pad_token_id)
+
+
+def _pack(
+    tokens: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[bool]],
+    sampling_logprobs: Sequence[Sequence[float]],
+    advantages: Sequence[float],
+    weights: Sequence[float],
+    seq_len: int,
+    pad_token_id: int,
+) -> PackedRows:
+    plan = plan_rows([len(t) for t in tokens], seq_len)
     shape = (len(plan), seq_len)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
     position_ids = torch.zeros(shape, dtype=torch.long)
@@ -97,14 +122,13 @@ def pack(
     for r, members in enumerate(plan):
         off = 0
         for seg, i in enumerate(members):
-            s = samples[i]
-            n = len(s.tokens)
+            n = len(tokens[i])
             sl = slice(off, off + n)
-            input_ids[r, sl] = torch.tensor(s.tokens, dtype=torch.long)
+            input_ids[r, sl] = torch.tensor(tokens[i], dtype=torch.long)
             position_ids[r, sl] = torch.arange(n)
             segment_ids[r, sl] = seg
-            mask = torch.tensor(s.loss_mask, dtype=torch.bool)
-            slp[r, sl] = torch.tensor(s.sampling_logprobs, dtype=torch.float32) * mask
+            mask = torch.tensor(loss_masks[i], dtype=torch.bool)
+            slp[r, sl] = torch.tensor(sampling_logprobs[i], dtype=torch.float32) * mask
             adv[r, sl] = float(advantages[i]) * mask
             w[r, sl] = float(weights[i]) * mask
             off += n

@@ -35,6 +35,25 @@ class Publisher(ABC):
         """Publish; may take long (it runs off the training thread)."""
 
 
+def copy_public(checkpoint: Path, dest: Path) -> Path:
+    """Copy a checkpoint's weights, config and tokenizer (not its private files) to `dest`, replacing it
+    atomically: a reader sees the old directory or the new one, never a half-written one."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(checkpoint, tmp, ignore=shutil.ignore_patterns(*PRIVATE_FILES))
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
+    return dest
+
+
 class LocalDirectoryPublisher(Publisher):
     """Copies each checkpoint's weights and config to `<root>/step-<n>/` atomically, then points `latest` at it."""
 
@@ -42,15 +61,7 @@ class LocalDirectoryPublisher(Publisher):
         self.root = Path(root)
 
     def publish(self, step: int, path: Path) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".step-{step}.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        shutil.copytree(path, tmp, ignore=shutil.ignore_patterns(*PRIVATE_FILES))
-        final = self.root / f"step-{step}"
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        copy_public(path, self.root / f"step-{step}")
         latest_tmp = self.root / "latest.tmp"
         latest_tmp.write_text(f"{step}\n")
         os.replace(latest_tmp, self.root / "latest")

@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from protocol.errors import ConfigError
-from trainer.config import TrainerConfig
+from trainer.config import SFTConfig, TrainerConfig
 from trainer.distributed import DistInfo, RankZeroSource, init_distributed
 from trainer.grpo import Trainer
+from trainer.loop import TrainLoop
 from trainer.metrics import MetricsSink
 from trainer.publish import LocalDirectoryPublisher, PublishHook, ShardcastPublisher
 from trainer.source import DirectorySource, RolloutSource
@@ -19,10 +20,51 @@ from trainer.source import DirectorySource, RolloutSource
 log = logging.getLogger(__name__)
 
 
-def pick_device(cfg: TrainerConfig) -> torch.device:
+def pick_device(cfg: TrainerConfig | SFTConfig) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+def prepare_process(cfg: TrainerConfig | SFTConfig) -> tuple[torch.device, DistInfo]:
+    """Threads, device, process group (under torchrun) and seeds, for any training run."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call] # the trainer has its own progress line
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    device = pick_device(cfg)
+    dist_info = init_distributed(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(dist_info.local_rank)
+        device = torch.device("cuda", dist_info.local_rank)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    return device, dist_info
+
+
+def build_publish_hook(cfg: TrainerConfig | SFTConfig, dist_info: DistInfo) -> PublishHook | None:
+    if cfg.publish.type == "local" and dist_info.is_main:
+        return PublishHook(LocalDirectoryPublisher(cfg.publish.path))
+    if cfg.publish.type == "shardcast" and dist_info.is_main:
+        return PublishHook(ShardcastPublisher(cfg.publish))
+    return None
+
+
+def close_run(loop: TrainLoop, dist_info: DistInfo) -> None:
+    """Finish publishing, stop metrics and the source, leave the process group."""
+    if loop.publish_hook is not None:
+        loop.publish_hook.close()
+    if loop.metrics is not None:
+        loop.metrics.close()
+    close = getattr(loop.source, "close", None)
+    if close is not None:
+        close()
+    if dist_info.enabled:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 def build_source(cfg: TrainerConfig, loaded: object, trainer_model: torch.nn.Module | None = None,
@@ -49,31 +91,14 @@ def build_source(cfg: TrainerConfig, loaded: object, trainer_model: torch.nn.Mod
 
 
 def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
-    from transformers.utils import logging as hf_logging
-
     from models import load
 
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call] # the trainer has its own progress line
-
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    device = pick_device(cfg)
-    dist_info = init_distributed(device)
+    device, dist_info = prepare_process(cfg)
     if cfg.data.type == "local" and dist_info.enabled:
         raise ConfigError("local mode generates with the whole model: run it as one process (no torchrun)")
-    if device.type == "cuda":
-        torch.cuda.set_device(dist_info.local_rank)
-        device = torch.device("cuda", dist_info.local_rank)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
     loaded = load(cfg.model, dtype="float32", device="cpu")
     source = build_source(cfg, loaded, dist_info=dist_info, device=device)
-    hook = None
-    if cfg.publish.type == "local" and dist_info.is_main:
-        hook = PublishHook(LocalDirectoryPublisher(cfg.publish.path))
-    elif cfg.publish.type == "shardcast" and dist_info.is_main:
-        hook = PublishHook(ShardcastPublisher(cfg.publish))
+    hook = build_publish_hook(cfg, dist_info)
     metrics = None
     if dist_info.is_main:
         metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps)
@@ -94,12 +119,4 @@ def run(cfg: TrainerConfig) -> None:
             log.info("already at step %d >= max_steps %d: nothing to do", trainer.step, cfg.max_steps)
         trainer.run()
     finally:
-        if trainer.publish_hook is not None:
-            trainer.publish_hook.close()
-        if trainer.metrics is not None:
-            trainer.metrics.close()
-        trainer.source.close()
-        if dist_info.enabled:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+        close_run(trainer, dist_info)
