@@ -181,33 +181,74 @@ def ensure_registered(cfg: NodeConfig, chain: Chain, node: Identity, operator: I
 
 
 def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event | None = None) -> int:
-    """Run the work loop until stopped (SIGTERM/SIGINT finish the batch in flight), `max_batches`, or a
-    hard rejection."""
+    """Run the work loop until stopped, `max_batches`, or a hard rejection.
+
+    The first SIGTERM/SIGINT lets the batch in flight finish and be submitted; a second one drops it
+    at once (nothing is signed before it is recorded, so a dropped batch is either unsigned or
+    resent unchanged by the next start: never signed twice)."""
+    from contracts.policy import PolicyHistory
     from node.engines import build_engine
+    from node.monitor import Monitor
     from node.protection import SlashingProtection
-    from node.worker import PolicySource, ValidatorDirectory, Worker
+    from node.weights import PolicyWeights
+    from node.worker import ValidatorDirectory, Worker
 
     with httpx.Client(timeout=cfg.submit.timeout_s) as http:
         run, model, domain = run_rules(cfg, chain, http)
-        engine = build_engine(cfg.engine, model)
+        weights = PolicyWeights(cfg.weights, model, run, PolicyHistory(chain.client(node), chain.start_block),
+                                lambda spec: build_engine(cfg.engine, spec), cfg.state_dir / "weights")
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as protection:
-            worker = Worker(cfg, node, run, domain, engine, protection, PolicySource(chain.client(node)),
-                            ValidatorDirectory(list(cfg.validators), http))
-            if threading.current_thread() is threading.main_thread():
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, lambda *_: worker.stop())
+            worker = Worker(cfg, node, run, domain, weights, protection, ValidatorDirectory(list(cfg.validators), http))
+            monitor = None
+            if cfg.monitor.port is not None:
+                monitor = Monitor(lambda: worker.tally, lambda: len(worker.pending()), host=cfg.monitor.host,
+                                  port=cfg.monitor.port)
+                monitor.start()
+            previous = _install_signals(worker)
             if stop is not None:
                 def relay_stop() -> None:
                     stop.wait()
                     worker.stop()
 
                 threading.Thread(target=relay_stop, daemon=True).start()
-            logger.info("working on run %s (%s, %d tasks x %d samples per batch) as %s", run.run_id, run.env,
-                        run.tasks_per_batch, run.samples_per_task, node.address)
-            tally = worker.run_loop()
+            weights.start()
+            logger.info("working on run %s (%s, %d tasks x %d samples per batch) as %s; weights: %s", run.run_id,
+                        run.env, run.tasks_per_batch, run.samples_per_task, node.address,
+                        f"relays {', '.join(weights.relays()) or '(none)'}" if weights.follower else "the base model")
+            try:
+                tally = worker.run_loop()
+            except BaseException as exc:
+                worker.tally.state, worker.tally.detail = "failed", str(exc)
+                raise
+            finally:
+                weights.stop()
+                if monitor is not None:
+                    monitor.stop()
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
     logger.info("stopped: %d batches, %d tokens, %d accepted, rejected %s", tally.batches, tally.tokens,
                 tally.accepted, dict(tally.rejected) or "none")
     return 0
+
+
+def _install_signals(worker: Any) -> dict[int, Any]:
+    """First SIGTERM/SIGINT: finish the batch in flight; a second one: drop it (KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, _frame: Any) -> None:
+        if worker.stopping:
+            logger.warning("second %s: dropping the batch in flight (nothing unsigned is lost)",
+                           signal.Signals(signum).name)
+            raise KeyboardInterrupt
+        logger.info("%s: finishing the batch in flight, then stopping (again to drop it)", signal.Signals(signum).name)
+        worker.stop()
+
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.getsignal(sig)
+        signal.signal(sig, handler)
+    return previous
 
 
 def rewards(chain: Chain, pool: Any, node: str) -> tuple[list[bytes], int, int]:

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.config import KeySource, PrimeConfig, parse_config
+from protocol.config import KeySource, PrimeConfig, StaticWeights, WeightSource, parse_config
 from protocol.model_spec import ModelSpec
 from protocol.run import RunSpec
 
@@ -77,6 +77,13 @@ class SubmitSettings(Section):
     """Submissions awaiting a verdict before the node waits instead of generating more."""
 
 
+class MonitorSettings(Section):
+    host: str = "127.0.0.1"
+    """Address `/metrics` and `/health` listen on (loopback by default)."""
+    port: int | None = Field(8710, ge=0, le=65535)
+    """Port of `/metrics` and `/health` (0: any free port, logged; unset: no server)."""
+
+
 class NodeConfig(PrimeConfig):
     """prime-node: generate assigned rollouts with TOPLOC proofs, submit them to validators, get paid."""
 
@@ -96,12 +103,17 @@ class NodeConfig(PrimeConfig):
     """The run's base model; default: read from the validators' `/v1/info` (when given, it must match)."""
     engine: EngineSettings = CpuEngineSettings()
     """The inference engine."""
+    weights: WeightSource = StaticWeights()
+    """Where each policy version's weights come from: `shardcast` follows the relays (checked against the
+    chain's manifest hash); `static` uses the run's base model for every version."""
     stake: int | None = Field(None, gt=0)
     """Stake (token base units) `join` puts up; default: the pool's minimum."""
     submit: SubmitSettings = SubmitSettings()
     """Submission retries and verdict waiting."""
     max_batches: int | None = Field(None, ge=1)
     """Stop after this many assignments (default: run until stopped)."""
+    monitor: MonitorSettings = MonitorSettings()
+    """The `/metrics` and `/health` server."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as text or one JSON object per line."""
 

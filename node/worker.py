@@ -31,21 +31,19 @@ from tenacity import (
 )
 
 from node.config import NodeConfig
-from node.engines import InferenceEngine
 from node.errors import NodeStopped
 from node.protection import SlashingProtection
 from node.rollouts import build_submission
+from node.weights import PolicyWeights, Waiting
 from protocol.canonical import to_hex
 from protocol.envelope import seal
 from protocol.errors import UngradableError
 from protocol.identity import Identity, checksum
 from protocol.nonce import random_nonce
 from protocol.rollout import Outcome, Reason, RunSpec, Submission
-from protocol.seeds import assigned_validator, work_key
+from protocol.seeds import validator_ranking, work_key
 
 logger = logging.getLogger(__name__)
-
-_ZERO = b"\x00" * 32
 
 
 class Transient(Exception):
@@ -54,17 +52,6 @@ class Transient(Exception):
     def __init__(self, message: str, retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-
-class PolicySource:
-    """Where the current policy version comes from; the chain's `policy()` by default."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-
-    def current(self) -> tuple[int, bytes] | None:
-        version, manifest = self.pool.policy()
-        return None if manifest == _ZERO else (int(version), bytes(manifest))
 
 
 @dataclass
@@ -91,6 +78,12 @@ class ValidatorDirectory:
             self.by_address[address] = url.rstrip("/")
             self.infos[address] = info
             self.announced = sorted(set(self.announced) | set(announced))
+            learned = info.get("validator_urls")
+            if isinstance(learned, dict):  # a hint: a URL counts once its own /v1/info names the address
+                for hint in learned.values():
+                    if isinstance(hint, str) and hint.startswith(("http://", "https://")) and len(hint) < 256 \
+                            and hint.rstrip("/") not in self.urls and len(self.urls) < 64:
+                        self.urls.append(hint.rstrip("/"))
 
     def url_of(self, address: str) -> str | None:
         return self.by_address.get(address)
@@ -98,25 +91,46 @@ class ValidatorDirectory:
 
 @dataclass
 class Tally:
+    """What the loop has done (read by `/metrics`, `/health` and the status line)."""
+
     accepted: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     batches: int = 0
     tokens: int = 0
+    generation_s: float = 0.0
+    version: int | None = None
+    """The policy version of the last batch."""
+    state: str = "starting"
+    """starting | working | waiting | stopped | failed"""
+    detail: str = ""
+    """Why the loop waits or stopped."""
+    last_batch_at: float | None = None
+    """time.time() of the last batch generated."""
+    submit_failures: int = 0
 
 
 class Worker:
     """One node's loop (see the module docstring); `stop()` ends it after the batch in flight."""
 
-    def __init__(self, cfg: NodeConfig, identity: Identity, run: RunSpec, domain: str, engine: InferenceEngine,
-                 protection: SlashingProtection, policy: PolicySource, validators: ValidatorDirectory) -> None:
+    def __init__(self, cfg: NodeConfig, identity: Identity, run: RunSpec, domain: str, weights: PolicyWeights,
+                 protection: SlashingProtection, validators: ValidatorDirectory) -> None:
         self.cfg, self.identity, self.run, self.domain = cfg, identity, run, domain
-        self.engine, self.protection, self.policy, self.validators = engine, protection, policy, validators
+        self.weights, self.protection, self.validators = weights, protection, validators
         self.node = identity.address
         self.tally = Tally()
         self._stop = threading.Event()
+        self._said = ""
+        self._down_until: dict[str, float] = {}
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _say_once(self, message: str) -> None:
+        """Log a waiting reason once, not every poll (an operator reads these at 3 a.m.)."""
+        self.tally.state, self.tally.detail = "waiting", message
+        if message != self._said:
+            logger.info("%s", message)
+            self._said = message
 
     @property
     def stopping(self) -> bool:
@@ -136,15 +150,16 @@ class Worker:
                 logger.warning("no validator reachable (%s); waiting", ", ".join(self.validators.urls))
                 self._stop.wait(self.cfg.submit.max_backoff_s)
                 continue
-            if len(self._submitted()) >= self.cfg.submit.max_pending:
+            if len(self.pending()) >= self.cfg.submit.max_pending:
                 self._stop.wait(0.2)
                 continue
-            current = self.policy.current()
-            if current is None:
-                logger.info("no policy published on chain yet; waiting")
+            try:
+                policy = self.weights.select()
+            except Waiting as exc:
+                self._say_once(f"waiting: {exc}")
                 self._stop.wait(self.cfg.chain.poll_s)
                 continue
-            version, manifest = current
+            version, manifest = policy.version, policy.manifest_hash
             counter = self.protection.next_counter(self.run.run_id, self.node, version)
             if counter >= self.run.max_batches_per_version:
                 logger.info("all %d assignments at v%d done; waiting for the next version", counter, version)
@@ -152,7 +167,7 @@ class Worker:
                 continue
             started = time.monotonic()
             try:
-                sub = build_submission(self.engine, self.run, self.node, version, counter, manifest)
+                sub = build_submission(policy.engine, self.run, self.node, version, counter, manifest)
             except UngradableError as exc:  # our grader failed: a guessed reward would be a slashable lie
                 logger.warning("v%d #%d: could not grade locally (%s); nothing signed, retrying later", version,
                                counter, exc)
@@ -161,22 +176,27 @@ class Worker:
             elapsed = time.monotonic() - started
             self.tally.batches += 1
             self.tally.tokens += sub.n_tokens()
+            self.tally.generation_s += elapsed
+            self.tally.version, self.tally.last_batch_at = version, time.time()
+            self.tally.state, self.tally.detail, self._said = "working", "", ""
             answer = self.submit(sub)
             logger.info("v%d #%d: %d tokens in %.1f s (%.1f tok/s) -> %s; accepted %d, rejected %d, pending %d",
                         version, counter, sub.n_tokens(), elapsed, sub.n_tokens() / max(elapsed, 1e-9),
                         answer.get("outcome") or answer.get("state") or answer.get("error", "kept for resending"),
-                        self.tally.accepted, sum(self.tally.rejected.values()), len(self._submitted()))
-        self.wait_decided(self.cfg.submit.decide_timeout_s)
+                        self.tally.accepted, sum(self.tally.rejected.values()), len(self.pending()))
+        if not self.stopping:  # done with max_batches: wait for the verdicts (a signal does not wait)
+            self.wait_decided(self.cfg.submit.decide_timeout_s)
+        self.tally.state = "stopped"
         return self.tally
 
     def wait_decided(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while self._submitted() and time.monotonic() < deadline:
+        while self.pending() and time.monotonic() < deadline:
             self.poll_pending()
-            if self._submitted():
+            if self.pending():
                 time.sleep(0.2)
 
-    def _submitted(self) -> list[Any]:
+    def pending(self) -> list[Any]:
         return [r for r in self.protection.unfinished(self.run.run_id, self.node) if r.state == "submitted"]
 
     def resend_unsent(self) -> bool:
@@ -190,30 +210,50 @@ class Worker:
     # -- submitting ----------------------------------------------------------------------------
 
     def submit(self, sub: Submission) -> dict[str, Any]:
-        """Record, seal and POST one submission; the validator's answer ({} when it is kept for later)."""
+        """Record, seal and POST one submission to the validator that takes it; its answer ({} when kept).
+
+        The validators are tried in rendezvous order: the assigned one first, the next one when the
+        assigned one is unreachable (it accepts only if it cannot reach the first either; otherwise it
+        answers 421 and the work is kept and resent later). One that ran out of tries is skipped for
+        `max_backoff_s`, so a dead validator does not cost every submission its full retry budget.
+        """
         self.protection.check_and_record(sub)  # DoubleSignError before anything is signed
-        address = self._validator_for(sub.policy_version)
-        url = self.validators.url_of(address) if address else None
-        if url is None:
-            logger.warning("v%d #%d: the assigned validator %s has no known URL (configured: %s); kept for later",
-                           sub.policy_version, sub.counter, address, ", ".join(self.validators.urls))
-            self.validators.refresh()
+        ranking = self._ranking(sub.policy_version)
+        if not ranking:
+            logger.warning("v%d #%d: no validator known (configured: %s); kept for later", sub.policy_version,
+                           sub.counter, ", ".join(self.validators.urls))
             return {}
         data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
-        try:
-            status, body = self._post(url, data)
-        except (Transient, RetryError) as exc:
-            logger.warning("validator %s unreachable for v%d #%d after %d tries (%s); the work is kept and resent",
-                           url, sub.policy_version, sub.counter, self.cfg.submit.attempts, _short(exc))
+        now = time.monotonic()
+        reachable = [a for a in ranking if self.validators.url_of(a) and self._down_until.get(a, 0.0) <= now]
+        if not reachable:  # everyone is marked down: try them all again rather than wait for the marks
+            reachable = [a for a in ranking if self.validators.url_of(a)]
+        if not reachable:
+            logger.warning("v%d #%d: no URL known for validators %s (configured: %s); kept for later",
+                           sub.policy_version, sub.counter, ", ".join(ranking), ", ".join(self.validators.urls))
+            self.validators.refresh()
             return {}
-        return self._handle(sub, address or "", status, body)
+        for address in reachable:
+            url = self.validators.url_of(address) or ""
+            try:
+                status, body = self._post(url, data)
+            except (Transient, RetryError) as exc:
+                self.tally.submit_failures += 1
+                self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                logger.warning("validator %s unreachable for v%d #%d after %d tries (%s)%s", url, sub.policy_version,
+                               sub.counter, self.cfg.submit.attempts, _short(exc),
+                               "; trying the next one" if address != reachable[-1] else "; the work is kept and resent")
+                continue
+            self._down_until.pop(address, None)
+            return self._handle(sub, address, status, body)
+        return {}
 
-    def _validator_for(self, version: int) -> str | None:
+    def _ranking(self, version: int) -> list[str]:
         if not self.validators.announced:
             self.validators.refresh()
         if not self.validators.announced:
-            return None
-        return assigned_validator(self.run.run_id, self.node, version, self.validators.announced)
+            return []
+        return validator_ranking(self.run.run_id, self.node, version, self.validators.announced)
 
     def _post(self, url: str, data: bytes) -> tuple[int, dict[str, Any]]:
         s = self.cfg.submit
@@ -270,20 +310,23 @@ class Worker:
     # -- verdicts ------------------------------------------------------------------------------
 
     def poll_pending(self) -> None:
-        for rec in self._submitted():
-            address = self._validator_for(rec.policy_version)
-            url = self.validators.url_of(address) if address else None
-            if url is None:
-                continue
+        """Ask for the verdicts still pending (at each validator in rendezvous order: one may have failed over)."""
+        for rec in self.pending():
             key = to_hex(work_key(self.run.run_id, self.node, rec.policy_version, rec.counter))
-            try:
-                r = self.validators.http.get(f"{url}/v1/submissions/{key}", timeout=self.cfg.submit.timeout_s)
-                body = r.json() if r.status_code == 200 else None
-            except (httpx.HTTPError, ValueError) as exc:
-                logger.debug("polling %s: %s", key, exc)
-                continue
-            if isinstance(body, dict) and body.get("outcome"):
-                self._verdict(rec.policy_version, rec.counter, body)
+            for address in self._ranking(rec.policy_version):
+                url = self.validators.url_of(address)
+                if url is None or self._down_until.get(address, 0.0) > time.monotonic():
+                    continue
+                try:
+                    r = self.validators.http.get(f"{url}/v1/submissions/{key}", timeout=self.cfg.submit.timeout_s)
+                    body = r.json() if r.status_code == 200 else None
+                except (httpx.HTTPError, ValueError) as exc:
+                    logger.debug("polling %s at %s: %s", key, url, exc)
+                    continue
+                if isinstance(body, dict) and body.get("outcome"):
+                    self._verdict(rec.policy_version, rec.counter, body)
+                if body is not None:
+                    break
 
     def _verdict(self, version: int, counter: int, body: dict[str, Any]) -> None:
         outcome, reason, detail = body.get("outcome"), str(body.get("reason")), body.get("detail") or ""

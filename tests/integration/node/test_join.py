@@ -33,9 +33,24 @@ def node_config(tmp_path: Path, deployment_file: Path, rpc_url: str, validators:
         "operator": {"key_env": "TEST_OPERATOR_KEY"},
         "chain": {"deployment": deployment_file, "rpc_url": rpc_url, "poll_s": 0.2},
         "submit": {"attempts": 2, "backoff_s": 0.05, "max_backoff_s": 0.2, "decide_timeout_s": 120},
+        "monitor": {"port": 0},
     }
     values.update(extra)
     return NodeConfig.model_validate(values)
+
+
+def make_worker(cfg: NodeConfig, node: Any, chain: commands.Chain, db: Any, http: Any, urls: list[str]) -> Any:
+    """A node's work loop on the base (static) weights, talking to `urls`."""
+    from contracts.policy import PolicyHistory
+    from node.engines import build_engine
+    from node.weights import PolicyWeights
+    from node.worker import ValidatorDirectory, Worker
+    from protocol.config import StaticWeights
+
+    weights = PolicyWeights(StaticWeights(), TINY, RUN, PolicyHistory(chain.client(node), chain.start_block),
+                            lambda spec: build_engine(cfg.engine, spec), cfg.state_dir / "weights")
+    return Worker(cfg, node, RUN, commands.submission_domain(chain.chain_id, chain.pool, RUN.run_id), weights, db,
+                  ValidatorDirectory(list(urls), http))
 
 
 @pytest.fixture
@@ -107,15 +122,11 @@ def test_a_validator_that_is_down_does_not_crash_the_node_and_the_work_is_kept(
 
     import httpx
 
-    from node.engines import build_engine
     from node.protection import SlashingProtection
-    from node.worker import PolicySource, ValidatorDirectory, Worker
 
     http = httpx.Client(timeout=5)
     db = SlashingProtection(tmp_path / "p.sqlite")
-    worker = Worker(cfg, node, RUN, commands.submission_domain(chain.chain_id, chain.pool, RUN.run_id),
-                    build_engine(cfg.engine, TINY), db, PolicySource(chain.client(node)),
-                    ValidatorDirectory([dead], http))
+    worker = make_worker(cfg, node, chain, db, http, [dead])
 
     def run() -> None:
         try:
@@ -173,9 +184,7 @@ def test_a_validator_that_answers_garbage_hangs_or_fails_does_not_crash_the_node
 
     import httpx
 
-    from node.engines import build_engine
     from node.protection import SlashingProtection
-    from node.worker import PolicySource, ValidatorDirectory, Worker
 
     served = make_validator()
     info = httpx.get(served.url + "/v1/info").content
@@ -207,9 +216,7 @@ def test_a_validator_that_answers_garbage_hangs_or_fails_does_not_crash_the_node
     chain = commands.open_chain(cfg)
     failure: list[BaseException] = []
     with httpx.Client(timeout=5) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
-        worker = Worker(cfg, node, RUN, commands.submission_domain(chain.chain_id, chain.pool, RUN.run_id),
-                        build_engine(cfg.engine, TINY), db, PolicySource(chain.client(node)),
-                        ValidatorDirectory([url], http))
+        worker = make_worker(cfg, node, chain, db, http, [url])
 
         def run() -> None:
             try:

@@ -1,0 +1,135 @@
+"""Which policy version the node generates with, and the engine that holds its weights.
+
+The chain is authoritative: `PolicyPublished(version, manifestHash)` events say which versions exist
+and what each one's manifest hashes to. With the `shardcast` source a background thread follows the
+relays (`shardcast.follower.Follower`); a version is used only when its installed manifest is the
+trainer's and hashes to the chain's, and the newest such version is loaded into a new engine that
+replaces the old one in one assignment (a batch in flight keeps the engine it started with).
+
+The node never generates with weights older than the async window allows: when the newest usable
+version is more than `async_level` behind the chain's, `select()` says why and the worker waits
+(the validator would drop that work as stale anyway). Versions up to `base_version` are the base
+model (the run's `model`); with the `static` source every version is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts.policy import PolicyHistory
+from node.engines import InferenceEngine
+from protocol.config import ShardcastWeights, WeightSource
+from protocol.errors import ChainError, PrimeError
+from protocol.model_spec import HFModelSpec, ModelSpec
+from protocol.run import RunSpec
+from shardcast.follower import Follower, VersionUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The version to generate with: its number, the chain's manifest hash of it, and the engine."""
+
+    version: int
+    manifest_hash: bytes
+    engine: InferenceEngine
+
+
+class Waiting(PrimeError):
+    """No policy version can be used right now (the message says why; the worker waits and asks again)."""
+
+    code = "waiting_for_policy"
+
+
+class PolicyWeights:
+    """The node's weights by policy version (see the module docstring)."""
+
+    def __init__(self, source: WeightSource, model: ModelSpec, run: RunSpec, history: PolicyHistory,
+                 make_engine: Callable[[ModelSpec], InferenceEngine], weights_dir: Path, *,
+                 progress: bool | None = None) -> None:
+        self.source = source
+        self.model = model
+        self.run = run
+        self.history = history
+        self._make_engine = make_engine
+        self.base = make_engine(model)
+        self.loaded_version: int | None = None
+        """The installed version whose weights `_engine` holds (None: the base model)."""
+        self._engine = self.base
+        self._lock = threading.Lock()
+        self.follower: Follower | None = None
+        self.base_version = source.base_version if isinstance(source, ShardcastWeights) else None
+        if isinstance(source, ShardcastWeights):
+            self.follower = Follower(source.relays, trainer=source.trainer, out_dir=weights_dir, run_id=run.run_id,
+                                     keep=run.async_level + 2, progress=progress)
+
+    def start(self) -> None:
+        if self.follower is not None:
+            if not self.follower.relays:
+                logger.warning("weights: no relays configured; only versions already in %s can be used",
+                               self.follower.out_dir)
+            self.follower.start()
+
+    def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+
+    def relays(self) -> list[str]:
+        return list(self.follower.relays) if self.follower is not None else []
+
+    def select(self) -> Policy:
+        """The newest usable version inside the async window, its weights loaded; `Waiting` if none."""
+        try:
+            self.history.refresh()
+        except ChainError as exc:  # the last view stays good; a stale one is caught by the window below
+            logger.warning("chain: reading policy versions failed (%s); using what was read before", exc)
+        current = self.history.current()
+        if current is None:
+            raise Waiting("no policy version published on chain yet")
+        oldest = max(0, current - self.run.async_level)
+        if self.follower is None:  # static: every version is the base model
+            return self._policy(current, self.base)
+        reasons: list[str] = []
+        for version in sorted((v for v in self.follower.installed() if oldest <= v <= current), reverse=True):
+            if self.base_version is not None and version <= self.base_version:
+                break
+            try:
+                path = self.follower.verified(version, self.history.manifest_hash(version))
+            except VersionUnavailable as exc:
+                reasons.append(str(exc))
+                continue
+            return self._policy(version, self._engine_for(version, path))
+        if self.base_version is not None and oldest <= self.base_version:
+            return self._policy(min(current, self.base_version), self.base)
+        newest = self.follower.installed()
+        raise Waiting(
+            f"the chain is at v{current} and the async window (async_level {self.run.async_level}) allows v{oldest} "
+            f"or newer; installed: {', '.join(f'v{v}' for v in newest) or 'nothing'}"
+            + (f" ({'; '.join(reasons)})" if reasons else "")
+            + (f"; relays: {self.follower.last_error}" if self.follower.last_error else "")
+            + "; waiting for the relays")
+
+    def _policy(self, version: int, engine: InferenceEngine) -> Policy:
+        manifest = self.history.manifest_hash(version)
+        if manifest is None:
+            raise Waiting(f"v{version} has no manifest hash on chain")
+        return Policy(version, manifest, engine)
+
+    def _engine_for(self, version: int, path: Path) -> InferenceEngine:
+        with self._lock:
+            if self.loaded_version == version:
+                return self._engine
+        logger.info("weights: loading v%d from %s", version, path)
+        try:
+            engine = self._make_engine(HFModelSpec(name_or_path=str(path)))
+        except PrimeError as exc:
+            raise Waiting(f"v{version} is installed but does not load: {exc}") from exc
+        with self._lock:  # swapped in one assignment; a batch in flight keeps the engine it began with
+            self._engine, self.loaded_version = engine, version
+        logger.info("weights: now generating with v%d", version)
+        return engine
