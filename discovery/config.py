@@ -1,0 +1,83 @@
+"""The `discovery` section of a role's config (schema only: imports no libp2p)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from discovery.admission import Limits
+from discovery.messages import Multiaddr
+
+
+class DiscoveryConfig(BaseModel):
+    """libp2p gossipsub discovery: where to listen, whom to bootstrap from, how often to re-announce."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    enabled: bool = False
+    """Run libp2p discovery (also switched on by giving `bootstrap` peers)."""
+    listen: list[Multiaddr] = ["/ip4/127.0.0.1/tcp/0"]
+    """Addresses the libp2p host listens on (`/ip4/0.0.0.0/tcp/4001` to accept peers from elsewhere)."""
+    announce_addrs: list[Multiaddr] = []
+    """Addresses other peers should dial (e.g. a public address in front of NAT); default: the
+    addresses actually bound."""
+    bootstrap: list[Multiaddr] = []
+    """Peers to join through, as full multiaddrs with `/p2p/<peer id>`; re-dialled while disconnected."""
+    key_file: Path | None = None
+    """The libp2p identity (Ed25519, separate from the Ethereum key); default `<state_dir>/libp2p.key`,
+    created on first start with mode 0600."""
+    reannounce_s: float = Field(30.0, gt=0.0)
+    """Our own announcements are re-signed and re-published this often, so late joiners learn them."""
+    ttl_s: float = Field(120.0, gt=0.0)
+    """An announcement is believed this long after it was signed (keep it a few `reannounce_s`)."""
+    max_skew_s: float = Field(30.0, ge=0.0)
+    """Announcements dated further than this in the future are refused."""
+    max_message_bytes: int = Field(8192, ge=512, le=1 << 20)
+    """Larger announcements are dropped unparsed."""
+    forwarder_rate: float = Field(100.0, gt=0.0)
+    """Messages per second one peer may forward to us, all origins together (excess is dropped)."""
+    forwarder_burst: float = Field(500.0, ge=1.0)
+    """Bucket size of the forwarder limit."""
+    origin_rate: float = Field(5.0, gt=0.0)
+    """Messages per second one libp2p peer may publish as origin."""
+    origin_burst: float = Field(30.0, ge=1.0)
+    """Bucket size of the origin limit."""
+    signer_rate: float = Field(1.0, gt=0.0)
+    """Announcements per second one Ethereum signer may make."""
+    signer_burst: float = Field(10.0, ge=1.0)
+    """Bucket size of the signer limit."""
+    gossip_rate: float = Field(1000.0, gt=0.0)
+    """py-libp2p's own per-peer, per-topic forwarding limit (its default, 10/s, silently stops
+    forwarding a burst, our own publications included); ours above are the real limits."""
+    heartbeat_s: int = Field(1, ge=1)
+    """Gossipsub heartbeat (mesh maintenance, gossip); py-libp2p's default is 120 s."""
+    degree: int = Field(6, ge=1)
+    """Gossipsub mesh degree D (D_low = D - 2, D_high = 2 D)."""
+    target_peers: int = Field(8, ge=0)
+    """While connected to fewer peers, dial peers named in announcements."""
+    eclipse_protection: bool = False
+    """py-libp2p's mesh IP-diversity rule; off by default because every peer of a one-host devnet
+    shares 127.0.0.1."""
+    subscriber_queue: int = Field(256, ge=1)
+    """Events a subscriber may fall behind before the oldest are dropped (the board keeps the state)."""
+    max_per_topic: int = Field(4096, ge=1)
+    """Signers remembered per topic on the board."""
+
+    @property
+    def active(self) -> bool:
+        """Whether the role should start discovery at all."""
+        return self.enabled or bool(self.bootstrap)
+
+    def limits(self) -> Limits:
+        return Limits(
+            max_bytes=self.max_message_bytes,
+            ttl_s=self.ttl_s,
+            max_skew_s=self.max_skew_s,
+            forwarder_rate=self.forwarder_rate,
+            forwarder_burst=self.forwarder_burst,
+            origin_rate=self.origin_rate,
+            origin_burst=self.origin_burst,
+            signer_rate=self.signer_rate,
+            signer_burst=self.signer_burst,
+        )
