@@ -12,6 +12,7 @@ state: the board is the truth, the events are hints to read it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -57,14 +58,18 @@ def admit_to_board(
     """The one receive path (gossip validator and HTTP reader alike): admit, then offer to the board.
 
     Raises the reason as a `ProtocolError`; an older announcement than the one held is `StaleError`.
-    An exact copy of an envelope the board holds is `DUPLICATE` (the replay guard has its nonce
-    because we learnt it first, maybe by another path: it is not a replay attack).
+    A second gossip copy of an envelope is a `ReplayError` (dropped, not forwarded), with one
+    exception: the first gossip copy of an envelope we learnt over HTTP is `DUPLICATE` (forwarded,
+    not delivered twice), so reading `/v1/announcements` first does not make us a dead end. An HTTP
+    read of what we hold is `DUPLICATE` too.
     """
     try:
         ann = admission.admit(data, topic=topic, origin_peer=origin_peer, forwarder=forwarder, source=source)
     except ReplayError:
-        if board.holds(data):
-            return Outcome.DUPLICATE
+        if source == "http" and board.holds(data):
+            return Outcome.DUPLICATE  # re-reading a list: what we hold is not news
+        if source != "http" and board.claim_for_gossip(data, source):
+            return Outcome.DUPLICATE  # first gossip copy of an envelope we had over HTTP: forward it once
         raise
     outcome = board.offer(ann)
     if outcome is Outcome.STALE:
@@ -161,6 +166,20 @@ class AnnouncementBoard:
                 return False
             held = self._entries[key[0]].get(key[1])
             return held is not None and held.wire == wire and held.expires_at > now_s
+
+    def claim_for_gossip(self, wire: bytes, source: str, *, now: float | None = None) -> bool:
+        """If exactly this envelope is held, live, and was learnt over HTTP, mark it as seen on
+        gossip (`source`) and return True; else False. Each envelope is claimed at most once."""
+        now_s = self.clock() if now is None else now
+        with self._lock:
+            key = self._wires.get(_digest(wire))
+            if key is None:
+                return False
+            held = self._entries[key[0]].get(key[1])
+            if held is None or held.wire != wire or held.expires_at <= now_s or held.source != "http":
+                return False
+            self._entries[key[0]][key[1]] = dataclasses.replace(held, source=source)
+            return True
 
     def entries(self, topic: Topic | None = None, *, now: float | None = None) -> list[Announcement]:
         """Live announcements (of one topic, or all), ordered by topic then signer."""

@@ -86,13 +86,19 @@ def test_admit_to_board_tells_duplicates_from_replays(keys: Keys) -> None:
     b = board()
     wire = sign(keys.validator, validator_body())
     assert admit_to_board(adm, b, wire, topic=Topic.VALIDATORS, source="http") is Outcome.NEW
-    # The same envelope again (another path): a duplicate, not an attack.
+    # Reading the same list again: what we hold is not news.
+    assert admit_to_board(adm, b, wire, topic=Topic.VALIDATORS, source="http") is Outcome.DUPLICATE
+    # The first gossip copy of what we learnt over HTTP is forwarded once; the next is a replay.
     assert admit_to_board(adm, b, wire, topic=Topic.VALIDATORS, source="gossip") is Outcome.DUPLICATE
-    newer = sign(keys.validator, validator_body(), now=NOW + 1)
-    assert admit_to_board(adm, b, newer, topic=Topic.VALIDATORS, source="gossip") is Outcome.REFRESHED
-    # The first one again is now a replay of something no longer held.
     with pytest.raises(ReplayError):
         admit_to_board(adm, b, wire, topic=Topic.VALIDATORS, source="gossip")
+    newer = sign(keys.validator, validator_body(), now=NOW + 1)
+    assert admit_to_board(adm, b, newer, topic=Topic.VALIDATORS, source="gossip") is Outcome.REFRESHED
+    with pytest.raises(ReplayError):
+        admit_to_board(adm, b, newer, topic=Topic.VALIDATORS, source="gossip")
+    # A replay of what is no longer held, over either path.
+    with pytest.raises(ReplayError):
+        admit_to_board(adm, b, wire, topic=Topic.VALIDATORS, source="http")
     older = sign(keys.validator, validator_body(), now=NOW - 1)
     with pytest.raises(StaleError):
         admit_to_board(adm, b, older, topic=Topic.VALIDATORS, source="gossip")
