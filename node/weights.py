@@ -51,7 +51,7 @@ class PolicyWeights:
 
     def __init__(self, source: WeightSource, model: ModelSpec, run: RunSpec, history: PolicyHistory,
                  make_engine: Callable[[ModelSpec], InferenceEngine], weights_dir: Path, *,
-                 progress: bool | None = None) -> None:
+                 progress: bool | None = None, poll_s: float = 2.0) -> None:
         self.source = source
         self.model = model
         self.run = run
@@ -66,7 +66,13 @@ class PolicyWeights:
         self.base_version = source.base_version if isinstance(source, ShardcastWeights) else None
         if isinstance(source, ShardcastWeights):
             self.follower = Follower(source.relays, trainer=source.trainer, out_dir=weights_dir, run_id=run.run_id,
-                                     keep=run.async_level + 2, progress=progress)
+                                     keep=run.async_level + 2, progress=progress, wanted=self._wanted,
+                                     poll_s=poll_s)
+
+    def _wanted(self) -> int | None:
+        """The chain's version, for the follower to pull by number (versions up to `base_version` need no pull)."""
+        current = self.history.current()
+        return None if current is None or current <= (self.base_version or 0) else current
 
     def start(self) -> None:
         if self.follower is not None:

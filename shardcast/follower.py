@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class Follower:
 
     def __init__(self, relays: list[str], *, trainer: str, out_dir: Path, run_id: str | None, keep: int,
                  poll_s: float = 5.0, progress: bool | None = False,
+                 wanted: Callable[[], int | None] | None = None,
                  on_install: Callable[[PullResult], None] | None = None) -> None:
         self.relays = list(relays)
         self.trainer = trainer
@@ -46,6 +48,9 @@ class Follower:
         self.keep = keep
         self.poll_s = poll_s
         self.progress = progress
+        self.wanted = wanted
+        """The version the chain says is current (pulled by number when missing, whatever the relays'
+        newest is); without it, or when it is installed, the relays' newest is prefetched."""
         self.on_install = on_install
         self.last_error: str | None = None
         self._stop = threading.Event()
@@ -112,16 +117,7 @@ class Follower:
     async def _follow_until_stopped(self) -> None:
         client = Client(self.relays, trainer=self.trainer, out_dir=self.out_dir, run_id=self.run_id, keep=self.keep,
                         progress=self.progress)
-
-        async def follow() -> None:
-            async for result in client.follow(poll_s=self.poll_s):
-                self.last_error = None
-                log.info("weights: installed v%d (%d shards fetched, %.1f s)", result.version, result.fetched_shards,
-                         result.seconds)
-                if self.on_install is not None:
-                    self.on_install(result)
-
-        task = asyncio.ensure_future(follow())
+        task = asyncio.ensure_future(self._follow(client))
         while not self._stop.is_set() and not task.done():
             await asyncio.sleep(0.2)
         task.cancel()
@@ -129,3 +125,29 @@ class Follower:
             await task
         except asyncio.CancelledError:
             pass
+
+    async def _follow(self, client: Client) -> None:
+        """Pull the chain's version when it is missing, else the relays' newest; then wait for news."""
+        backoff = 0.5
+        while True:
+            target = self.wanted() if self.wanted is not None else None
+            have = set(self.installed())
+            try:
+                result = await client.pull(target if target is not None and target not in have else None)
+            except RelayError as exc:
+                self.last_error = str(exc)
+                log.warning("weights: %s; retrying within %.1f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            backoff = 0.5
+            self.last_error = None
+            if result.version not in have:
+                log.info("weights: installed v%d (%d shards fetched, %.1f s)", result.version, result.fetched_shards,
+                         result.seconds)
+                if self.on_install is not None:
+                    self.on_install(result)
+            # a newer version at the relays wakes us at once; the chain's target is looked at every poll_s
+            started = time.monotonic()
+            if await client.wait_for_version(max(self.installed(), default=-1), self.poll_s) is None:
+                await asyncio.sleep(max(0.0, self.poll_s - (time.monotonic() - started)))  # sources that fail fast

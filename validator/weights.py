@@ -36,7 +36,8 @@ class WeightsUnavailable(PrimeError):
 class WeightStore:
     """Loaded models by policy version (see the module docstring)."""
 
-    def __init__(self, cfg: ValidatorConfig, manifest_hash: Callable[[int], bytes | None]) -> None:
+    def __init__(self, cfg: ValidatorConfig, manifest_hash: Callable[[int], bytes | None],
+                 current: Callable[[], int | None] | None = None) -> None:
         from models.loading import load
 
         self._cfg = cfg
@@ -53,7 +54,8 @@ class WeightStore:
         if isinstance(source, ShardcastWeights):
             self._base_version = source.base_version
             self._follower = Follower(source.relays, trainer=source.trainer, out_dir=self.dir, run_id=cfg.run.run_id,
-                                      keep=self._keep + 1)
+                                      keep=self._keep + 1,
+                                      wanted=None if current is None else lambda: _above(current(), source.base_version))
 
     def get(self, version: int) -> LoadedModel:
         """The model of `version`; `WeightsUnavailable` when it is not installed and verified yet."""
@@ -82,3 +84,8 @@ class WeightStore:
     def stop(self) -> None:
         if self._follower is not None:
             self._follower.stop()
+
+
+def _above(version: int | None, base_version: int) -> int | None:
+    """`version` when the relays have to provide it (above the base versions), else None."""
+    return version if version is not None and version > base_version else None

@@ -42,13 +42,13 @@ def deployment_file(published: Pools, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_validator(published: Pools, deployment_file: Path, tmp_path: Path) -> Iterator[object]:
-    """`make(name="v", **config overrides)` serves a validator (anvil account 1) until the test ends."""
+    """`make(name="v", account=1, **config overrides)` serves a validator until the test ends (anvil
+    account 1 holds the validator role; give another account the role before serving it)."""
     started: list[Served] = []
-    identity = published.chain.account(VALIDATOR)
 
-    def make(name: str = "v", **overrides: object) -> Served:
+    def make(name: str = "v", account: int = VALIDATOR, **overrides: object) -> Served:
         cfg = validator_config(tmp_path / name, deployment_file, published.chain.rpc_url, **overrides)
-        served = serve(cfg, identity)
+        served = serve(cfg, published.chain.account(account))
         started.append(served)
         return served
 

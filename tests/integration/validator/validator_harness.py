@@ -54,6 +54,8 @@ class Served:
         return httpx.Client(base_url=self.url, timeout=30.0)
 
     def stop(self) -> None:
+        if self.server.should_exit:  # stopped already (a test took it down early)
+            return
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.service.stop()

@@ -1,0 +1,73 @@
+"""A node whose assigned validator is down sends its work to the next one in rendezvous order, which takes
+it only once it cannot reach the first one itself (so no node shops for a validator by claiming one is down)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from chainfixtures import STRANGER, VALIDATOR, Pools
+from test_node_join import make_worker, node_config
+from validator_harness import RUN, TINY
+
+from node import commands
+from node.protection import SlashingProtection
+from protocol.canonical import to_hex
+from protocol.seeds import validator_ranking, work_key
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_work_fails_over_to_the_next_validator_only_when_the_assigned_one_is_down(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    a, b = published.chain.account(VALIDATOR).address, published.chain.account(STRANGER).address
+    published.admin.grant_role("validator", b)
+    node = published.new_node()
+    first, second = validator_ranking(RUN.run_id, node.address, 1, [a, b])
+    account = {a: VALIDATOR, b: STRANGER}
+    both = [a, b]
+    assigned = make_validator("first", account=account[first], validators=both)
+    backup = make_validator("second", account=account[second], validators=both, peers=[assigned.url],
+                            failover_after_s=1.0)
+    key = to_hex(work_key(RUN.run_id, node.address, 1, 0))
+
+    # while the assigned validator is up, the next one refuses the work (421): no shopping
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [backup.url], run=RUN, model=TINY)
+    chain = commands.open_chain(cfg)
+    with httpx.Client(timeout=5) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+        worker = make_worker(cfg, node, chain, db, http, [backup.url])
+        worker.validators.refresh()
+        assert worker.validators.url_of(first) == assigned.url  # learned from the backup's /v1/info
+        worker.validators.by_address.pop(first)  # as if the node knew only the backup
+        from node.rollouts import build_submission
+
+        sub = build_submission(worker.weights.select().engine, RUN, node.address, 1, 0,
+                               worker.weights.select().manifest_hash)
+        answer = worker.submit(sub)
+        assert answer["error"] == "not_assigned_here" and answer["assigned_validator"] == first
+        assert [r.state for r in db.unfinished(RUN.run_id, node.address)] == ["signed"]
+
+        # the assigned validator dies: the node's resend goes to the backup, which takes it over
+        assigned.stop()
+        worker.validators.by_address[first] = assigned.url
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                worker.run_loop()
+            except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        row = backup.wait_decided(key, timeout=120)
+        assert row["outcome"] == "accepted", row
+        thread.join(timeout=120)
+        assert not thread.is_alive() and not failure, failure
+        # the kept #0 was resent unchanged (not generated again), then one new batch (#1) went the same way
+        assert worker.tally.batches == 1 and worker.tally.accepted == 2 and worker.tally.submit_failures >= 1
+        assert [db.get(RUN.run_id, node.address, 1, c).state for c in (0, 1)] == ["decided", "decided"]  # type: ignore[union-attr]
+    assert backup.wait_reported(key)["outcome"] == "accepted"
