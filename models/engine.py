@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from models.forward import check_context, decode, prefill
+from models.kernels import KernelChoice, Linear, choose
 from models.loading import LoadedModel, output_head
 from models.sampling import SamplingParams, sample, seed_tensor
 from protocol.errors import ModelError
@@ -55,37 +57,14 @@ class Generation:
     seed: int
 
 
-class _Linear:
-    """y = x W^T + b for W in HF layout [out, in], stored in the faster form for the device."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.bias = bias
-        self.out_features = int(weight.shape[0])
-        # On CPU, x @ W^T with W^T stored contiguous ([in, out]) runs faster than F.linear at
-        # decode batch sizes (~1.1-1.5x per matmul; MKL's packed sgemm was slower end to end).
-        self.transposed = weight.device.type == "cpu"
-        self.weight = weight.t().contiguous() if self.transposed else weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.transposed:
-            return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(-1, x.shape[-1])
-        if self.bias is not None:
-            out = torch.addmm(self.bias, flat, self.weight)
-        else:
-            out = torch.mm(flat, self.weight)
-        result: torch.Tensor = out.view(*x.shape[:-1], self.out_features)
-        return result
-
-
 @dataclass
 class _Layer:
     ln1: torch.Tensor
-    qkv: _Linear
-    o: _Linear
+    qkv: Linear
+    o: Linear
     ln2: torch.Tensor
-    gate_up: _Linear
-    down: _Linear
+    gate_up: Linear
+    down: Linear
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +75,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class _FastLlama:
     """A LLaMA-shaped decoder over the Hugging Face weights with a caller-owned static KV cache."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(
+        self, loaded: LoadedModel, *, kernel: str | None = None, kernel_cache: Path | None = None
+    ) -> None:
         model = loaded.model
         cfg = model.config
         self.inner = model.model
@@ -109,21 +90,43 @@ class _FastLlama:
         self.scaling = self.head_dim**-0.5
         self.layers: list[_Layer] = []
         with torch.no_grad():
-            self.lm_head = _Linear(output_head(model).weight, None)
+            # (weight [out, in], bias) of every linear, q/k/v and gate/up fused, layer by layer.
+            weights: list[tuple[torch.Tensor, torch.Tensor | None]] = []
             for layer in self.inner.layers:
                 att, mlp = layer.self_attn, layer.mlp
                 biases = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
-                qkv_w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
+                weights += [
+                    (
+                        torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]),
+                        torch.cat(biases) if all(b is not None for b in biases) else None,
+                    ),
+                    (att.o_proj.weight, att.o_proj.bias),
+                    (torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None),
+                    (mlp.down_proj.weight, None),
+                ]
+            head = output_head(model).weight
+            shapes = [(int(w.shape[1]), int(w.shape[0])) for w, _ in weights] + [
+                (int(head.shape[1]), int(head.shape[0]))
+            ]
+            self.kernels = choose(shapes, head.dtype, head.device, kernel=kernel, cache_dir=kernel_cache)
+
+            def linear(w: torch.Tensor, b: torch.Tensor | None) -> Linear:
+                return Linear(w, b, self.kernels.path((int(w.shape[1]), int(w.shape[0]))))
+
+            self.lm_head = linear(head, None)
+            for i, layer in enumerate(self.inner.layers):
+                qkv, o, gate_up, down = weights[4 * i : 4 * i + 4]
                 self.layers.append(
                     _Layer(
                         ln1=layer.input_layernorm.weight,
-                        qkv=_Linear(qkv_w, torch.cat(biases) if all(b is not None for b in biases) else None),
-                        o=_Linear(att.o_proj.weight, att.o_proj.bias),
+                        qkv=linear(*qkv),
+                        o=linear(*o),
                         ln2=layer.post_attention_layernorm.weight,
-                        gate_up=_Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None),
-                        down=_Linear(mlp.down_proj.weight, None),
+                        gate_up=linear(*gate_up),
+                        down=linear(*down),
                     )
                 )
+            del weights
         self.inter = self.layers[0].gate_up.out_features // 2
 
     @staticmethod
@@ -197,14 +200,24 @@ class Engine:
     """Generates completions for many prompts at once; see the module docstring."""
 
     def __init__(
-        self, loaded: LoadedModel, *, prefill_tokens: int = 8192, fast_path: bool | None = None
+        self,
+        loaded: LoadedModel,
+        *,
+        prefill_tokens: int = 8192,
+        fast_path: bool | None = None,
+        kernel: str | None = None,
+        kernel_cache: Path | None = None,
     ) -> None:
+        """``kernel`` forces the fast path's matmul kernel (see ``models.kernels``; default
+        ``$PRIME_ENGINE_KERNEL`` or ``auto``: measured once per machine and cached in ``kernel_cache``)."""
         self.loaded = loaded
         self.prefill_tokens = prefill_tokens
         use_fast = _FastLlama.supports(loaded) if fast_path is None else fast_path
         if use_fast and not _FastLlama.supports(loaded):
             raise ModelError(f"no fast path for model type {loaded.model.config.model_type!r}")
-        self._fast = _FastLlama(loaded) if use_fast else None
+        self._fast = _FastLlama(loaded, kernel=kernel, kernel_cache=kernel_cache) if use_fast else None
+        self.kernels: KernelChoice | None = self._fast.kernels if self._fast is not None else None
+        """The fast path's matmul kernels (None on the generic path)."""
         self._eos = torch.tensor(sorted(loaded.eos_token_ids), dtype=torch.long, device=loaded.device)
 
     def _validate(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int) -> None:
