@@ -5,8 +5,8 @@
     prime-node protection export PATH | import PATH [flags]
 
 Flags are the `NodeConfig` fields (`prime-node join --help`); `--cpu`, `--gpu N`, `--deployment`,
-`--rpc-url`, `--pool` and `--keystore` are short for `--engine.device cpu|cuda:N`,
-`--chain.deployment`, `--chain.rpc-url`, `--chain.pool` and `--key.keystore`.
+`--rpc-url`, `--pool`, `--keystore` and `--force` are short for `--engine.device cpu|cuda:N`,
+`--chain.deployment`, `--chain.rpc-url`, `--chain.pool`, `--key.keystore` and `--preflight.force`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from protocol.errors import PrimeError
 
 COMMANDS = {
     "join": "create or open the node key, stake and register (unless registered), then work",
+    "preflight": "generate a few batches here and measure them as a validator would (margins to each threshold)",
     "status": "stake, state on chain, verdict counts, claimable and locked rewards, policy version, validators",
     "claim": "claim every unlocked reward (operator key)",
     "leave": "start leaving the pool (unbonding; operator key)",
@@ -42,7 +43,9 @@ def expand_flags(argv: list[str]) -> list[str]:
     it = iter(argv)
     for arg in it:
         name, eq, value = arg.partition("=")
-        if name == "--cpu":
+        if name == "--force":
+            out += ["--preflight.force"]
+        elif name == "--cpu":
             out += ["--engine.device", "cpu"]
         elif name == "--gpu":
             out += ["--engine.device", f"cuda:{value if eq else next(it, '0')}"]

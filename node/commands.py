@@ -103,9 +103,16 @@ def open_chain(cfg: NodeConfig) -> Chain:
 
 def run_rules(cfg: NodeConfig, chain: Chain, http: httpx.Client) -> tuple[RunSpec, ModelSpec, str]:
     """(run spec, model spec, envelope domain): from config, checked against each reachable `/v1/info`."""
+    run, model, _ = _rules(cfg, chain, http)
+    return run, model, submission_domain(chain.chain_id, chain.pool, run.run_id)
+
+
+def _rules(cfg: NodeConfig, chain: Chain | None, http: httpx.Client) -> tuple[RunSpec, ModelSpec, dict[str, Any]]:
+    """(run, model, the validators' check thresholds); the domain is compared when `chain` is given."""
     from pydantic import TypeAdapter
 
     run, model = cfg.run, cfg.model
+    checks: dict[str, Any] = {}
     for url in cfg.validators:
         try:
             r = http.get(url.rstrip("/") + "/v1/info")
@@ -121,14 +128,16 @@ def run_rules(cfg: NodeConfig, chain: Chain, http: httpx.Client) -> tuple[RunSpe
         if model is not None and model != their_model:
             raise ConfigError(f"the configured model differs from validator {url}'s: {their_model!r}")
         run, model = their_run, their_model
-        domain = submission_domain(chain.chain_id, chain.pool, run.run_id)
-        if info.get("domain") != domain:
-            raise ConfigError(f"validator {url} serves domain {info.get('domain')!r}, this node computes {domain!r}: "
-                              f"another chain, pool or run")
+        checks = info.get("checks") if isinstance(info.get("checks"), dict) else checks
+        if chain is not None:
+            domain = submission_domain(chain.chain_id, chain.pool, run.run_id)
+            if info.get("domain") != domain:
+                raise ConfigError(f"validator {url} serves domain {info.get('domain')!r}, this node computes "
+                                  f"{domain!r}: another chain, pool or run")
     if run is None or model is None:
         raise NodeError(f"no validator answered /v1/info ({', '.join(cfg.validators)}) and the config gives no "
                         f"run and model: start a validator or set [run] and [model]")
-    return run, model, submission_domain(chain.chain_id, chain.pool, run.run_id)
+    return run, model, checks
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -141,6 +150,27 @@ def join(cfg: NodeConfig) -> int:
                 operator.address)
     ensure_registered(cfg, chain, node, operator)
     return work(cfg, node, chain)
+
+
+def preflight(cfg: NodeConfig) -> int:
+    """Print the pre-flight report; exit status 0 when honest work from here would pass, 1 when not."""
+    report = _preflight(cfg, None)
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
+def _preflight(cfg: NodeConfig, chain: Chain | None) -> Any:
+    from node.engines import build_engine
+    from node.preflight import run_preflight
+
+    with httpx.Client(timeout=cfg.submit.timeout_s) as http:
+        run, model, checks = _rules(cfg, chain, http)
+    logger.info("pre-flight: generating %d assignment(s) of %s with the %s engine (%s, %s), then checking them as "
+                "a validator would", cfg.preflight.batches, run.env, cfg.engine.type, cfg.engine.device,
+                cfg.engine.dtype)
+    engine = build_engine(cfg.engine, model)
+    return run_preflight(engine, model, run, checks, batches=cfg.preflight.batches, dtype=cfg.preflight.dtype)
 
 
 def ensure_registered(cfg: NodeConfig, chain: Chain, node: Identity, operator: Identity) -> None:
@@ -170,6 +200,14 @@ def ensure_registered(cfg: NodeConfig, chain: Chain, node: Identity, operator: I
         missing.append("ETH for gas (it holds none)")
     if missing:
         raise NodeError(f"operator {operator.address} cannot stake: send it " + " and ".join(missing))
+    if not cfg.preflight.skip:
+        report = _preflight(cfg, chain)
+        for line in report.lines():
+            logger.info("%s", line)
+        if not report.ok and not cfg.preflight.force:
+            raise NodeError("not staking: pre-flight says honest work from this machine would be rejected and "
+                            "slashed (see the table above; try --engine.dtype float32 or another --engine.device); "
+                            "--force stakes anyway")
     if pool.token.allowance(operator.address, chain.pool) < stake:
         logger.info("approving the pool to take %d token units from %s", stake, operator.address)
         pool.token.approve(chain.pool, stake)

@@ -84,6 +84,17 @@ class MonitorSettings(Section):
     """Port of `/metrics` and `/health` (0: any free port, logged; unset: no server)."""
 
 
+class PreflightSettings(Section):
+    batches: int = Field(2, ge=1)
+    """Assignments generated and checked by `prime-node preflight` (and by `join` before it stakes)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the checking prefill (the validator's: float32 unless the run's validators say otherwise)."""
+    force: bool = False
+    """`join` stakes even when pre-flight says this machine's work would be rejected (`--force`)."""
+    skip: bool = False
+    """`join` does not run pre-flight before staking (already run by hand on this machine)."""
+
+
 class NodeConfig(PrimeConfig):
     """prime-node: generate assigned rollouts with TOPLOC proofs, submit them to validators, get paid."""
 
@@ -112,6 +123,8 @@ class NodeConfig(PrimeConfig):
     """Submission retries and verdict waiting."""
     max_batches: int | None = Field(None, ge=1)
     """Stop after this many assignments (default: run until stopped)."""
+    preflight: PreflightSettings = PreflightSettings()
+    """Pre-flight: this machine's honest work measured against the validator's thresholds before staking."""
     monitor: MonitorSettings = MonitorSettings()
     """The `/metrics` and `/health` server."""
     log_format: Literal["text", "json"] = "text"
