@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -16,12 +18,16 @@ from starlette.concurrency import run_in_threadpool
 from protocol.identity import checksum
 from validator.service import Service
 
+if TYPE_CHECKING:
+    from validator.announcer import Announcer
+
 _HEX32 = re.compile(r"^0x[0-9a-f]{64}$")
 
 
 class _Metrics(Collector):
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, announcer: Announcer | None) -> None:
         self.service = service
+        self.announcer = announcer
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         stats = GaugeMetricFamily("prime_validator_events", "Counts since start, by event", labels=["event"])
@@ -41,6 +47,12 @@ class _Metrics(Collector):
         current = self.service.chain.current_version()
         yield GaugeMetricFamily("prime_validator_policy_version", "Newest policy version on chain",
                                 value=-1 if current is None else current)
+        if self.announcer is not None:
+            gossip = GaugeMetricFamily("prime_validator_discovery", "Announcements admitted or dropped since start",
+                                       labels=["event"])
+            for name, n in sorted(self.announcer.discovery.stats().items()):
+                gossip.add_metric([name], n)
+            yield gossip
 
 
 def _key(value: str) -> str:
@@ -52,11 +64,27 @@ def _key(value: str) -> str:
 
 def build_app(service: Service) -> FastAPI:
     cfg = service.cfg
-    app = FastAPI(title="prime-validator", version="1", description=(
+    announcer: Announcer | None = None
+    if cfg.discovery.active:  # libp2p is imported only when discovery is on
+        from validator.announcer import Announcer
+
+        announcer = Announcer(service)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if announcer is not None:
+            await asyncio.to_thread(announcer.start)
+        try:
+            yield
+        finally:
+            if announcer is not None:
+                await asyncio.to_thread(announcer.stop)
+
+    app = FastAPI(title="prime-validator", version="1", lifespan=lifespan, description=(
         "Checks nodes' signed rollouts (TOPLOC, sampling replay, rewards), records verdicts, slashes bad work "
         "on chain and serves accepted rollouts to trainers."))
     registry = CollectorRegistry()
-    registry.register(_Metrics(service))
+    registry.register(_Metrics(service, announcer))
 
     @app.post("/v1/submissions", status_code=202, summary="Submit one signed Submission envelope (raw bytes)")
     async def submit(request: Request) -> Response:
@@ -110,7 +138,15 @@ def build_app(service: Service) -> FastAPI:
             "thresholds_hash": service.pipeline.thresholds_hash, "validators": service.pipeline.validators(),
             "validator_urls": service.peers.urls(),
             "max_submission_bytes": cfg.max_submission_bytes,
+            "discovery": None if announcer is None else {
+                "peer_id": announcer.discovery.peer_id, "addrs": announcer.discovery.addrs, "url": announcer.url},
         }
+
+    @app.get("/v1/announcements", summary="The signed discovery announcements this validator believes (a JSON list)")
+    def announcements() -> Response:
+        if announcer is None:
+            raise HTTPException(404, "discovery is off on this validator")
+        return Response(announcer.discovery.board.to_json(), media_type="application/json")
 
     @app.get("/v1/evidence/{evidence_hash}", summary="The stored evidence of a hard verdict (its hash is on chain)")
     def evidence(evidence_hash: str) -> Response:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from discovery.config import DiscoveryConfig
 from protocol.config import (
     KeySource,
     PrimeConfig,
@@ -114,6 +115,13 @@ class ValidatorConfig(PrimeConfig):
     reached from here, the next one in rendezvous order takes the work (failover)."""
     failover_after_s: float = Field(30.0, gt=0.0)
     """How long a peer must fail every probe before its work is taken over."""
+    public_url: str | None = None
+    """URL other roles reach this API at, announced over discovery (default http://host:port, which
+    is announced only when both are concrete: not port 0, not 0.0.0.0)."""
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    """libp2p gossipsub discovery, off unless `enabled` or `bootstrap` is set: announce this validator,
+    learn the run's policy versions, validators and relays, serve them at /v1/announcements. The
+    explicit URLs above (`peers`, weight relays) work without it."""
     max_submission_bytes: int = Field(4 << 20, ge=1024)
     """Submissions larger than this are refused (413) before their body is read."""
     max_age_s: float = Field(600.0, gt=0.0)
