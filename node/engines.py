@@ -80,6 +80,15 @@ class ModelsEngine(InferenceEngine):
                            finish_reason=g.finish_reason, proofs=list(prove(g.hidden_states))) for g in gens]
 
 
+def available_engines() -> list[EngineSettings]:
+    """Every engine configuration this machine can run (the conformance test runs each one): the `models/`
+    engine in both dtypes on the CPU and on each CUDA device. (A vLLM engine joins the list on GPUs.)"""
+    import torch
+
+    devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [EngineSettings(type="cpu", device=d, dtype=dt) for d in devices for dt in ("float32", "bfloat16")]
+
+
 def build_engine(settings: EngineSettings, model: ModelSpec) -> InferenceEngine:
     """The engine `settings.type` names, with `model` loaded (imports torch)."""
     if settings.type == "cpu":

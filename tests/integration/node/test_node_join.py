@@ -39,7 +39,8 @@ def node_config(tmp_path: Path, deployment_file: Path, rpc_url: str, validators:
     return NodeConfig.model_validate(values)
 
 
-def make_worker(cfg: NodeConfig, node: Any, chain: commands.Chain, db: Any, http: Any, urls: list[str]) -> Any:
+def make_worker(cfg: NodeConfig, node: Any, chain: commands.Chain, db: Any, http: Any, urls: list[str], *,
+                run: Any = RUN, model: Any = TINY) -> Any:
     """A node's work loop on the base (static) weights, talking to `urls`."""
     from contracts.policy import PolicyHistory
     from node.engines import build_engine
@@ -47,9 +48,9 @@ def make_worker(cfg: NodeConfig, node: Any, chain: commands.Chain, db: Any, http
     from node.worker import ValidatorDirectory, Worker
     from protocol.config import StaticWeights
 
-    weights = PolicyWeights(StaticWeights(), TINY, RUN, PolicyHistory(chain.client(node), chain.start_block),
+    weights = PolicyWeights(StaticWeights(), model, run, PolicyHistory(chain.client(node), chain.start_block),
                             lambda spec: build_engine(cfg.engine, spec), cfg.state_dir / "weights")
-    return Worker(cfg, node, RUN, commands.submission_domain(chain.chain_id, chain.pool, RUN.run_id), weights, db,
+    return Worker(cfg, node, run, commands.submission_domain(chain.chain_id, chain.pool, run.run_id), weights, db,
                   ValidatorDirectory(list(urls), http))
 
 

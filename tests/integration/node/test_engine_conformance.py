@@ -1,0 +1,54 @@
+"""Engine conformance: every engine configuration this machine can run produces work that a real validator
+accepts (its default thresholds: zero sampling mismatches, proofs inside the TOPLOC limits, exact rewards),
+generated, signed and submitted by the node's own work loop. Pre-flight's margins are printed beside it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from chainfixtures import Pools
+from test_node_join import make_worker, node_config
+from validator_harness import RUN, TINY
+
+from node import commands
+from node.config import EngineSettings
+from node.engines import available_engines, build_engine
+from node.preflight import run_preflight
+from node.protection import SlashingProtection
+from protocol.canonical import to_hex
+from protocol.model_spec import ModelSpec, SmolLM2Spec
+from protocol.seeds import work_key
+
+pytestmark = pytest.mark.timeout(900)
+SMOLLM2_RUN = RUN.model_copy(update={"env": "reverse-text", "tasks_per_batch": 1, "samples_per_task": 2,
+                                     "max_new_tokens": 24})
+MODELS = [pytest.param(TINY, RUN, id="tiny"),
+          pytest.param(SmolLM2Spec(), SMOLLM2_RUN, id="smollm2", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize(("model", "run"), MODELS)
+@pytest.mark.parametrize("settings", available_engines(), ids=lambda s: f"{s.type}-{s.device}-{s.dtype}")
+def test_every_engine_here_produces_work_the_validator_accepts(
+        settings: EngineSettings, model: ModelSpec, run: Any, published: Pools, deployment_file: Path,
+        make_validator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    served = make_validator(model=model, run=run)
+    node = published.new_node()
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [served.url], run=run, model=model,
+                      engine=settings.model_dump(), max_batches=1)
+    chain = commands.open_chain(cfg)
+    with httpx.Client(timeout=30) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+        worker = make_worker(cfg, node, chain, db, http, [served.url], run=run, model=model)
+        thread = threading.Thread(target=worker.run_loop, daemon=True)
+        thread.start()
+        row = served.wait_decided(to_hex(work_key(run.run_id, node.address, 1, 0)), timeout=600)
+        thread.join(timeout=120)
+    assert row["outcome"] == "accepted", row
+
+    report = run_preflight(build_engine(settings, model), model, run, {}, batches=1)
+    with capsys.disabled():
+        print(f"\n[{settings.device} {settings.dtype}]\n" + "\n".join(report.lines()))
+    assert report.ok and next(c for c in report.checks if c.name == "sampling mismatches").worst == 0
