@@ -72,7 +72,11 @@ class Discovery:
         board: AnnouncementBoard | None = None,
         clock: Callable[[], float] = time.time,
         name: str = "discovery",
+        topics: Iterable[Topic] | None = None,
     ) -> None:
+        """`topics`: the ones this role takes part in (default all). Subscribe only to topics whose
+        announcements you can judge: a peer that refuses a whole topic is a dead end in its mesh
+        (a relay without a chain cannot tell validators, so it leaves that topic out)."""
         self.config = config
         self.identity = identity
         self.domain = domain
@@ -83,7 +87,8 @@ class Discovery:
         self.board = board or AnnouncementBoard(max_per_topic=config.max_per_topic, clock=clock)
         key_file = config.key_file or Path(state_dir) / KEY_FILE
         self.keys = load_or_create(key_file)
-        self._topics = {topic_name(domain, t): t for t in Topic}
+        self.topics = frozenset(Topic) if topics is None else frozenset(topics)
+        self._topics = {topic_name(domain, t): t for t in Topic if t in self.topics}
         self.host = GossipHost(
             self.keys,
             listen=config.listen,
@@ -185,6 +190,8 @@ class Discovery:
     def _announce(self, topic: Topic, make: Callable[[], AnnouncedBody]) -> Announcement:
         if not self.host.running:
             raise DiscoveryError("start discovery before announcing")
+        if topic not in self.topics:
+            raise DiscoveryError(f"not taking part in the {topic.value} topic")
         make()  # a bad argument fails here, in the caller's thread, as a pydantic ValidationError
         with self._lock:
             self._intents[topic] = make

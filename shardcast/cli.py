@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger("shardcast.cli")
@@ -73,6 +74,20 @@ def _parser() -> argparse.ArgumentParser:
     relay.add_argument("--run-id", help="training run id (default: the first manifest's)")
     relay.add_argument("--concurrency", type=int, default=4, help="shards fetched from upstream at once")
     bans(relay, "an upstream")
+    disc = relay.add_argument_group("discovery", "announce this relay and the versions it holds over libp2p "
+                                    "gossipsub (off unless --discovery or --discovery-bootstrap is given)")
+    disc.add_argument("--discovery", action="store_true", help="turn discovery on (also implied by a bootstrap peer)")
+    disc.add_argument("--discovery-bootstrap", nargs="+", action="extend", default=[], metavar="MULTIADDR",
+                      help="peers to join through, .../p2p/<peer id> (a validator's /v1/info lists its own)")
+    disc.add_argument("--discovery-listen", nargs="+", action="extend", default=[], metavar="MULTIADDR",
+                      help="libp2p listen addresses (default /ip4/127.0.0.1/tcp/0)")
+    disc.add_argument("--discovery-domain", metavar="DOMAIN",
+                      help="the run's envelope domain, prime/<chain id>/<pool>/<run id> (a validator's /v1/info "
+                           "shows it); required with discovery")
+    disc.add_argument("--public-url", help="URL readers reach this relay at (default: the bound http://host:port)")
+    disc.add_argument("--announce-key-env", metavar="VAR",
+                      help="env var holding the raw key that signs the announcements (it holds no stake); "
+                           "default: a fresh key per run")
 
     pull = sub.add_parser("pull", help="download, verify and install a version")
     pull.add_argument("--from", dest="sources", nargs="+", action="extend", required=True, metavar="URL", help="relay URLs")
@@ -116,7 +131,7 @@ def _identity(args: argparse.Namespace) -> Any:
     return load_identity(keystore=args.keystore, key_env=args.key_env, password_file=args.password_file)
 
 
-async def _serve(server: Any) -> None:
+async def _serve(server: Any, beside: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
     import asyncio
     import signal
 
@@ -126,10 +141,64 @@ async def _serve(server: Any) -> None:
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     print(f"{type(server).__name__.lower()} listening on {server.url}", flush=True)
+    task = None if beside is None else asyncio.create_task(beside())
     try:
         await stop.wait()
     finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         await server.stop()
+
+
+def _relay_announcer(args: argparse.Namespace, relay: Any) -> Callable[[], Coroutine[Any, Any, None]]:
+    """Discovery beside a relay: announce (URL, complete versions) whenever the store changes.
+
+    Composed here, in the entry point, so that the shardcast library itself imports only `protocol`.
+    The relay takes part in the policy and relays topics only: without a chain it cannot judge
+    validators, and a peer refusing a whole topic would be a dead end in that topic's mesh.
+    """
+    if not args.discovery_domain:
+        raise SystemExit("prime-relay: --discovery-domain is required with discovery")
+    import asyncio
+    from pathlib import Path
+
+    from discovery.admission import Trust
+    from discovery.config import DiscoveryConfig
+    from discovery.messages import MAX_VERSIONS, Topic
+    from discovery.service import Discovery
+    from protocol.errors import PrimeError
+    from protocol.identity import Identity, load_identity
+
+    identity = load_identity(key_env=args.announce_key_env) if args.announce_key_env else Identity.create()
+    config = DiscoveryConfig(enabled=True, bootstrap=args.discovery_bootstrap,
+                             listen=args.discovery_listen or ["/ip4/127.0.0.1/tcp/0"])
+    disc = Discovery(config, identity=identity, domain=args.discovery_domain, trust=Trust(trainer=args.trainer),
+                     state_dir=Path(args.store), topics=[Topic.POLICY, Topic.RELAYS], name="relay-discovery")
+
+    async def announce() -> None:
+        await asyncio.to_thread(disc.start)
+        log.info("discovery: libp2p peer %s on %s, announcing as %s", disc.peer_id, disc.addrs, identity.address)
+        url = args.public_url or relay.url
+        if not args.public_url and args.host in ("0.0.0.0", "::"):
+            log.warning("discovery: announcing %s; give --public-url for an address others can reach", url)
+        held: list[int] | None = None
+        try:
+            while True:
+                complete = [v for v in relay.store.versions() if relay.store.get(v).complete][-MAX_VERSIONS:]
+                if complete != held:
+                    try:
+                        await asyncio.to_thread(disc.announce_relay, url, complete)
+                        held = complete
+                    except PrimeError as exc:
+                        log.warning("discovery: announcement refused: %s", exc)
+                        await asyncio.sleep(5.0)
+                    continue  # the store may have changed while we announced: look again before waiting
+                await relay.store.wait_change(60.0)  # no await between the look and this wait: no lost wake-up
+        finally:
+            await asyncio.to_thread(disc.stop)
+
+    return announce
 
 
 async def _follow(client: Any, poll_s: float, as_json: bool) -> None:
@@ -201,8 +270,9 @@ def _run(args: argparse.Namespace) -> int:
                       ban_s=args.ban_hours * 3600, limits=_limits(args))
         if args.forget_bans:
             relay.forget_bans()
+        beside = _relay_announcer(args, relay) if args.discovery or args.discovery_bootstrap else None
         _freeze_heap()
-        asyncio.run(_serve(relay))
+        asyncio.run(_serve(relay, beside))
         return 0
     if args.command == "pull":
         from shardcast.client import Client
