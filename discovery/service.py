@@ -12,8 +12,8 @@ that work from plain threads and from asyncio (no trio in sight).
 Every message, ours included, goes through the same gossipsub topic validator before it is
 delivered or forwarded: `Admission.admit` (signature, role, freshness, replay, rates) and then the
 board (only newer announcements pass). A message that fails is dropped and not forwarded, and its
-reason is counted in `stats()`. An exact copy of an announcement the board already holds (learnt
-first over HTTP, say) is forwarded but not delivered twice.
+reason is counted in `stats()`. A second copy of an envelope is a replay (dropped), except the
+first gossip copy of one learnt over HTTP, which is forwarded (see `discovery.board.admit_to_board`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Discovery:
         self,
         config: DiscoveryConfig,
         *,
-        identity: Identity,
+        identity: Identity | None,
         domain: str,
         trust: Trust,
         state_dir: str | Path,
@@ -74,7 +74,8 @@ class Discovery:
         name: str = "discovery",
         topics: Iterable[Topic] | None = None,
     ) -> None:
-        """`topics`: the ones this role takes part in (default all). Subscribe only to topics whose
+        """`identity`: the role's Ethereum key, which signs our announcements (None: we only listen,
+        as a node does). `topics`: the ones this role takes part in (default all). Subscribe only to topics whose
         announcements you can judge: a peer that refuses a whole topic is a dead end in its mesh
         (a relay without a chain cannot tell validators, so it leaves that topic out)."""
         self.config = config
@@ -192,6 +193,8 @@ class Discovery:
             raise DiscoveryError("start discovery before announcing")
         if topic not in self.topics:
             raise DiscoveryError(f"not taking part in the {topic.value} topic")
+        if self.identity is None:
+            raise DiscoveryError("this discovery has no key to sign announcements with")
         make()  # a bad argument fails here, in the caller's thread, as a pydantic ValidationError
         with self._lock:
             self._intents[topic] = make
@@ -200,6 +203,7 @@ class Discovery:
     async def _publish_async(self, topic: Topic, make: Callable[[], AnnouncedBody]) -> Announcement:
         """Seal and publish one announcement; raise the reason if our own validator refused it."""
         body = make()
+        assert self.identity is not None  # checked by _announce before any intent is kept
         wire = seal(self.identity, body, domain=self.domain, nonce=random_nonce(), now=self.clock()).to_bytes()
         key = hashlib.sha256(wire).digest()
         await self.host.publish_async(topic_name(self.domain, topic), wire)
@@ -305,6 +309,8 @@ class Discovery:
                     if ann.body.peer_id != self.peer_id:
                         wanted += [f"{a}/p2p/{ann.body.peer_id}" for a in ann.body.addrs]
             now = time.monotonic()
+            for addr in [a for a, t in self._dial_after.items() if t <= now]:
+                del self._dial_after[addr]
             for addr in dict.fromkeys(wanted):
                 peer = addr.rsplit("/p2p/", 1)[-1]
                 if peer in connected or peer == self.peer_id or self._dial_after.get(addr, 0.0) > now:

@@ -52,14 +52,14 @@ class Net:
         return Trust(trainer=self.trainer.address, is_validator=allow(v.address for v in self.validators))
 
     def start(self, identity: Identity | None = None, bootstrap: list[str] | None = None, *, start: bool = True,
-              **cfg: Any) -> Discovery:
+              listen_only: bool = False, topics: list[Topic] | None = None, **cfg: Any) -> Discovery:
         """A (started) Discovery; `target_peers=0` by default so the topology is only what the test wires."""
         cfg.setdefault("target_peers", 0)
         cfg.setdefault("reannounce_s", 1.0)
         config = DiscoveryConfig(enabled=True, listen=[LOOPBACK], bootstrap=bootstrap or [], **cfg)
         state = self.root / f"host{len(self.hosts)}"
-        disc = Discovery(config, identity=identity or Identity.create(), domain=DOMAIN, trust=self.trust,
-                         state_dir=state, name=f"disc{len(self.hosts)}")
+        disc = Discovery(config, identity=None if listen_only else identity or Identity.create(), domain=DOMAIN,
+                         trust=self.trust, state_dir=state, name=f"disc{len(self.hosts)}", topics=topics)
         self.hosts.append(disc)
         if start:
             disc.start()
@@ -80,11 +80,11 @@ class Net:
             host.stop()
 
 
-def wait_linked(a: Discovery | GossipHost, b: Discovery | GossipHost) -> None:
-    """Wait until `a` knows `b` is subscribed to every topic (safe to publish to it)."""
+def wait_linked(a: Discovery | GossipHost, b: Discovery | GossipHost, topics: list[str] = TOPICS) -> None:
+    """Wait until `a` knows `b` is subscribed to `topics` (safe to publish to it)."""
     host = a.host if isinstance(a, Discovery) else a
     peer = b.peer_id
-    wait_until(lambda: all(peer in host.topic_peers(t) for t in TOPICS), f"{peer} subscribed at {host.peer_id}")
+    wait_until(lambda: all(peer in host.topic_peers(t) for t in topics), f"{peer} subscribed at {host.peer_id}")
 
 
 def policy_version(disc: Discovery) -> int | None:

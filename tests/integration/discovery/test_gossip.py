@@ -185,6 +185,23 @@ def test_own_announcement_refused_is_an_error(net: Net) -> None:
     assert stranger.stats() == {"dropped.not_believed": 2}
 
 
+def test_listeners_and_topic_subsets(net: Net) -> None:
+    a = net.start(net.trainer)
+    node = net.start(bootstrap=a.addrs, listen_only=True)  # no key: learns, never announces
+    relay = net.start(Identity.create(), bootstrap=a.addrs, topics=[Topic.POLICY, Topic.RELAYS])
+    wait_linked(a, node)
+    wait_linked(a, relay, [POLICY, RELAYS])
+    assert relay.peer_id not in a.host.topic_peers(VALIDATORS)  # no dead end in the validators' mesh
+    with pytest.raises(DiscoveryError):
+        node.announce_relay("http://127.0.0.1:9100", [1])
+    with pytest.raises(DiscoveryError):
+        relay.announce_validator("http://127.0.0.1:8700")
+    a.announce_policy(3, b"\x03" * 32)
+    relay.announce_relay("http://127.0.0.1:9100", [3])
+    wait_until(lambda: policy_version(node) == 3 and policy_version(relay) == 3, "policy 3 at node and relay")
+    wait_until(lambda: len(node.board.relays(3)) == 1, "the relay at the node, through a")
+
+
 def test_asyncio_roles_use_it_without_trio(net: Net) -> None:
     a = net.start(net.trainer)
     b = net.start(Identity.create(), bootstrap=a.addrs, start=False)
