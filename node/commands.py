@@ -234,7 +234,8 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
     with httpx.Client(timeout=cfg.submit.timeout_s) as http:
         run, model, domain = run_rules(cfg, chain, http)
         weights = PolicyWeights(cfg.weights, model, run, PolicyHistory(chain.client(node), chain.start_block),
-                                lambda spec: build_engine(cfg.engine, spec), cfg.state_dir / "weights")
+                                lambda spec: build_engine(cfg.engine, spec), cfg.state_dir / "weights",
+                                poll_s=cfg.chain.poll_s)
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as protection:
             worker = Worker(cfg, node, run, domain, weights, protection, ValidatorDirectory(list(cfg.validators), http))
             monitor = None

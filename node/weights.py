@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,8 @@ class PolicyWeights:
         self.run = run
         self.history = history
         self._make_engine = make_engine
+        self.poll_s = poll_s
+        self._refreshed = -float("inf")
         self.base = make_engine(model)
         self.loaded_version: int | None = None
         """The installed version whose weights `_engine` holds (None: the base model)."""
@@ -90,10 +93,13 @@ class PolicyWeights:
 
     def select(self) -> Policy:
         """The newest usable version inside the async window, its weights loaded; `Waiting` if none."""
-        try:
-            self.history.refresh()
-        except ChainError as exc:  # the last view stays good; a stale one is caught by the window below
-            logger.warning("chain: reading policy versions failed (%s); using what was read before", exc)
+        now = time.monotonic()
+        if now - self._refreshed >= self.poll_s or self.history.current() is None:  # at most one read per poll_s
+            try:
+                self.history.refresh()
+                self._refreshed = now
+            except ChainError as exc:  # the last view stays good; a stale one is caught by the window below
+                logger.warning("chain: reading policy versions failed (%s); using what was read before", exc)
         current = self.history.current()
         if current is None:
             raise Waiting("no policy version published on chain yet")

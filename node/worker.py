@@ -139,8 +139,11 @@ class Worker:
     # -- the loop -------------------------------------------------------------------------------
 
     def run_loop(self) -> Tally:
+        polled = -float("inf")
         while not self.stopping and (self.cfg.max_batches is None or self.tally.batches < self.cfg.max_batches):
-            self.poll_pending()
+            if time.monotonic() - polled >= self.cfg.chain.poll_s:  # verdicts: not a round trip per batch
+                self.poll_pending()
+                polled = time.monotonic()
             if not self.resend_unsent():  # a validator is down: keep the work, make no more
                 self._stop.wait(self.cfg.submit.max_backoff_s)
                 continue

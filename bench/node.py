@@ -1,0 +1,199 @@
+"""The node's whole loop against bare engine generation: what proofs, grading, signing and submitting cost.
+
+Anchor (same run, same model, threads, dtype, and the same assignments: the same node key, version and
+counters, so the same prompts, seeds and tokens): `models.engine.Engine.generate` alone, one call per
+assignment, as the node makes them. Measured: `node.worker.Worker.run_loop` for the same assignments:
+generation, TOPLOC proofs, rewards, the slashing-protection record, the signed envelope and the POST to a
+real validator (a subprocess on 127.0.0.1 doing its intake: every cheap check and the ledger row; its
+checker is off, since on a 2-core box its prefills would take the node's core and a real validator runs
+elsewhere), on a real anvil pool. The bare generation runs before and after the loop (the mean is the
+anchor), so drift in machine load shows as the spread between the two. `overhead` = 1 - loop tokens/s / bare tokens/s (the fraction of throughput the loop costs; the goal
+is at most 0.10). The breakdown times each added step on the same work.
+
+    python bench/node.py --json out.json     # tiny and SmolLM2 (~5 minutes)
+    python bench/node.py --quick             # tiny only (~1 minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]  # `import node` is the package
+sys.path.insert(0, str(ROOT))
+
+
+def _bench_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def requests_of(engine: Any, run: Any, node: str, counter: int) -> list[Any]:
+    """The requests `node.rollouts.build_submission` makes for assignment (node, v1, counter)."""
+    from environments import get as get_environment
+    from node.engines import Request
+    from node.rollouts import prompt_ids
+    from protocol.seeds import sampling_seed, task_seed
+
+    env = get_environment(run.env, run.env_version)
+    out = []
+    for task in env.sample(task_seed(node, 1, counter, run_id=run.run_id), run.tasks_per_batch):
+        ids = prompt_ids(engine.tokenizer, task)
+        out += [Request(ids, sampling_seed(node, 1, task.task_id, i, run_id=run.run_id))
+                for i in range(run.samples_per_task)]
+    return out
+
+
+def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dtype: str, tmp: Path) -> dict[str, Any]:
+    import httpx
+    import torch
+
+    from contracts.policy import PolicyHistory
+    from models.engine import Engine
+    from models.sampling import SamplingParams
+    from node.config import NodeConfig
+    from node.engines import build_engine
+    from node.protection import SlashingProtection
+    from node.rollouts import build_submission
+    from node.weights import PolicyWeights
+    from node.worker import ValidatorDirectory, Worker
+    from protocol.config import StaticWeights
+    from protocol.envelope import seal
+    from protocol.nonce import random_nonce
+    from protocol.rollout import submission_domain
+    from toploc.validation import prove
+
+    vbench = _bench_module("validator")
+    vhttp = _bench_module("validator_http")
+    torch.set_num_threads(threads)
+    chain = vbench.Chain(1, hashlib.sha256(b"bench policy v1").digest())
+    served = None
+    try:
+        deployment = chain.deployment.save(tmp / "deployment.json")
+        vcfg = vbench.validator_config(tmp / "validator", deployment, chain.rpc_url, run, model, "float32", 1)
+        served = vhttp.Served(vcfg, 1, False, tmp / "served")
+        node = chain.nodes[0]
+        cfg = NodeConfig.model_validate({
+            "state_dir": tmp / "node", "validators": [served.url], "run": run, "model": model,
+            "engine": {"dtype": dtype, "threads": threads}, "max_batches": batches, "monitor": {"port": None},
+            "chain": {"deployment": deployment, "rpc_url": chain.rpc_url},
+            "submit": {"max_pending": 10**6, "decide_timeout_s": 0.01}})
+        from node.commands import open_chain
+
+        c = open_chain(cfg)
+        engine = build_engine(cfg.engine, model)
+        bare = Engine(engine.loaded)  # type: ignore[attr-defined]
+        params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
+        all_requests = [requests_of(engine, run, node.address, k) for k in range(batches)]
+        bare.generate([r.prompt for r in all_requests[0]], params, [r.seed for r in all_requests[0]],
+                      run.max_new_tokens)  # warm-up
+
+        def generate_all() -> tuple[float, list[Any]]:
+            started = time.perf_counter()
+            out = [bare.generate([r.prompt for r in reqs], params, [r.seed for r in reqs], run.max_new_tokens)
+                   for reqs in all_requests]
+            return time.perf_counter() - started, out
+
+        bare_before, gens = generate_all()
+        bare_tokens = sum(len(g.tokens) for batch in gens for g in batch)
+
+        started = time.perf_counter()
+        for batch in gens:
+            for g in batch:
+                prove(g.hidden_states)
+        prove_s = time.perf_counter() - started
+
+        weights = PolicyWeights(StaticWeights(), model, run, PolicyHistory(c.client(node), c.start_block),
+                                lambda spec: engine, cfg.state_dir / "weights")
+        domain = submission_domain(c.chain_id, c.pool, run.run_id)
+        with httpx.Client(timeout=60) as http, SlashingProtection(cfg.state_dir / "protection.sqlite") as db:
+            worker = Worker(cfg, node, run, domain, weights, db, ValidatorDirectory([served.url], http))
+            worker.validators.refresh()
+            started = time.perf_counter()
+            tally = worker.run_loop()
+            loop_s = time.perf_counter() - started
+            # the added steps alone, on the same assignments (the record and POST are in the loop above)
+            subs = [build_submission(engine, run, node.address, 1, k, b"\x00" * 31 + b"\x01") for k in range(batches)]
+            started = time.perf_counter()
+            for sub in subs:
+                seal(node, sub, domain=domain, nonce=random_nonce())
+            seal_s = time.perf_counter() - started
+        bare_after, _ = generate_all()
+        bare_s = (bare_before + bare_after) / 2
+        loop_tokens = tally.tokens
+        bare_tps, loop_tps = bare_tokens / bare_s, loop_tokens / loop_s
+        return {
+            "model": name, "batches": batches, "samples_per_batch": run.tasks_per_batch * run.samples_per_task,
+            "max_new_tokens": run.max_new_tokens, "dtype": dtype, "threads": threads,
+            "bare_tokens": bare_tokens, "bare_seconds": round(bare_s, 4),
+            "bare_seconds_before_after": [round(bare_before, 4), round(bare_after, 4)], "bare_tok_s": round(bare_tps, 2),
+            "loop_tokens": loop_tokens, "loop_seconds": round(loop_s, 4), "loop_tok_s": round(loop_tps, 2),
+            "overhead": round(1.0 - loop_tps / bare_tps, 4), "same_tokens": loop_tokens == bare_tokens,
+            "breakdown_s": {"generate": round(bare_s, 4), "proofs": round(prove_s, 4), "seal": round(seal_s, 4),
+                            "rest_of_loop": round(max(0.0, loop_s - bare_s - prove_s - seal_s), 4)},
+        }
+    finally:
+        if served is not None:
+            served.stop()
+        chain.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny model only, fewer batches")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--batches", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from protocol.model_spec import SmolLM2Spec, TinyModelSpec
+    from protocol.run import RunSpec
+
+    tiny_run = RunSpec(run_id="bench-node", tasks_per_batch=4, samples_per_task=4, max_new_tokens=64)
+    smol_run = RunSpec(run_id="bench-node", env="reverse-text", tasks_per_batch=2, samples_per_task=4,
+                       max_new_tokens=48)
+    cases = [("tiny", TinyModelSpec(hidden_size=128), tiny_run, args.batches or (6 if args.quick else 20))]
+    if not args.quick:
+        cases.append(("smollm2", SmolLM2Spec(), smol_run, args.batches or 3))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-node-") as tmp:
+        for name, model, run, batches in cases:
+            results.append(bench_model(name, model, run, batches, args.threads, args.dtype, Path(tmp) / name))
+    out = {"info": {"machine": platform.machine(), "cpu": _cpu(), "cpus": os.cpu_count(), "threads": args.threads,
+                    "load_average": os.getloadavg()}, "results": results}
+    print(f"{'model':<8} {'batches':>7} {'bare tok/s':>11} {'loop tok/s':>11} {'overhead':>9}  breakdown (s)")
+    for r in results:
+        print(f"{r['model']:<8} {r['batches']:>7} {r['bare_tok_s']:>11.1f} {r['loop_tok_s']:>11.1f} "
+              f"{r['overhead']:>9.3f}  {r['breakdown_s']}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
