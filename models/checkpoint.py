@@ -133,3 +133,34 @@ def load_checkpoint(
     from protocol.model_spec import HFModelSpec
 
     return load(HFModelSpec(name_or_path=str(Path(path).resolve())), dtype=dtype, device=device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m models.checkpoint OUT --model JSON`: write a model spec's weights as a checkpoint directory
+    (a policy version to publish through SHARDCAST, e.g. the tiny model a devnet runs)."""
+    import argparse
+    import sys
+
+    from pydantic import TypeAdapter
+
+    from models.loading import load
+    from protocol.errors import PrimeError
+    from protocol.model_spec import ModelSpec
+
+    p = argparse.ArgumentParser(prog="python -m models.checkpoint", description=main.__doc__)
+    p.add_argument("out", type=Path, help="checkpoint directory to write (replaced atomically)")
+    p.add_argument("--model", required=True, help='a model spec as JSON, e.g. \'{"type": "tiny", "hidden_size": 128}\'')
+    args = p.parse_args(argv)
+    try:
+        spec: ModelSpec = TypeAdapter(ModelSpec).validate_json(args.model)
+        loaded = load(spec)
+        save_checkpoint(loaded.model, loaded.tokenizer, args.out)
+    except (PrimeError, ValueError) as exc:
+        print(f"models.checkpoint: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {spec.type} checkpoint to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -323,6 +323,7 @@ def status(cfg: NodeConfig) -> int:
         "unbonding_end": info.unbonding_end, "accepted_units": info.accepted_units,
         "policy_version": version, "manifest_hash": "0x" + manifest.hex(),
         "rewards": {"claimable": claimable, "claimable_work": len(keys), "locked": locked}, "validators": {},
+        "weights": cfg.weights.model_dump(mode="json"),
     }
     with httpx.Client(timeout=cfg.submit.timeout_s) as http:
         for url in cfg.validators:

@@ -116,8 +116,9 @@ class PolicyWeights:
                 reasons.append(str(exc))
                 continue
             return self._policy(version, self._engine_for(version, path))
-        if self.base_version is not None and oldest <= self.base_version:
-            return self._policy(min(current, self.base_version), self.base)
+        base = None if self.base_version is None else min(current, self.base_version)
+        if base is not None and oldest <= base and self.history.manifest_hash(base) is not None:
+            return self._policy(base, self.base)
         newest = self.follower.installed()
         raise Waiting(
             f"the chain is at v{current} and the async window (async_level {self.run.async_level}) allows v{oldest} "

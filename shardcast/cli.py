@@ -260,7 +260,8 @@ def _run(args: argparse.Namespace) -> int:
                                   version=args.version, shard_size=args.shard_mib << 20)
         Store(Path(args.store), retention=args.retention).scan()  # applies retention
         m = signed.manifest
-        print(json.dumps({"version": m.version, "shards": len(m.shards), "bytes": m.total_bytes, "signer": signed.signer}))
+        print(json.dumps({"version": m.version, "shards": len(m.shards), "bytes": m.total_bytes, "signer": signed.signer,
+                          "manifest_hash": "0x" + m.content_hash().hex()}))  # what the trainer records on chain
         return 0
     if args.command == "relay":
         from shardcast.relay import Relay
