@@ -4,16 +4,21 @@ For each model (tiny, SmolLM2-135M-Instruct) and batch size (1, 16, 64) both gen
 same prompts, the same thread count and temperature-1 sampling with no top-k/top-p (HF with its own
 sampler, the engine with the seeded Gumbel-max sampler), so sequences stop at different lengths.
 Tokens/s counts generated tokens up to and including each sequence's EOS. The same run measures
-this machine's dense matmul FLOP/s in each dtype (torch.mm, 2048x2048) and the engine's achieved
-FLOP/s (2 * params * tokens + attention) as a fraction of it.
+this machine's dense matmul GFLOP/s for every kernel path the engine can pick in each dtype
+(`models/kernels.py`: torch.mm / F.linear in the model dtype, and for bf16 weights the fp32-upcast
+paths), and the engine's achieved FLOP/s (2 * params * tokens + attention) as a fraction of the
+fastest of them.
 
 Both dtypes run by default, each generator on the same weights in the same dtype: float32, and
-bfloat16 (the dtype TOPLOC proofs are built in, so the dtype a node runs; on CPUs with AMX/AVX512-BF16
-its matmuls are 2-4x faster than float32 at decode batch sizes, which shifts the bottleneck from the
-matmuls to the per-step overhead that the engine removes).
+bfloat16 (the dtype TOPLOC proofs are built in, so the dtype a node runs). Machines differ: with
+AMX/AVX512-BF16 bf16 matmuls are 2-4x faster than fp32 at decode batch sizes; on AVX2-only CPUs
+(AMD EPYC here) a plain bf16 torch.mm runs at ~1 GFLOP/s and F.linear (what HF runs) at ~7, while
+fp32 reaches ~60. The engine measures its kernels once per machine (in a fresh cache directory per
+bench run unless --kernel-cache is given) and prints the chosen paths on every row; --kernel
+forces one.
 
-    python bench/generate.py --threads 2 --json out.json           # full run (several minutes)
-    python bench/generate.py --quick                                # ~1-2 minutes
+    python bench/generate.py --threads 2 --json out.json           # full run (many minutes on AVX2)
+    python bench/generate.py --quick                                # a few minutes
 """
 
 from __future__ import annotations
@@ -115,18 +120,36 @@ def run_engine(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -
     return dt, sum(len(g.tokens) for g in gens), ctx
 
 
-def matmul_flops(threads: int, seconds: float = 2.0, dtype: str = "float32") -> float:
+def matmul_rates(dtype: str, seconds: float) -> dict[str, Any]:
+    """Dense square matmul GFLOP/s of every kernel path the engine can pick for weights in ``dtype``.
+
+    The size grows from 256 to 2048 while one call stays short, so a dtype whose plain kernel is
+    slow on this CPU (bf16 torch.mm without AVX512-BF16/AMX: ~0.2 GFLOP/s) is measured in seconds.
+    """
     import torch
 
-    a = torch.randn(2048, 2048).to(getattr(torch, dtype))
-    b = torch.randn(2048, 2048).to(getattr(torch, dtype))
-    torch.mm(a, b)
-    n = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        torch.mm(a, b)
-        n += 1
-    return 2 * 2048**3 * n / (time.perf_counter() - t0)
+    from models.kernels import Linear, candidates
+
+    torch_dtype = getattr(torch, dtype)
+    out: dict[str, Any] = {}
+    for path in candidates(torch_dtype):
+        n = 256
+        while True:
+            w = torch.randn(n, n).to(torch_dtype)
+            x = torch.randn(n, n).to(torch_dtype)
+            lin = Linear(w, None, path)
+            t0 = time.perf_counter()
+            lin(x)
+            dt = time.perf_counter() - t0
+            if dt > seconds / 8 or n >= 2048:
+                break
+            n *= 2
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            lin(x)
+            calls += 1
+        out[path] = {"gflops": 2 * n**3 * calls / (time.perf_counter() - t0) / 1e9, "size": n}
+    return out
 
 
 def engine_flops(loaded: Any, prompts: list[list[int]], generated: int, ctx_sum: int) -> float:
@@ -150,21 +173,54 @@ def engine_flops(loaded: Any, prompts: list[list[int]], generated: int, ctx_sum:
     )
 
 
+def cpu_info() -> tuple[str, list[str]]:
+    """CPU model name and its matmul-relevant SIMD flags (AVX2, AVX-512, AMX)."""
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return name, []
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = value
+            break
+    return name, sorted(f for f in flags.split() if f.startswith(("avx2", "avx512", "amx")))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads for both generators")
-    ap.add_argument("--quick", action="store_true", help="short run (~1-2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="short run (a few minutes)")
     ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of: tiny, smollm2")
     ap.add_argument("--batches", default="1,16,64", help="comma list of batch sizes")
-    ap.add_argument("--max-new", type=int, default=None, help="max new tokens (default 128, quick 48)")
+    ap.add_argument("--max-new", type=int, default=None, help="max new tokens (default 128, quick 16)")
     ap.add_argument(
         "--dtypes", default="float32,bfloat16", help="comma list of: float32, bfloat16 (both generators use it)"
     )
     ap.add_argument(
         "--repeats", type=int, default=None, help="runs per generator, best kept (default 2, quick 1)"
     )
+    ap.add_argument(
+        "--kernel",
+        default="auto",
+        help="engine matmul kernel: auto (measured per machine, see models/kernels.py) or a path to force "
+        "(mm_t, linear, fp32_mm_t, fp32_linear)",
+    )
+    ap.add_argument(
+        "--kernel-cache",
+        type=Path,
+        default=None,
+        help="directory of the engine's kernel choice cache (default: a fresh temporary one, so the "
+        "choice is measured in this run)",
+    )
     args = ap.parse_args()
+
+    import tempfile
 
     import torch
 
@@ -173,40 +229,56 @@ def main() -> int:
     from models.engine import Engine
     from protocol.model_spec import SmolLM2Spec, TinyModelSpec
 
-    max_new = args.max_new or (48 if args.quick else 128)
+    max_new = args.max_new or (16 if args.quick else 128)
     args.repeats = args.repeats or (1 if args.quick else 2)
     batches = [int(b) for b in args.batches.split(",")]
     dtypes = args.dtypes.split(",")
     for dt_name in dtypes:
         if dt_name not in ("float32", "bfloat16"):
             ap.error(f"unknown dtype {dt_name!r}")
-    peaks = {d: matmul_flops(args.threads, 1.0 if args.quick else 3.0, d) for d in dtypes}
+    kernel_cache = args.kernel_cache or Path(tempfile.mkdtemp(prefix="prime-kernels-"))
+    cpu, simd = cpu_info()
+    rates = {d: matmul_rates(d, 0.5 if args.quick else 2.0) for d in dtypes}
+    peaks = {d: max(r["gflops"] for r in rates[d].values()) * 1e9 for d in dtypes}
     info = {
         "machine": platform.processor() or platform.machine(),
+        "cpu": cpu,
+        "simd": simd,
         "cpus": os.cpu_count(),
         "threads": args.threads,
         "torch": torch.__version__,
         "dtypes": dtypes,
         "max_new_tokens": max_new,
         "repeats": args.repeats,
-        "matmul_flops": peaks,
+        "kernel": args.kernel,
+        "matmul_gflops": rates,
         "load_average": os.getloadavg(),
     }
-    print(
-        f"threads={args.threads} max_new_tokens={max_new} cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}  "
-        + "  ".join(f"dense {d} matmul: {peaks[d] / 1e9:.1f} GFLOP/s" for d in dtypes)
-    )
+    print(f"cpu: {info['cpu']} ({' '.join(info['simd']) or 'no avx2'})")
+    print(f"threads={args.threads} max_new_tokens={max_new} cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
+    for d in dtypes:
+        print(
+            f"dense {d} matmul GFLOP/s by kernel path: "
+            + ", ".join(f"{p} {r['gflops']:.1f} (n={r['size']})" for p, r in rates[d].items())
+        )
     results: list[dict[str, Any]] = []
+    kernels: dict[str, Any] = {}
     header = (
         f"{'dtype':8} {'model':8} {'batch':>5} {'hf tok/s':>9} {'engine tok/s':>12} {'ratio':>6} "
-        f"{'eng GFLOP/s':>11} {'of peak':>7}"
+        f"{'eng GFLOP/s':>11} {'of peak':>7}  kernels"
     )
     print(header)
     for dtype, name in [(d, m) for d in dtypes for m in args.models.split(",")]:
         peak = peaks[dtype]
         spec = TinyModelSpec() if name == "tiny" else SmolLM2Spec()
         loaded = load(spec, dtype=dtype)
-        engine = Engine(loaded)
+        t0 = time.perf_counter()
+        engine = Engine(loaded, kernel=args.kernel, kernel_cache=kernel_cache)
+        build_s = time.perf_counter() - t0
+        choice = engine.kernels
+        paths = choice.summary() if choice is not None else "generic"
+        if choice is not None:
+            kernels[f"{dtype}/{name}"] = {**choice.to_json(), "engine_build_seconds": build_s}
         warm = prompts_for(loaded, 2, name == "tiny")
         run_engine(engine, warm, 4, 0)
         run_hf(loaded, warm, 4, 0)
@@ -231,6 +303,8 @@ def main() -> int:
                 "dtype": dtype,
                 "model": name,
                 "batch": b,
+                "kernel_source": choice.source if choice is not None else "generic",
+                "kernel_paths": paths,
                 "hf_runs_tok_s": [n / dt for dt, n in hf_runs],
                 "engine_runs_tok_s": [n / dt for dt, n, _ in en_runs],
                 "hf_tokens": hf_n,
@@ -246,14 +320,18 @@ def main() -> int:
             results.append(row)
             print(
                 f"{dtype:8} {name:8} {b:>5} {row['hf_tok_s']:>9.1f} {row['engine_tok_s']:>12.1f} {row['ratio_vs_hf']:>5.2f}x "
-                f"{flops / 1e9:>11.2f} {flops / peak:>6.1%}",
+                f"{flops / 1e9:>11.2f} {flops / peak:>6.1%}  {paths}",
                 flush=True,
             )
         del engine, loaded
     ratio_vs_hf = {f"{r['dtype']}/{r['model']}/{r['batch']}": r["ratio_vs_hf"] for r in results}
+    below = {k: v for k, v in ratio_vs_hf.items() if v < 1.0}
+    print("all rows at least 1x HF generate" if not below else f"rows below 1x HF: {below}")
     if args.json:
         args.json.write_text(
-            json.dumps({"info": info, "results": results, "ratio_vs_hf": ratio_vs_hf}, indent=2)
+            json.dumps(
+                {"info": info, "kernels": kernels, "results": results, "ratio_vs_hf": ratio_vs_hf}, indent=2
+            )
         )
         print(f"wrote {args.json}")
     return 0

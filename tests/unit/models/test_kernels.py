@@ -57,6 +57,11 @@ def wide_bf16() -> LoadedModel:
     return load(WIDE, dtype="bfloat16")
 
 
+def _skip_unavailable(path: str, dtype: torch.dtype) -> None:
+    if not kernels.available(path, dtype):
+        pytest.skip(f"{path} does not run for {dtype} on this CPU")
+
+
 def _linears(engine: Engine) -> list[Linear]:
     fast = engine._fast
     assert fast is not None
@@ -68,6 +73,7 @@ def _linears(engine: Engine) -> list[Linear]:
 
 @pytest.mark.parametrize("path", PATHS)
 def test_every_path_is_one_rounding_of_the_exact_bf16_product(path: str) -> None:
+    _skip_unavailable(path, torch.bfloat16)
     gen = torch.Generator().manual_seed(1)
     w = torch.randn((96, 160), generator=gen).bfloat16()
     b = torch.randn(96, generator=gen).bfloat16()
@@ -86,10 +92,21 @@ def test_fp32_paths_on_fp32_weights_are_the_plain_ones() -> None:
     assert Linear(w, None, "fp32_mm_t").compute_dtype == torch.float32
     x = torch.randn(3, 4)
     torch.testing.assert_close(Linear(w, None, "fp32_linear")(x), Linear(w, None, "linear")(x), rtol=0, atol=0)
+    assert not any(p.startswith("fp32_") for p in kernels.candidates(torch.float32))
+
+
+def test_a_path_this_cpu_cannot_run_is_refused(tiny_bf16: LoadedModel) -> None:
+    missing = [p for p in PATHS if not kernels.available(p, torch.bfloat16)]
+    if not missing:
+        pytest.skip("every kernel path runs in bf16 here")
+    assert missing[0] not in kernels.candidates(torch.bfloat16)
+    with pytest.raises(ModelError, match="not available"):
+        Engine(tiny_bf16, kernel=missing[0])
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_fp32_every_path_generates_the_reference_tokens(tiny: LoadedModel, path: str) -> None:
+    _skip_unavailable(path, torch.float32)
     params = SamplingParams(temperature=0.9, top_k=100)
     ref = Engine(tiny, kernel=REFERENCE).generate(PROMPTS, params, SEEDS, 24)
     engine = Engine(tiny, kernel=path)
@@ -103,6 +120,7 @@ def test_fp32_every_path_generates_the_reference_tokens(tiny: LoadedModel, path:
 
 @pytest.mark.parametrize("path", PATHS)
 def test_bf16_every_path_matches_a_bf16_prefill(tiny_bf16: LoadedModel, path: str) -> None:
+    _skip_unavailable(path, torch.bfloat16)
     params = SamplingParams(temperature=0.0)  # greedy: replayed from the prefill's own logits
     for g in Engine(tiny_bf16, kernel=path).generate(PROMPTS, params, SEEDS, 16):
         assert g.hidden_states.dtype == torch.bfloat16
@@ -121,6 +139,7 @@ def test_proofs_from_every_path_verify_against_a_bf16_prefill(
 ) -> None:
     """What a validator does (toploc.validation.measure, one bf16 prefill), with its default thresholds."""
     node_model = wide_bf16 if dtype == "bfloat16" else wide
+    _skip_unavailable(path, node_model.dtype)
     params = SamplingParams(temperature=1.0)
     gens = Engine(node_model, kernel=path).generate(PROMPTS, params, SEEDS, 40)
     rollouts = [
@@ -214,8 +233,8 @@ def test_fp32_candidates_skipped_when_their_copies_would_not_fit(
 ) -> None:
     monkeypatch.setattr(kernels, "_available_bytes", lambda: 1000)
     choice = choose(SHAPES, torch.bfloat16, cache_dir=tmp_path)
-    assert set(choice.paths.values()) <= {"mm_t", "linear"}
-    assert choice.key["candidates"] == ["mm_t", "linear"]
+    assert not any(p.startswith("fp32_") for p in choice.paths.values())
+    assert choice.key["candidates"] == [p for p in kernels.candidates(torch.bfloat16) if not p.startswith("fp32_")]
 
 
 def test_forced_path_argument_and_environment(
@@ -232,8 +251,7 @@ def test_forced_path_argument_and_environment(
     auto = Engine(tiny, kernel_cache=tmp_path)
     assert auto.kernels is not None and auto.kernels.source == "measured"
     assert [lin.path for lin in _linears(auto)] == [
-        auto.kernels.path((lin.weight.shape[0] if lin.transposed else lin.weight.shape[1], lin.out_features))
-        for lin in _linears(auto)
+        auto.kernels.path((lin.in_features, lin.out_features)) for lin in _linears(auto)
     ]
     with pytest.raises(ModelError, match="unknown kernel path"):
         Engine(tiny, kernel="fast")
