@@ -1,4 +1,9 @@
-"""`prime-trainer`: parse the config first (no torch import), then build and run the trainer."""
+"""`prime-trainer`: parse the config first (no torch import), then build and run the trainer.
+
+    prime-trainer [--config rl.toml ...]          GRPO (the default)
+    prime-trainer sft --config sft.toml ...       supervised warm-up (trainer/sft.py)
+    prime-trainer eval --model.type hf ...        score a checkpoint on held-out tasks (trainer/evaluate.py)
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,39 @@ import sys
 
 from protocol.errors import PrimeError
 
+COMMANDS = ("sft", "eval")
+
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.config import load_config
-
+    args = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command = args.pop(0) if args and args[0] in COMMANDS else "rl"
+    if command == "rl" and args and args[0] in ("-h", "--help"):
+        print(f"prime-trainer [{'|'.join(COMMANDS)}] [--help] ...: GRPO by default; "
+              "`prime-trainer sft --help`, `prime-trainer eval --help` for the others.\n")
     try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv)  # --help exits here, before torch
-        from trainer.runner import run  # torch and transformers load only now
+        # --help exits in the config parse, before torch is imported.
+        if command == "sft":
+            from trainer.config import load_sft_config
 
-        run(cfg)
+            sft_cfg = load_sft_config(args)
+            from trainer.sft import run_sft
+
+            run_sft(sft_cfg)
+        elif command == "eval":
+            from trainer.config import load_eval_config
+
+            eval_cfg = load_eval_config(args)
+            from trainer.evaluate import run_eval
+
+            run_eval(eval_cfg)
+        else:
+            from trainer.config import load_config
+
+            cfg = load_config(args)
+            from trainer.runner import run  # torch and transformers load only now
+
+            run(cfg)
     except PrimeError as exc:
         logging.getLogger("prime-trainer").error("%s: %s", type(exc).__name__, exc)
         return 2

@@ -1,0 +1,210 @@
+"""Does the SFT warm-up make RL work? Base model vs SFT vs SFT+RL vs RL alone on the same held-out tasks.
+
+    python bench/learning_recipe.py --quick --json bench/measured/learning_recipe_quick.json   # pipeline check
+    python bench/learning_recipe.py --json bench/measured/learning_recipe.json                # the recipe
+
+The shipped recipe (configs/trainer/reverse-text-smollm2-sft.toml, then
+configs/trainer/reverse-text-smollm2-rl-from-sft.toml) with the step counts and directories replaced:
+
+1. `base`: the model as loaded, scored by `trainer.evaluate` on reverse-text task seeds
+   [seed_start, seed_start + eval_tasks) (greedy, the same tasks and sample count for every row);
+2. `sft`: after `--sft-steps` supervised steps on task seeds [0, 8192) with reference answers;
+3. `sft+rl`: after `--rl-steps` GRPO steps (local mode) starting from the SFT model;
+4. `rl`: after the same GRPO steps, same rollout budget and task stream, starting from the base model.
+
+The table gives mean reward, pass rate (exact reversal), mean completion length, training samples and
+seconds; the ratios compare each row with `base` and `sft+rl` with `rl` measured in the same run. The
+JSON also holds the SFT loss and RL reward curves, machine, threads and the load average (the box is
+shared: seconds are what this run got, not what the code needs). `eval_in_sft_data` counts held-out
+tasks whose question text also occurs in the SFT seed range (short strings repeat across seeds).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads collapse on a shared box (NOTES.md)
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import tomllib  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[0] = str(ROOT)
+
+import torch  # noqa: E402
+
+import environments  # noqa: E402
+from models import load  # noqa: E402
+from protocol.model_spec import HFModelSpec, SmolLM2Spec, TinyModelSpec  # noqa: E402
+from trainer.config import SFTConfig, TrainerConfig  # noqa: E402
+from trainer.evaluate import EvalReport, evaluate  # noqa: E402
+from trainer.runner import run as run_rl  # noqa: E402
+from trainer.sft import run_sft  # noqa: E402
+
+SFT_TOML = ROOT / "configs/trainer/reverse-text-smollm2-sft.toml"
+RL_TOML = ROOT / "configs/trainer/reverse-text-smollm2-rl-from-sft.toml"
+TINY = {"type": "tiny", "seed": 0, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2}
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    with path.open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def score(spec: Any, args: argparse.Namespace) -> tuple[EvalReport, float]:
+    t0 = time.monotonic()
+    loaded = load(spec)
+    env = environments.get("reverse-text")
+    report = evaluate(loaded, env, args.seed_start, args.eval_tasks, samples_per_task=1, temperature=0.0,
+                      max_new_tokens=args.max_new_tokens, batch_size=args.eval_batch)
+    del loaded
+    gc.collect()
+    return report, time.monotonic() - t0
+
+
+def sft_stage(args: argparse.Namespace, work: Path, model: dict[str, Any]) -> tuple[Path, float, list[dict[str, Any]]]:
+    raw = _toml(SFT_TOML)
+    raw.update(model=model, max_steps=args.sft_steps, torch_threads=args.threads, progress=not args.quiet,
+               metrics_file=str(work / "sft.jsonl"), output_dir=str(work / "sft-model"))
+    raw["batch"]["examples_per_step"] = args.sft_batch
+    raw["optim"]["lr"] = args.sft_lr
+    raw["optim"]["warmup_steps"] = min(raw["optim"]["warmup_steps"], max(1, args.sft_steps // 10))
+    raw["checkpoint"].update(dir=str(work / "sft-ck"), interval=max(1, args.sft_steps))
+    t0 = time.monotonic()
+    run_sft(SFTConfig.model_validate(raw))
+    gc.collect()
+    return work / "sft-model", time.monotonic() - t0, _jsonl(work / "sft.jsonl")
+
+
+def rl_stage(args: argparse.Namespace, work: Path, name: str, model: dict[str, Any]) -> tuple[Path, float, list[dict[str, Any]]]:
+    raw = _toml(RL_TOML)
+    raw.update(model=model, max_steps=args.rl_steps, torch_threads=args.threads, progress=not args.quiet,
+               metrics_file=str(work / f"{name}.jsonl"))
+    raw["optim"]["lr"] = args.rl_lr
+    raw["batch"]["groups_per_step"] = args.rl_groups
+    raw["data"].update(group_size=args.rl_group_size, max_new_tokens=args.max_new_tokens)
+    raw["checkpoint"].update(dir=str(work / f"{name}-ck"), interval=max(1, args.rl_steps))
+    raw["publish"] = {"type": "none"}
+    t0 = time.monotonic()
+    run_rl(TrainerConfig.model_validate(raw))
+    gc.collect()
+    return work / f"{name}-ck" / f"step-{args.rl_steps}", time.monotonic() - t0, _jsonl(work / f"{name}.jsonl")
+
+
+def row(name: str, report: EvalReport, eval_s: float, train_samples: int, train_s: float) -> dict[str, Any]:
+    return {"stage": name, **report.summary(), "eval_s": eval_s, "train_samples": train_samples, "train_s": train_s,
+            "examples": [{"question": s.question, "completion": s.completion, "reward": s.reward}
+                         for s in report.samples[:5]]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    p.add_argument("--sft-steps", type=int, default=120)
+    p.add_argument("--sft-batch", type=int, default=16, help="SFT examples per step")
+    p.add_argument("--sft-lr", type=float, default=2e-4)
+    p.add_argument("--rl-steps", type=int, default=20)
+    p.add_argument("--rl-groups", type=int, default=4, help="prompts per RL step")
+    p.add_argument("--rl-group-size", type=int, default=8, help="completions per prompt")
+    p.add_argument("--rl-lr", type=float, default=2e-5)
+    p.add_argument("--eval-tasks", type=int, default=128)
+    p.add_argument("--eval-batch", type=int, default=32)
+    p.add_argument("--seed-start", type=int, default=1_000_000, help="first held-out task seed")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--skip-rl-alone", action="store_true", help="leave out the RL-from-base row")
+    p.add_argument("--work", type=Path, help="keep checkpoints here (default: a temporary directory)")
+    p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the recipe")
+    p.add_argument("--json", type=Path, help="write results here")
+    args = p.parse_args()
+    if args.quick:
+        args.sft_steps, args.sft_batch, args.rl_steps, args.rl_groups, args.rl_group_size = 4, 8, 2, 2, 4
+        args.eval_tasks, args.max_new_tokens = 16, 32
+    if args.model == "tiny":  # a random model: only the pipeline is being checked, with larger steps
+        args.sft_lr, args.rl_lr = max(args.sft_lr, 3e-3), max(args.rl_lr, 1e-3)
+    torch.set_num_threads(args.threads)
+    base_spec = SmolLM2Spec() if args.model == "smollm2" else TinyModelSpec(**{k: v for k, v in TINY.items()
+                                                                                if k != "type"})
+    base_model = {"type": "smollm2"} if args.model == "smollm2" else TINY
+    load_before = os.getloadavg()
+    work = args.work or Path(tempfile.mkdtemp(prefix="learning-recipe-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    t_start = time.monotonic()
+    try:
+        report, eval_s = score(base_spec, args)
+        rows.append(row("base", report, eval_s, 0, 0.0))
+        sft_dir, sft_s, sft_curve = sft_stage(args, work, base_model)
+        report, eval_s = score(HFModelSpec(name_or_path=str(sft_dir)), args)
+        rows.append(row("sft", report, eval_s, args.sft_steps * args.sft_batch, sft_s))
+        rl_samples = args.rl_steps * args.rl_groups * args.rl_group_size
+        ck, rl_s, sftrl_curve = rl_stage(args, work, "sft-rl", {"type": "hf", "name_or_path": str(sft_dir)})
+        report, eval_s = score(HFModelSpec(name_or_path=str(ck)), args)
+        rows.append(row("sft+rl", report, eval_s, args.sft_steps * args.sft_batch + rl_samples, sft_s + rl_s))
+        rl_curve: list[dict[str, Any]] = []
+        if not args.skip_rl_alone:
+            ck, rl_s, rl_curve = rl_stage(args, work, "rl", base_model)
+            report, eval_s = score(HFModelSpec(name_or_path=str(ck)), args)
+            rows.append(row("rl", report, eval_s, rl_samples, rl_s))
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    env = environments.get("reverse-text")
+    sft_questions = {env.sample(s, 1)[0].question() for s in range(0, 8192)}
+    eval_questions = [env.sample(s, 1)[0].question() for s in range(args.seed_start, args.seed_start + args.eval_tasks)]
+    by = {r["stage"]: r for r in rows}
+
+    def ratio(a: str, b: str) -> float | None:
+        if a not in by or b not in by or not by[b]["mean_reward"]:
+            return None
+        return float(by[a]["mean_reward"] / by[b]["mean_reward"])
+
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "model": args.model,
+        "quick": args.quick,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "json"},
+        "eval_in_sft_data": sum(q in sft_questions for q in eval_questions),
+        "rows": rows,
+        "ratios": {"sft_over_base": ratio("sft", "base"), "sft_rl_over_base": ratio("sft+rl", "base"),
+                   "sft_rl_over_rl": ratio("sft+rl", "rl"), "rl_over_base": ratio("rl", "base")},
+        "curves": {"sft_loss": [m["loss"] for m in sft_curve],
+                   "sft_rl_reward": [m["reward_mean"] for m in sftrl_curve],
+                   "rl_reward": [m["reward_mean"] for m in rl_curve]},
+        "total_s": time.monotonic() - t_start,
+    }
+    print(f"\n{'stage':<8}{'mean_reward':>12}{'pass_rate':>11}{'compl_tok':>11}{'truncated':>11}"
+          f"{'train_samples':>15}{'train_s':>9}")
+    for r in rows:
+        print(f"{r['stage']:<8}{r['mean_reward']:>12.3f}{r['pass_rate']:>11.3f}{r['mean_completion_tokens']:>11.1f}"
+              f"{r['truncated_rate']:>11.2f}{r['train_samples']:>15}{r['train_s']:>9.0f}")
+    print("ratios (mean reward): " + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items() if v is not None))
+    print(f"({args.model}, {args.eval_tasks} held-out tasks from seed {args.seed_start} (greedy, {args.max_new_tokens} "
+          f"new tokens; {result['eval_in_sft_data']} also in the SFT range), SFT {args.sft_steps}x{args.sft_batch}, "
+          f"RL {args.rl_steps}x{args.rl_groups}x{args.rl_group_size}, {result['threads']} threads, load "
+          f"{load_before[0]:.1f} -> {result['load_average_after'][0]:.1f}, {result['total_s']:.0f} s)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
