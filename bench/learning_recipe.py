@@ -4,7 +4,7 @@
     python bench/learning_recipe.py --json bench/measured/learning_recipe.json                # the recipe
 
 The shipped recipe (configs/trainer/reverse-text-smollm2-sft.toml, then
-configs/trainer/reverse-text-smollm2-rl-from-sft.toml) with the step counts and directories replaced:
+configs/trainer/reverse-text-smollm2-sft-rl.toml) with the step counts and directories replaced:
 
 1. `base`: the model as loaded, scored by `trainer.evaluate` on reverse-text task seeds
    [seed_start, seed_start + eval_tasks) (greedy, the same tasks and sample count for every row);
@@ -51,7 +51,7 @@ from trainer.runner import run as run_rl  # noqa: E402
 from trainer.sft import run_sft  # noqa: E402
 
 SFT_TOML = ROOT / "configs/trainer/reverse-text-smollm2-sft.toml"
-RL_TOML = ROOT / "configs/trainer/reverse-text-smollm2-rl-from-sft.toml"
+RL_TOML = ROOT / "configs/trainer/reverse-text-smollm2-sft-rl.toml"
 TINY = {"type": "tiny", "seed": 0, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2}
 
 

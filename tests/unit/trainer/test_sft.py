@@ -268,7 +268,7 @@ def test_cli_reports_a_bad_data_file_and_help_needs_no_torch(tmp_path: Path, cap
 
 def test_shipped_recipe_hands_sft_output_to_rl() -> None:
     sft = load_sft_config(["--config", str(ROOT / "configs/trainer/reverse-text-smollm2-sft.toml")])
-    rl = load_config(["--config", str(ROOT / "configs/trainer/reverse-text-smollm2-rl-from-sft.toml")])
+    rl = load_config(["--config", str(ROOT / "configs/trainer/reverse-text-smollm2-sft-rl.toml")])
     assert rl.model.type == "hf" and sft.output_dir is not None
     assert Path(rl.model.name_or_path) == sft.output_dir
     # SFT seeds below the evaluation range; RL seeds are hashed (see the configs' comments).
