@@ -24,10 +24,11 @@ bf16 hidden states) verify against a bf16 prefill. For fp32 models the paths dif
 summation order (~1e-6). The cost: an fp32 path holds its weights at twice the bf16 size, so it
 is not a candidate when those copies would not fit in half the available memory.
 
-The measurement runs at the current torch thread count for decode batches of 1, 16 and 64 rows
-(each shape's score is its slowdown against the fastest candidate, summed over those batches),
-drops a candidate on a shape once it is 4x slower than the best, and takes a few seconds for a
-135M model (less for smaller ones). The choice is cached in memory and in a JSON file per machine
+The measurement runs at the current torch thread count for decode batches of 1, 16 and 64 rows,
+on cache-cold weights (each candidate cycles through ~48 MB of weight copies, as a decode step
+streams every weight from memory), scores each shape's candidates by their slowdown against the
+fastest, summed over those batches, drops a candidate on a shape once it is 4x slower than the
+best, and takes several seconds for a 135M model (a fraction of a second for the tiny one). The choice is cached in memory and in a JSON file per machine
 key (CPU model and SIMD flags, torch version, threads, dtype, shapes) under
 ``<cache_dir()>/kernels`` (``$PRIME_CACHE_DIR`` or ``~/.cache/prime-network``); a file that is
 unreadable or made for another key is ignored and replaced. Force one path everywhere with
@@ -46,9 +47,9 @@ import platform
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -69,11 +70,15 @@ BATCHES = (1, 16, 64)
 """Rows per call the candidates are timed at (decode batch sizes)."""
 DROP_FACTOR = 4.0
 """A candidate this many times slower than the best on a shape is not timed further on it."""
-REPEATS = 3
-SLOW_CALL_S = 0.05
-"""A kernel whose first call took longer is timed once more, not ``REPEATS`` times."""
+REPEATS = 2
+"""Timed samples per candidate after the warm-up pass (which counts as a sample too)."""
+SLOW_PASS_S = 0.05
+"""A kernel whose first pass over the copies took longer is timed once more, not ``REPEATS`` times."""
 MIN_TIMED_S = 0.002
 """Each timed sample runs the kernel often enough to last at least this long."""
+STREAM_BYTES = 48 << 20
+"""Weight copies per shape total about this many fp32 bytes, more than the CPU caches hold."""
+MAX_COPIES = 64
 
 Shape = tuple[int, int]
 """(in_features, out_features) of one weight."""
@@ -254,45 +259,55 @@ def _available_bytes() -> int | None:
     return None
 
 
-def _time_call(fn: Callable[[], object], inner: int) -> float:
+def _time_calls(linears: Sequence[Linear], x: torch.Tensor, passes: int) -> float:
+    """Seconds per call, running every copy in turn ``passes`` times."""
     t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
+    for _ in range(passes):
+        for lin in linears:
+            lin(x)
+    return (time.perf_counter() - t0) / (passes * len(linears))
 
 
 def measure(
     shapes: Sequence[Shape], dtype: torch.dtype, paths: Sequence[str], batches: Sequence[int] = BATCHES
 ) -> dict[Shape, dict[str, dict[int, float]]]:
-    """Seconds per call of every path on every shape at every row count (a hopeless path is dropped)."""
+    """Seconds per call of every path on every shape at every row count (a hopeless path is dropped).
+
+    Each path runs over enough distinct copies of the weight (~``STREAM_BYTES``) that they do not
+    stay in the CPU caches between calls: in a decode step every weight is read from memory once,
+    and a kernel timed on a cache-hot weight ranks differently (measured on the AVX2 EPYC).
+    """
     gen = torch.Generator().manual_seed(0)
     out: dict[Shape, dict[str, dict[int, float]]] = {}
     with torch.inference_mode():
         for shape in sorted(set(shapes), key=lambda s: s[0] * s[1]):
             k, n = shape
+            copies = max(1, min(MAX_COPIES, math.ceil(STREAM_BYTES / (4 * k * n))))
             weight = (torch.randn((n, k), generator=gen) * 0.02).to(dtype)
-            linears = {p: Linear(weight, None, p) for p in paths}
+            weights = [weight] + [weight.clone() for _ in range(copies - 1)]  # distinct memory is what counts
+            linears = {p: [Linear(w, None, p) for w in weights] for p in paths}
+            del weight, weights
             times: dict[str, dict[int, float]] = {p: {} for p in paths}
             alive = list(paths)
             for rows in batches:
                 x = torch.randn((rows, k), generator=gen).to(dtype)
-                first = {p: _time_call(partial(linears[p], x), 1) for p in alive}  # warm-up
-                # A first call this far behind (and slow enough to matter) is not timed again.
-                cut = 2 * DROP_FACTOR * min(first.values())
-                alive = [p for p in alive if first[p] <= max(cut, 0.01)]
-                best = {p: math.inf for p in alive}
+                first = {p: _time_calls(linears[p], x, 1) for p in alive}  # warm-up
+                # A first pass this far behind (and slow enough to matter) is not timed again.
+                cut = DROP_FACTOR * min(first.values())
+                alive = [p for p in alive if first[p] <= cut or first[p] * copies < 0.01]
+                best = {p: first[p] for p in alive}
                 for r in range(REPEATS):
                     for p in alive:
-                        if r and first[p] > SLOW_CALL_S:
-                            continue  # one timed call is enough for a slow kernel (few are, and briefly)
-                        inner = max(1, int(MIN_TIMED_S / max(first[p], 1e-7)))
-                        best[p] = min(best[p], _time_call(partial(linears[p], x), inner))
+                        if r and first[p] * copies > SLOW_PASS_S:
+                            continue  # one timed pass is enough for a slow kernel (few are, and briefly)
+                        passes = max(1, int(MIN_TIMED_S / max(first[p] * copies, 1e-7)))
+                        best[p] = min(best[p], _time_calls(linears[p], x, passes))
                 for p in alive:
                     times[p][rows] = best[p]
                 fastest = min(best.values())
                 alive = [p for p in alive if best[p] <= DROP_FACTOR * fastest]
             out[shape] = {p: t for p, t in times.items() if t}
-            del linears, weight
+            del linears
     return out
 
 
