@@ -1,7 +1,7 @@
 """How the engine's linear layers multiply on this machine: measured once, cached, overridable.
 
 Machines of the same kind differ. On Intel with AMX a bf16 ``torch.mm`` runs at ~2,000 GFLOP/s;
-on an AVX2-only AMD EPYC the same call ran at 0.2 GFLOP/s (fp32: ~60) and took the engine's bf16
+on an AVX2-only AMD EPYC the same call ran at 0.2-1 GFLOP/s (fp32: ~60) and took the engine's bf16
 path to ~0.1x Hugging Face ``generate``. So the kernel behind ``y = x W^T + b`` is chosen per
 weight shape, by timing the candidates on the model's own shapes and dtype:
 
@@ -26,13 +26,14 @@ is not a candidate when those copies would not fit in half the available memory.
 
 The measurement runs at the current torch thread count for decode batches of 1, 16 and 64 rows,
 on cache-cold weights (each candidate cycles through ~48 MB of weight copies, as a decode step
-streams every weight from memory), scores each shape's candidates by their slowdown against the
-fastest, summed over those batches, drops a candidate on a shape once it is 4x slower than the
-best, and takes several seconds for a 135M model (a fraction of a second for the tiny one). The choice is cached in memory and in a JSON file per machine
-key (CPU model and SIMD flags, torch version, threads, dtype, shapes) under
-``<cache_dir()>/kernels`` (``$PRIME_CACHE_DIR`` or ``~/.cache/prime-network``); a file that is
-unreadable or made for another key is ignored and replaced. Force one path everywhere with
-``kernel=`` (``Engine(..., kernel="fp32_mm_t")``) or ``$PRIME_ENGINE_KERNEL``; ``auto`` measures.
+streams every weight from memory). Each shape's candidates are scored by their slowdown against
+the fastest, summed over those batches; a candidate 4x behind the best is not timed further.
+It takes several seconds for a 135M model (a fraction of a second for the tiny one), once per
+machine: the choice is cached in memory and in a JSON file per machine key (CPU model and SIMD
+flags, torch version, threads, dtype, shapes, candidates) under ``<cache_dir()>/kernels``
+(``$PRIME_CACHE_DIR`` or ``~/.cache/prime-network``); a file that is unreadable or made for
+another key is ignored and replaced. Force one path everywhere with ``kernel=``
+(``Engine(..., kernel="fp32_mm_t")``) or ``$PRIME_ENGINE_KERNEL``; ``auto`` measures.
 Off the CPU the engine uses ``linear`` without measuring.
 """
 
@@ -432,11 +433,16 @@ def choose(
             )
             cands = [p for p in cands if not p.startswith("fp32_")]
             key["candidates"] = cands
-    path = cache_file(key, cache_dir if cache_dir is not None else default_cache_dir())
-    memo_key = str(path)
+    path: Path | None
+    try:
+        path = cache_file(key, cache_dir if cache_dir is not None else default_cache_dir())
+    except OSError as exc:  # e.g. a read-only home: measure, remember in memory only
+        logger.warning("no kernel cache directory: %s", exc)
+        path = None
+    memo_key = str(path) if path is not None else canonical_bytes(key).decode()
     if memo_key in _MEMO:
         return _MEMO[memo_key]
-    choice = _read_cache(path, key, unique)
+    choice = _read_cache(path, key, unique) if path is not None else None
     if choice is None:
         t0 = time.perf_counter()
         logger.info(
@@ -448,7 +454,8 @@ def choose(
         times = measure(sorted(unique), dtype, cands)
         choice = KernelChoice(pick(times), "measured", key, _gflops(times), path)
         logger.info("kernel measurement took %.1f s", time.perf_counter() - t0)
-        _write_cache(choice)
+        if path is not None:
+            _write_cache(choice)
     logger.info(
         "engine kernels for %s on %s (%s, %s threads), %s: %s\n%s",
         key["dtype"],

@@ -221,11 +221,19 @@ def test_another_machine_key_uses_another_file(tmp_path: Path, monkeypatch: pyte
     assert len(list(tmp_path.iterdir())) == 3
 
 
-def test_unwritable_cache_still_chooses(tmp_path: Path) -> None:
+def test_unwritable_cache_still_chooses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     choice = choose(SHAPES, torch.float32, cache_dir=blocker / "kernels")
     assert choice.source == "measured" and set(choice.paths) == set(SHAPES)
+
+    def read_only_home() -> Path:
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(kernels, "default_cache_dir", read_only_home)
+    choice = choose(SHAPES, torch.float32)
+    assert choice.source == "measured" and choice.cache_file is None
+    assert choose(SHAPES, torch.float32) is choice  # remembered in memory
 
 
 def test_fp32_candidates_skipped_when_their_copies_would_not_fit(
