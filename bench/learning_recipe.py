@@ -79,8 +79,11 @@ def sft_stage(args: argparse.Namespace, work: Path, model: dict[str, Any]) -> tu
     raw = _toml(SFT_TOML)
     raw.update(model=model, max_steps=args.sft_steps, torch_threads=args.threads, progress=not args.quiet,
                metrics_file=str(work / "sft.jsonl"), output_dir=str(work / "sft-model"))
-    raw["batch"]["examples_per_step"] = args.sft_batch
-    raw["optim"]["lr"] = args.sft_lr
+    if args.sft_batch:
+        raw["batch"]["examples_per_step"] = args.sft_batch
+    if args.sft_lr:
+        raw["optim"]["lr"] = args.sft_lr
+    args.sft_batch, args.sft_lr = raw["batch"]["examples_per_step"], raw["optim"]["lr"]
     raw["optim"]["warmup_steps"] = min(raw["optim"]["warmup_steps"], max(1, args.sft_steps // 10))
     raw["checkpoint"].update(dir=str(work / "sft-ck"), interval=max(1, args.sft_steps))
     t0 = time.monotonic()
@@ -93,7 +96,9 @@ def rl_stage(args: argparse.Namespace, work: Path, name: str, model: dict[str, A
     raw = _toml(RL_TOML)
     raw.update(model=model, max_steps=args.rl_steps, torch_threads=args.threads, progress=not args.quiet,
                metrics_file=str(work / f"{name}.jsonl"))
-    raw["optim"]["lr"] = args.rl_lr
+    if args.rl_lr:
+        raw["optim"]["lr"] = args.rl_lr
+    args.rl_lr = raw["optim"]["lr"]
     raw["batch"]["groups_per_step"] = args.rl_groups
     raw["data"].update(group_size=args.rl_group_size, max_new_tokens=args.max_new_tokens)
     raw["checkpoint"].update(dir=str(work / f"{name}-ck"), interval=max(1, args.rl_steps))
@@ -113,13 +118,14 @@ def row(name: str, report: EvalReport, eval_s: float, train_samples: int, train_
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    p.add_argument("--sft-steps", type=int, default=120)
-    p.add_argument("--sft-batch", type=int, default=16, help="SFT examples per step")
-    p.add_argument("--sft-lr", type=float, default=2e-4)
+    sft, rl = _toml(SFT_TOML), _toml(RL_TOML)
+    p.add_argument("--sft-steps", type=int, default=sft["max_steps"])
+    p.add_argument("--sft-batch", type=int, default=0, help="SFT examples per step (0: the SFT config's)")
+    p.add_argument("--sft-lr", type=float, default=0.0, help="0: the SFT config's")
     p.add_argument("--rl-steps", type=int, default=20)
-    p.add_argument("--rl-groups", type=int, default=4, help="prompts per RL step")
-    p.add_argument("--rl-group-size", type=int, default=8, help="completions per prompt")
-    p.add_argument("--rl-lr", type=float, default=2e-5)
+    p.add_argument("--rl-groups", type=int, default=rl["batch"]["groups_per_step"], help="prompts per RL step")
+    p.add_argument("--rl-group-size", type=int, default=rl["data"]["group_size"], help="completions per prompt")
+    p.add_argument("--rl-lr", type=float, default=0.0, help="0: the RL config's")
     p.add_argument("--eval-tasks", type=int, default=128)
     p.add_argument("--eval-batch", type=int, default=32)
     p.add_argument("--seed-start", type=int, default=1_000_000, help="first held-out task seed")
@@ -135,7 +141,7 @@ def main() -> None:
         args.sft_steps, args.sft_batch, args.rl_steps, args.rl_groups, args.rl_group_size = 4, 8, 2, 2, 4
         args.eval_tasks, args.max_new_tokens = 16, 32
     if args.model == "tiny":  # a random model: only the pipeline is being checked, with larger steps
-        args.sft_lr, args.rl_lr = max(args.sft_lr, 3e-3), max(args.rl_lr, 1e-3)
+        args.sft_lr, args.rl_lr = args.sft_lr or 3e-3, args.rl_lr or 1e-3
     torch.set_num_threads(args.threads)
     base_spec = SmolLM2Spec() if args.model == "smollm2" else TinyModelSpec(**{k: v for k, v in TINY.items()
                                                                                 if k != "type"})
