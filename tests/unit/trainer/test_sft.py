@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +266,12 @@ def test_cli_reports_a_bad_data_file_and_help_needs_no_torch(tmp_path: Path, cap
     rc = main(["sft", "--model.type", "tiny", "--data.type", "environment", "--data.env", "reverse-text+length-max",
                "--checkpoint.dir", str(tmp_path / "ck2"), "--no-progress"])
     assert rc == 2 and "cannot state a reference completion" in caplog.text
+    for command, flag in (("sft", "--batch.examples-per-step"), ("eval", "--num-tasks")):
+        code = ("import sys, contextlib, io\nfrom trainer.cli import main\nout = io.StringIO()\n"
+                f"with contextlib.redirect_stdout(out):\n    try: main(['{command}', '--help'])\n"
+                "    except SystemExit: pass\n"
+                f"assert 'torch' not in sys.modules, 'torch imported'\nassert '{flag}' in out.getvalue()\n")
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
 
 def test_shipped_recipe_hands_sft_output_to_rl() -> None:
