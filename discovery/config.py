@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from discovery.admission import Limits
-from discovery.messages import Multiaddr
+if TYPE_CHECKING:
+    from discovery.admission import Limits
+
+Multiaddr = Annotated[str, Field(pattern=r"^(/[A-Za-z0-9._:\-]+)+$", max_length=256)]
+"""A libp2p multiaddr as text (`/ip4/10.0.0.5/tcp/4001`); parsed only when dialled. Defined here, not
+in `discovery.messages`, so role configs (and their `--help`) do not import eth-account."""
 
 
 class DiscoveryConfig(BaseModel):
@@ -70,6 +75,8 @@ class DiscoveryConfig(BaseModel):
         return self.enabled or bool(self.bootstrap)
 
     def limits(self) -> Limits:
+        from discovery.admission import Limits
+
         return Limits(
             max_bytes=self.max_message_bytes,
             ttl_s=self.ttl_s,

@@ -21,6 +21,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
+from discovery.config import Multiaddr
 from protocol.canonical import HexBytes
 from protocol.envelope import Body
 
@@ -32,8 +33,6 @@ PeerIdStr = Annotated[str, Field(pattern=r"^[1-9A-HJ-NP-Za-km-z]{32,64}$")]
 """A libp2p peer id in its base58btc text form (`12D3KooW...` for Ed25519 keys)."""
 HttpUrl = Annotated[str, Field(pattern=r"^https?://[^\s/?#]+(/[^\s]*)?$", max_length=512)]
 """An http(s) URL, kept as the exact string signed (no normalisation, so it stays canonical)."""
-Multiaddr = Annotated[str, Field(pattern=r"^(/[A-Za-z0-9._:\-]+)+$", max_length=256)]
-"""A libp2p multiaddr as text (`/ip4/10.0.0.5/tcp/4001`); parsed only when dialled."""
 
 
 class Topic(StrEnum):

@@ -7,7 +7,7 @@ import json
 import logging
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ class Chain:
     chain_id: int
     pool: str
     start_block: int
+    trainers: list[str] = field(default_factory=list)
+    """Trainer addresses the deployment file names (empty without one)."""
 
     def client(self, identity: Identity) -> Any:
         from contracts.pool import PoolClient
@@ -96,7 +98,8 @@ def open_chain(cfg: NodeConfig) -> Chain:
     if not code:
         raise ChainError(f"no pool contract at {pool} on the chain at {rpc} (chain id {chain_id}): wrong "
                          f"--deployment/--pool, or the chain was reset since the deployment")
-    return Chain(w3, chain_id, pool, deployment.start_block if deployment else 0)
+    return Chain(w3, chain_id, pool, deployment.start_block if deployment else 0,
+                 list(deployment.trainers) if deployment else [])
 
 
 # -- the run, from the validators -------------------------------------------------------------------
@@ -233,11 +236,20 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
 
     with httpx.Client(timeout=cfg.submit.timeout_s) as http:
         run, model, domain = run_rules(cfg, chain, http)
-        weights = PolicyWeights(cfg.weights, model, run, PolicyHistory(chain.client(node), chain.start_block),
-                                lambda spec: build_engine(cfg.engine, spec), cfg.state_dir / "weights",
-                                poll_s=cfg.chain.poll_s)
+        history = PolicyHistory(chain.client(node), chain.start_block)
+        gossip = None
+        if cfg.discovery.active:  # libp2p is imported only when discovery is on
+            from node.gossip import NodeGossip
+
+            gossip = NodeGossip(cfg, pool=chain.client(node), history=history, domain=domain,
+                                trainer=NodeGossip.trainer_of(cfg, chain.trainers))
+            gossip.start()
+        weights = PolicyWeights(cfg.weights, model, run, history, lambda spec: build_engine(cfg.engine, spec),
+                                cfg.state_dir / "weights", poll_s=cfg.chain.poll_s,
+                                learned_relays=gossip.relay_urls if gossip is not None else None)
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as protection:
-            worker = Worker(cfg, node, run, domain, weights, protection, ValidatorDirectory(list(cfg.validators), http))
+            worker = Worker(cfg, node, run, domain, weights, protection, ValidatorDirectory(
+                list(cfg.validators), http, learned=gossip.validator_urls if gossip is not None else None))
             monitor = None
             if cfg.monitor.port is not None:
                 monitor = Monitor(lambda: worker.tally, lambda: len(worker.pending()), host=cfg.monitor.host,
@@ -261,6 +273,8 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
                 raise
             finally:
                 weights.stop()
+                if gossip is not None:
+                    gossip.stop()
                 if monitor is not None:
                     monitor.stop()
                 for sig, handler in previous.items():

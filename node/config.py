@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from discovery.config import DiscoveryConfig
 from protocol.config import KeySource, PrimeConfig, StaticWeights, WeightSource, parse_config
 from protocol.model_spec import ModelSpec
 from protocol.run import RunSpec
@@ -127,6 +128,9 @@ class NodeConfig(PrimeConfig):
     """Pre-flight: this machine's honest work measured against the validator's thresholds before staking."""
     monitor: MonitorSettings = MonitorSettings()
     """The `/metrics` and `/health` server."""
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    """libp2p discovery (off unless enabled or bootstrap peers are given): learn the run's validators and
+    relays from their announcements, on top of `validators` and `weights.relays`."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as text or one JSON object per line."""
 

@@ -52,7 +52,8 @@ class PolicyWeights:
 
     def __init__(self, source: WeightSource, model: ModelSpec, run: RunSpec, history: PolicyHistory,
                  make_engine: Callable[[ModelSpec], InferenceEngine], weights_dir: Path, *,
-                 progress: bool | None = None, poll_s: float = 2.0) -> None:
+                 progress: bool | None = None, poll_s: float = 2.0,
+                 learned_relays: Callable[[], list[str]] | None = None) -> None:
         self.source = source
         self.model = model
         self.run = run
@@ -70,6 +71,7 @@ class PolicyWeights:
         if isinstance(source, ShardcastWeights):
             self.follower = Follower(source.relays, trainer=source.trainer, out_dir=weights_dir, run_id=run.run_id,
                                      keep=run.async_level + 2, progress=progress, wanted=self._wanted,
+                                     learned=learned_relays,
                                      poll_s=poll_s)
 
     def _wanted(self) -> int | None:
@@ -79,7 +81,7 @@ class PolicyWeights:
 
     def start(self) -> None:
         if self.follower is not None:
-            if not self.follower.relays:
+            if not self.follower.relays and self.follower.learned is None:
                 logger.warning("weights: no relays configured; only versions already in %s can be used",
                                self.follower.out_dir)
             self.follower.start()
@@ -89,7 +91,7 @@ class PolicyWeights:
             self.follower.stop()
 
     def relays(self) -> list[str]:
-        return list(self.follower.relays) if self.follower is not None else []
+        return self.follower.sources() if self.follower is not None else []
 
     def select(self) -> Policy:
         """The newest usable version inside the async window, its weights loaded; `Waiting` if none."""

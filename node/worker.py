@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,11 +61,17 @@ class ValidatorDirectory:
 
     urls: list[str]
     http: httpx.Client
+    learned: Callable[[], list[str]] | None = None
+    """More validator URLs (announced over discovery); each counts once its own /v1/info names its address."""
     by_address: dict[str, str] = field(default_factory=dict)
     announced: list[str] = field(default_factory=list)
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def refresh(self) -> None:
+        if self.learned is not None:
+            for url in self.learned():
+                if url not in self.urls and len(self.urls) < 64:
+                    self.urls.append(url)
         for url in self.urls:
             try:
                 r = self.http.get(url.rstrip("/") + "/v1/info")

@@ -40,8 +40,11 @@ class Follower:
     def __init__(self, relays: list[str], *, trainer: str, out_dir: Path, run_id: str | None, keep: int,
                  poll_s: float = 5.0, progress: bool | None = False,
                  wanted: Callable[[], int | None] | None = None,
+                 learned: Callable[[], list[str]] | None = None,
                  on_install: Callable[[PullResult], None] | None = None) -> None:
         self.relays = list(relays)
+        self.learned = learned
+        """More relay URLs (announced over discovery): the client is rebuilt when the set changes."""
         self.trainer = trainer
         self.out_dir = Path(out_dir)
         self.run_id = run_id
@@ -90,8 +93,13 @@ class Follower:
 
     # -- the background thread --------------------------------------------------------------------
 
+    def sources(self) -> list[str]:
+        """The configured relays, then the learned ones (each once)."""
+        extra = self.learned() if self.learned is not None else []
+        return list(dict.fromkeys([u.rstrip("/") for u in [*self.relays, *extra]]))
+
     def start(self) -> None:
-        if self._thread is not None or not self.relays:
+        if self._thread is not None or (not self.relays and self.learned is None):
             return
         self._thread = threading.Thread(target=self._run, name="shardcast-follow", daemon=True)
         self._thread.start()
@@ -115,7 +123,10 @@ class Follower:
             self._stop.wait(self.poll_s)
 
     async def _follow_until_stopped(self) -> None:
-        client = Client(self.relays, trainer=self.trainer, out_dir=self.out_dir, run_id=self.run_id, keep=self.keep,
+        sources = self.sources()
+        if not sources:
+            return  # nothing to follow yet (no relay configured or announced): asked again after poll_s
+        client = Client(sources, trainer=self.trainer, out_dir=self.out_dir, run_id=self.run_id, keep=self.keep,
                         progress=self.progress)
         task = asyncio.ensure_future(self._follow(client))
         while not self._stop.is_set() and not task.done():
@@ -130,6 +141,9 @@ class Follower:
         """Pull the chain's version when it is missing, else the relays' newest; then wait for news."""
         backoff = 0.5
         while True:
+            if self.learned is not None and self.sources() != client.sources:
+                log.info("weights: relays now %s", ", ".join(self.sources()))
+                return  # rebuilt with the new set by the caller's loop
             target = self.wanted() if self.wanted is not None else None
             have = set(self.installed())
             try:

@@ -46,9 +46,9 @@ def make_validator(published: Pools, deployment_file: Path, tmp_path: Path) -> I
     account 1 holds the validator role; give another account the role before serving it)."""
     started: list[Served] = []
 
-    def make(name: str = "v", account: int = VALIDATOR, **overrides: object) -> Served:
+    def make(name: str = "v", account: int = VALIDATOR, port: int = 0, **overrides: object) -> Served:
         cfg = validator_config(tmp_path / name, deployment_file, published.chain.rpc_url, **overrides)
-        served = serve(cfg, published.chain.account(account))
+        served = serve(cfg, published.chain.account(account), port)
         started.append(served)
         return served
 

@@ -81,11 +81,11 @@ class Served:
         raise AssertionError(f"{work_key} not reported within {timeout} s")
 
 
-def serve(cfg: ValidatorConfig, identity: Identity) -> Served:
-    """Build the service and serve it with uvicorn on a free loopback port (port 0)."""
+def serve(cfg: ValidatorConfig, identity: Identity, port: int = 0) -> Served:
+    """Build the service and serve it with uvicorn on a loopback port (default: any free one)."""
     service = Service(cfg, identity)
     service.start()
-    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -1,0 +1,47 @@
+"""A node configured with no validator URL learns the run's validator from its libp2p announcement (believed
+because the announcing address holds VALIDATOR_ROLE on chain), submits there and is accepted."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from chainfixtures import Pools
+from netfixtures import free_port
+from test_node_join import node_config
+from validator_harness import RUN, TINY
+
+from node import commands
+from protocol.canonical import to_hex
+from protocol.seeds import work_key
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_a_node_finds_its_validator_over_gossip(published: Pools, deployment_file: Path, make_validator: Any,
+                                                 tmp_path: Path) -> None:
+    port = free_port()
+    served = make_validator(port=port, public_url=f"http://127.0.0.1:{port}",
+                            discovery={"enabled": True, "reannounce_s": 1.0})
+    bootstrap = httpx.get(f"{served.url}/v1/info", timeout=10).json()["discovery"]["addrs"]
+    node = published.new_node()
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [], run=RUN, model=TINY, max_batches=1,
+                      discovery={"enabled": True, "bootstrap": bootstrap, "reannounce_s": 1.0, "target_peers": 0})
+    chain = commands.open_chain(cfg)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            commands.work(cfg, node, chain)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    row = served.wait_decided(to_hex(work_key(RUN.run_id, node.address, 1, 0)), timeout=180)
+    assert row["outcome"] == "accepted", row
+    thread.join(timeout=120)
+    assert not thread.is_alive() and not failure, failure
