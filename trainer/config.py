@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from discovery.config import DiscoveryConfig
 from protocol.config import PrimeConfig, parse_config
 from protocol.config import build_parser as _build_parser
 from protocol.model_spec import ModelSpec, TinyModelSpec
@@ -197,6 +198,20 @@ class ShardcastPublish(Section):
     """Shard size in MiB."""
     retention: int = Field(3, ge=1)
     """Versions the store keeps (older ones are removed after each publish)."""
+    chain: PublishChain | None = None
+    """Record each version on chain (`publishPolicy(step, manifest hash)`, by the same key, which must hold
+    TRAINER_ROLE): the chain is what nodes and validators believe. Unset: the store only."""
+    announce_urls: list[str] = []
+    """Origin/relay URLs named in the policy announcement (discovery)."""
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    """libp2p discovery (off unless enabled or bootstrapped): announce each version recorded on chain."""
+
+
+class PublishChain(Section):
+    deployment: Path
+    """deployment.json written by `prime-chain` (pool address, chain id)."""
+    rpc_url: str = "http://127.0.0.1:8545"
+    """JSON-RPC URL of the chain."""
 
 
 class CheckpointSettings(Section):

@@ -15,7 +15,7 @@ import shutil
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from protocol.identity import Identity
@@ -33,6 +33,9 @@ class Publisher(ABC):
     @abstractmethod
     def publish(self, step: int, path: Path) -> None:
         """Publish; may take long (it runs off the training thread)."""
+
+    def close(self) -> None:  # noqa: B027 - most publishers hold nothing to release
+        """Release what the publisher holds (a discovery host)."""
 
 
 def copy_public(checkpoint: Path, dest: Path) -> Path:
@@ -92,6 +95,31 @@ class ShardcastPublisher(Publisher):
         self.identity = identity or trainer_identity(settings)
         self.store = Path(settings.store)
         self.store.mkdir(parents=True, exist_ok=True)
+        self.pool: Any = None
+        self.discovery: Any = None
+        if settings.chain is not None:  # connect now: a wrong deployment stops the trainer before its first step
+            from contracts.deployment import Deployment
+            from contracts.pool import PoolClient
+            from contracts.transactor import connect
+            from protocol.errors import ConfigError
+
+            deployment = Deployment.load(settings.chain.deployment)
+            self.pool = PoolClient(connect(settings.chain.rpc_url), deployment.pool, self.identity)
+            if not self.pool.has_role("trainer", self.identity.address):
+                raise ConfigError(f"the trainer key {self.identity.address} does not hold TRAINER_ROLE on pool "
+                                  f"{deployment.pool}: it cannot record versions on chain")
+            if settings.discovery.active:
+                from discovery.admission import Trust
+                from discovery.service import Discovery
+                from protocol.rollout import submission_domain
+
+                domain = submission_domain(deployment.chain_id, deployment.pool, settings.run_id)
+                self.discovery = Discovery(settings.discovery, identity=self.identity, domain=domain,
+                                           trust=Trust(trainer=self.identity.address), state_dir=self.store,
+                                           name="trainer-discovery")
+                self.discovery.start()
+                log.info("discovery: announcing versions as %s on %s", self.discovery.peer_id,
+                         ", ".join(self.discovery.addrs))
 
     def publish(self, step: int, path: Path) -> None:
         from shardcast.publisher import publish_blocking
@@ -114,10 +142,30 @@ class ShardcastPublisher(Publisher):
             Store(self.store, retention=self.settings.retention).scan()  # applies retention
             log.info("checkpoint %d is SHARDCAST version %d (%d shards, %d bytes)", step, signed.manifest.version,
                      len(signed.manifest.shards), signed.manifest.total_bytes)
+            self._record(step, signed.manifest.content_hash())
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             with contextlib.suppress(OSError):
                 staging.parent.rmdir()  # only when empty
+
+
+    def _record(self, version: int, manifest_hash: bytes) -> None:
+        """`publishPolicy` on chain (skipped when the chain already has this version or a newer one, as after
+        a resume), then the announcement."""
+        if self.pool is None:
+            return
+        current, _ = self.pool.policy()
+        if current >= version:
+            log.warning("version %d not recorded on chain: the chain is already at v%d", version, current)
+            return
+        self.pool.publish_policy(version, manifest_hash)
+        log.info("version %d recorded on chain (manifest 0x%s)", version, manifest_hash.hex())
+        if self.discovery is not None:
+            self.discovery.announce_policy(version, manifest_hash, list(self.settings.announce_urls))
+
+    def close(self) -> None:
+        if self.discovery is not None:
+            self.discovery.stop()
 
 
 class PublishHook:
@@ -164,3 +212,4 @@ class PublishHook:
         """Finish queued publications, then stop the worker."""
         self._queue.put(None)
         self._thread.join(timeout)
+        self.publisher.close()

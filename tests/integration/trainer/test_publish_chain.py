@@ -1,0 +1,70 @@
+"""The trainer records each SHARDCAST version on chain (`publishPolicy`, by the manifest-signing key) and
+announces it over discovery; a resumed trainer does not try to record a version twice."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from chainfixtures import TRAINER, Pools
+from validator_harness import TINY
+
+from discovery.admission import Trust
+from discovery.config import DiscoveryConfig
+from discovery.service import Discovery
+from models.checkpoint import save_checkpoint
+from models.loading import load
+from protocol.errors import ConfigError
+from protocol.rollout import submission_domain
+from trainer.config import ShardcastPublish
+from trainer.publish import ShardcastPublisher
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_each_version_is_recorded_on_chain_and_announced(published: Pools, deployment_file: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = published.chain.account(TRAINER)
+    monkeypatch.setenv("TEST_TRAINER_KEY", trainer.account.key.hex())
+    m = load(TINY)
+    ckpt = save_checkpoint(m.model, m.tokenizer, tmp_path / "step-2")
+    settings = ShardcastPublish.model_validate({
+        "store": tmp_path / "origin", "run_id": "test-run", "key_env": "TEST_TRAINER_KEY",
+        "chain": {"deployment": deployment_file, "rpc_url": published.chain.rpc_url},
+        "announce_urls": ["http://127.0.0.1:8600"],
+        "discovery": {"enabled": True, "listen": ["/ip4/127.0.0.1/tcp/0"], "reannounce_s": 1.0, "target_peers": 0}})
+    publisher = ShardcastPublisher(settings)
+    assert publisher.discovery is not None
+    domain = submission_domain(published.deployment.chain_id, published.deployment.pool, "test-run")
+    listener = Discovery(DiscoveryConfig(enabled=True, bootstrap=publisher.discovery.addrs, reannounce_s=1.0,
+                                         target_peers=0), identity=None, domain=domain,
+                         trust=Trust(trainer=trainer.address), state_dir=tmp_path / "listener")
+    listener.start()
+    try:
+        publisher.publish(2, ckpt)
+        version, manifest = published.admin.policy()
+        assert version == 2 and manifest != b"\x00" * 32
+        deadline = time.monotonic() + 30
+        while (current := listener.board.current_policy()) is None:
+            assert time.monotonic() < deadline, "the announcement did not arrive"
+            time.sleep(0.1)
+        assert current.body.policy_version == 2 and bytes(current.body.manifest_hash) == manifest  # type: ignore[union-attr]
+        # a trainer resumed into a fresh store publishes v2 again: the chain, already at v2, is not asked twice
+        again = ShardcastPublisher(settings.model_copy(update={"store": tmp_path / "origin2",
+                                                               "discovery": DiscoveryConfig()}))
+        again.publish(2, ckpt)
+        assert published.admin.policy() == (2, manifest)
+    finally:
+        listener.stop()
+        publisher.close()
+
+
+def test_a_key_without_the_trainer_role_stops_the_trainer_before_its_first_step(
+        published: Pools, deployment_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_TRAINER_KEY", published.chain.account(5).account.key.hex())
+    settings = ShardcastPublish.model_validate({
+        "store": tmp_path / "origin", "key_env": "TEST_TRAINER_KEY",
+        "chain": {"deployment": deployment_file, "rpc_url": published.chain.rpc_url}})
+    with pytest.raises(ConfigError, match="TRAINER_ROLE"):
+        ShardcastPublisher(settings)
