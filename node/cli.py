@@ -70,6 +70,8 @@ def configure_logging(fmt: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         handler.formatter.converter = time.gmtime  # type: ignore[union-attr]
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    for noisy in ("httpx", "libp2p"):  # a line per HTTP request or dial would bury the one line per batch
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
