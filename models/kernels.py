@@ -32,7 +32,8 @@ It takes several seconds for a 135M model (a fraction of a second for the tiny o
 machine: the choice is cached in memory and in a JSON file per machine key (CPU model and SIMD
 flags, torch version, threads, dtype, shapes, candidates) under ``<cache_dir()>/kernels``
 (``$PRIME_CACHE_DIR`` or ``~/.cache/prime-network``); a file that is unreadable or made for
-another key is ignored and replaced. Force one path everywhere with ``kernel=``
+another key is ignored and replaced. A measurement taken while other processes oversubscribed
+the cores can be off; delete the file to measure again. Force one path everywhere with ``kernel=``
 (``Engine(..., kernel="fp32_mm_t")``) or ``$PRIME_ENGINE_KERNEL``; ``auto`` measures.
 Off the CPU the engine uses ``linear`` without measuring.
 """
