@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 from protocol.errors import PrimeError
 
@@ -62,14 +63,32 @@ class _JsonFormatter(logging.Formatter):
                            "msg": record.getMessage()})
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is at the time of each record (not the stream of when it was made), so
+    an in-process `main()` (tests, embedding) never logs into a stream someone has since closed."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def configure_logging(fmt: str) -> None:
-    handler = logging.StreamHandler()
+    """Install prime-node's one root handler (replacing one installed by an earlier call, and no one else's)."""
+    handler = _StderrHandler()
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         handler.formatter.converter = time.gmtime  # type: ignore[union-attr]
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
     for noisy in ("httpx", "libp2p"):  # a line per HTTP request or dial would bury the one line per batch
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
