@@ -11,6 +11,7 @@ from protocol.errors import TaskEnvironmentError
 from .arithmetic import Arithmetic
 from .base import Environment
 from .length import MODES, LengthReward
+from .lowercase import Lowercase
 from .mathematics import MathEnvironment
 from .programming import CodeEnvironment
 from .reverse_text import ReverseText
@@ -28,7 +29,7 @@ def register(name: str, version: str, factory: Callable[[], Environment]) -> Non
     versions[version] = factory
 
 
-for _cls in (ReverseText, Arithmetic, MathEnvironment, CodeEnvironment):
+for _cls in (ReverseText, Arithmetic, MathEnvironment, CodeEnvironment, Lowercase):
     register(_cls.name, _cls.version, _cls)
 
 

@@ -10,7 +10,7 @@ import environments
 from environments import Task, task_digest_ok
 from protocol.errors import TaskEnvironmentError
 
-ALL = ["reverse-text", "arithmetic", "math", "code"]
+ALL = ["reverse-text", "arithmetic", "math", "code", "lowercase"]
 
 
 def test_registry_names_and_versions() -> None:
