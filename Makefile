@@ -32,6 +32,9 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(TYPED)
 	$(PY) -m contracts.build --check
+	# Docker: no daemon here, so the images are checked statically (docker/README.md)
+	$(VENV)/bin/hadolint docker/Dockerfile docker/Dockerfile.gpu
+	$(PY) docker/compose_check.py
 
 # Recompile the Solidity sources into contracts/artifacts/ (committed; a test proves they reproduce).
 contracts: setup
