@@ -236,10 +236,10 @@ def plan_traffic(nodes: list[Any], honest: list[tuple[int, Any, int, bytes, str]
                 sender.items.append(Item(kind, max_bytes * 2))
             elif kind == "oversize_chunked":
                 sender.items.append(Item(kind, max_bytes + (1 << 20)))
-            elif kind == "forged":  # one bit of the signature flipped
+            elif kind == "forged":  # one bit of the signature's r flipped
                 env = json.loads(data0)
                 sig = bytearray(bytes.fromhex(env["signature"][2:]))
-                sig[rng.randrange(64)] ^= 1 << rng.randrange(8)
+                sig[rng.randrange(32)] ^= 1 << rng.randrange(8)  # in r: s stays low, the form stays valid
                 env["signature"] = "0x" + sig.hex()
                 sender.items.append(Item(kind, Envelope.model_validate(env).to_bytes()))
             elif kind == "unregistered":
