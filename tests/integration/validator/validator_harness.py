@@ -38,6 +38,7 @@ from validator.service import Service
 
 MANIFEST_V0 = hashlib.sha256(b"manifest of v0").digest()
 TINY = TinyModelSpec(seed=0, hidden_size=128)  # >= top-k values per token: a 1-token last chunk can be proved
+OTHER_SYSTEM_PROMPT = "You are a pirate. Answer in pirate speak."
 RUN = RunSpec(run_id="test-run", tasks_per_batch=2, samples_per_task=2, max_new_tokens=40, async_level=1)
 
 
@@ -122,7 +123,10 @@ class SimNode:
 
     def build(self, version: int = 1, counter: int | None = None, cheat: str | None = None,
               model: LoadedModel | None = None) -> tuple[Submission, bytes]:
-        """One assignment's submission and its sealed bytes; `cheat` names a way to cheat."""
+        """One assignment's submission and its sealed bytes; `cheat` names a way to cheat: `other_weights`
+        (generate with `model`), `other_prompt` (another system prompt), `edit_token`, `cheap_tokens`
+        (`model`'s tokens, proved and scored by an honest prefill), `other_seed`, `early_stop`,
+        `inflate_reward`, `unassigned_task` (bench/attacks.py runs each of them)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         if cheat is None:  # honest work is exactly what prime-node builds
@@ -137,7 +141,12 @@ class SimNode:
         tok = self.loaded.tokenizer
         prompts, seeds = [], []
         for task in tasks:
-            ids = render_prompt(tok, task, tokenize=True)
+            if cheat == "other_prompt":  # the assigned task under another system prompt
+                messages = [m for m in task.as_messages() if m["role"] != "system"]
+                ids = tok.apply_chat_template([{"role": "system", "content": OTHER_SYSTEM_PROMPT}, *messages],
+                                              add_generation_prompt=True, tokenize=True)
+            else:
+                ids = render_prompt(tok, task, tokenize=True)
             ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
             for i in range(run.samples_per_task):
                 prompts.append(ids)
@@ -157,6 +166,11 @@ class SimNode:
                     pos = len(tokens) // 2
                     tokens[pos] = _last_ranked(self.loaded, hidden[pos], params, seeds[0], pos)
                     hidden = _prefill_hidden(self.loaded, prompts[0], tokens)  # a careful cheat re-proves
+                if cheat == "cheap_tokens":  # another model's tokens, proved and scored by an honest prefill
+                    prompt = prompts[t * run.samples_per_task + i]
+                    hidden = _prefill_hidden(self.loaded, prompt, tokens)
+                    logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seeds[t * run.samples_per_task + i],
+                                              run.max_new_tokens, params)
                 if cut and len(tokens) > 4:  # stop 3 tokens early, claim an EOS ending
                     tokens, logprobs, hidden, finish = tokens[:-3], logprobs[:-3], hidden[:-3], "eos"
                     cut = False
@@ -189,6 +203,15 @@ def _last_ranked(loaded: LoadedModel, hidden: Any, params: SamplingParams, seed:
         logits = output_head(loaded.model)(hidden.unsqueeze(0)).float()
         row = scores(logits, params, seed_tensor([seed]), torch.tensor([step]))
     return int(row.argmin())
+
+
+def _true_logprobs(loaded: LoadedModel, prompt: list[int], tokens: list[int], hidden: Any, seed: int,
+                   max_tokens: int, params: SamplingParams) -> list[float]:
+    """The sampling logprobs the claimed model gives `tokens` (what a validator recomputes)."""
+    from toploc.validation import Rollout, measure
+
+    report = measure(loaded, [Rollout(prompt, tokens, prove(hidden), seed, max_tokens)], params)[0]
+    return list(report.logprobs)
 
 
 def _prefill_hidden(loaded: LoadedModel, prompt: list[int], tokens: list[int]) -> Any:

@@ -1,0 +1,802 @@
+"""Attack suite: a cheating node per attack against REAL validators, and hostile relays against real relays.
+
+Everything runs on 127.0.0.1 with real parts: anvil with the pool deployed (`contracts.devchain`), two
+validators served over HTTP by uvicorn (the run's validator set, so work is assigned by rendezvous
+hashing and a node must post to the right one), a SHARDCAST origin with real relays, and the tiny
+in-process transformer (or SmolLM2 with `--model smollm2`). The cheating nodes are
+`tests/integration/validator/validator_harness.SimNode` (honest work is `prime-node`'s own
+`node.rollouts.build_submission`); the hostile relays are `shardcast_harness.FakeRelay` servers
+that proxy a real relay and alter what it serves.
+
+Each attack runs `--trials` times, each trial with a fresh node key (so fresh tasks and sampling
+seeds) and fresh perturbation seeds. A trial is *detected* when the work is not paid: a hard or
+soft verdict, or a refusal (HTTP 4xx without a paid row); for relay attacks, when the client ends
+with the genuine bytes (or refuses to install anything) and the lying relay was seen serving. The
+table shows the verdict classes and reason codes seen, the expected class, and for the proof-based
+attacks the measurements next to the thresholds (the closest call over the trials).
+
+The false-positive count comes from honest submissions (4 rollouts each) generated across batch sizes
+(1, 4 or 8 assignments in one engine call), torch thread counts (1, 2) and the engine's fast and
+generic (Hugging Face) decode paths; any honest submission not accepted is a false positive.
+
+    python bench/attacks.py --json bench/measured/attacks.json       # tiny: 20 trials each, 1,000+ honest
+    python bench/attacks.py --quick                                  # 3 trials each, 64 honest (a few minutes)
+    python bench/attacks.py --model smollm2 --only weight_noise      # the realistic model (slow)
+
+Not a speed benchmark: the table is counts. The anchor is the honest run in the same process (its
+margins against the thresholds); machine, threads, load and wall time are printed with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
+sys.path.insert(0, str(ROOT))
+for helper in ("tests", "tests/integration/validator", "tests/unit/contracts", "tests/integration/shardcast"):
+    sys.path.insert(0, str(ROOT / helper))
+
+VERSION = 3  # work is done at v3; v1 is outside the async window (stale), v9 is not on chain
+KiB = 1024
+
+
+# -- results ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    """What one attempt of an attack came to."""
+
+    klass: str
+    """accepted | hard | soft | refused | error (the attack's outcome as the attacker sees it)."""
+    reason: str
+    detected: bool
+    margins: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass
+class Attack:
+    name: str
+    label: str
+    expect: str
+    """The class this attack should get (hard, soft or refused)."""
+    run: Callable[[Any, int], Trial]
+    tiny_only: bool = False
+
+
+# -- the network: anvil, the pool, two validators -----------------------------------------------------
+
+
+class Network:
+    """anvil with the pool (the integration tests' settings), policy v1..v3 published, two validators."""
+
+    def __init__(self, loaded: Any, spec: Any, tmp: Path) -> None:
+        import chainfixtures
+        from chainfixtures import SETTINGS, TRAINER, VALIDATOR, Pools
+        from validator_harness import MANIFEST_V0, RUN, serve, validator_config
+
+        from contracts.deployment import deploy_pool
+        from contracts.devchain import DevChain
+        from contracts.pool import PoolClient
+        from contracts.transactor import Transactor, connect
+        from protocol.rollout import submission_domain
+
+        self.loaded, self.tmp, self.run = loaded, tmp, RUN
+        self.devchain = DevChain.start()
+        c = self.devchain
+        second = 7  # PUBLIC anvil dev account 7 holds the second validator role
+        deployment = deploy_pool(
+            Transactor(connect(c.rpc_url), c.account(chainfixtures.ADMIN)),
+            treasury=c.account(chainfixtures.TREASURY).address, settings=SETTINGS,
+            validators=[c.account(VALIDATOR).address, c.account(second).address],
+            trainers=[c.account(TRAINER).address],
+            mint={c.account(i).address: 100_000 * chainfixtures.TOKEN for i in (chainfixtures.ADMIN, chainfixtures.OPERATOR)},
+            fund_rewards=chainfixtures.BUDGET)
+        self.pools = Pools(c, deployment, *(PoolClient(connect(c.rpc_url), deployment.pool, c.account(i))
+                                            for i in (chainfixtures.ADMIN, VALIDATOR, TRAINER, chainfixtures.OPERATOR,
+                                                      chainfixtures.OPERATOR2, chainfixtures.STRANGER)))
+        for v in range(1, VERSION + 1):
+            self.pools.trainer.publish_policy(v, MANIFEST_V0)
+        path = deployment.save(tmp / "deployment.json")
+        self.validator_accounts = [c.account(VALIDATOR), c.account(second)]
+        addresses = [a.address for a in self.validator_accounts]
+        # The systemic guard (many nodes failing at once: the validator suspects itself) is off here: every
+        # attack trial is a distinct failing node, which is exactly what the guard reads as "our fault".
+        # tests/integration/validator/test_cheats.py covers the guard.
+        self.validators = [serve(validator_config(tmp / f"v{i}", path, c.rpc_url, model=spec, validators=addresses,
+                                                  systemic={"window_s": 0.5, "min_nodes": 1_000_000, "fraction": 1.0}),
+                                 account) for i, account in enumerate(self.validator_accounts)]
+        self.domain = submission_domain(deployment.chain_id, deployment.pool, RUN.run_id)
+        self.max_bytes = self.validators[0].service.cfg.max_submission_bytes
+        self.thresholds = self.validators[0].service.pipeline.thresholds
+        self.hard_keys: list[tuple[Any, str]] = []
+
+    def stop(self) -> None:
+        for v in self.validators:
+            v.stop()
+        self.devchain.stop()
+
+    def node(self, register: bool = True) -> Any:
+        from validator_harness import SimNode
+
+        from protocol.identity import Identity
+
+        identity = self.pools.new_node() if register else Identity.create()
+        if register:  # validators learn registrations from pool events (polled): wait until both have seen it
+            self.wait_active(identity.address)
+        return SimNode(identity, self.loaded, self.domain)
+
+    def wait_active(self, address: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(v.service.chain.node_active(address) for v in self.validators):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"validators did not see {address} registered within {timeout} s")
+            time.sleep(0.02)
+
+    def assigned(self, node: Any, version: int = VERSION) -> tuple[Any, Any]:
+        """(the validator that takes this node's work at `version`, the other one)."""
+        from protocol.seeds import validator_ranking
+
+        first = validator_ranking(self.run.run_id, node.identity.address, version,
+                                  [a.address for a in self.validator_accounts])[0]
+        a, b = self.validators
+        return (a, b) if a.service.identity.address == first else (b, a)
+
+    def post(self, served: Any, data: bytes, retries: int = 20) -> tuple[int, dict[str, Any]]:
+        with served.client() as c:
+            for _ in range(retries):
+                r = c.post("/v1/submissions", content=data)
+                if r.status_code != 429:  # an honest node waits out its rate limit
+                    return r.status_code, dict(r.json())
+                time.sleep(float(r.headers.get("Retry-After", "1")))
+        return r.status_code, dict(r.json())
+
+    def outcome(self, served: Any, status: int, body: dict[str, Any], expect_reasons: set[str] | None = None,
+                timeout: float = 120.0) -> Trial:
+        """Post-answer to a Trial: decided rows become hard/soft/accepted, 4xx without a row `refused`."""
+        if status in (200, 202):
+            row = served.wait_decided(body["work_key"], timeout)
+            klass = {"accepted": "accepted", "rejected_hard": "hard", "rejected_soft": "soft"}[row["outcome"]]
+            if klass == "hard":
+                self.hard_keys.append((served, row["work_key"]))
+            ok = klass != "accepted" and (expect_reasons is None or row["reason"] in expect_reasons)
+            return Trial(klass, row["reason"], ok, margins=_margins(row))
+        return Trial("refused", str(body.get("error")), 400 <= status < 500, note=f"HTTP {status}")
+
+    def submit(self, node: Any, data: bytes, version: int = VERSION, **kw: Any) -> Trial:
+        served, _ = self.assigned(node, version)
+        status, body = self.post(served, data)
+        return self.outcome(served, status, body, **kw)
+
+    def on_chain(self) -> tuple[int, int]:
+        """(hard verdicts invalidated and slashed on chain, hard verdicts): waits for the reporters."""
+        from contracts.pool import WorkStatus
+
+        slashed = 0
+        for served, key in self.hard_keys:
+            try:
+                served.wait_reported(key, timeout=60)
+            except AssertionError:
+                continue
+            slashed += self.pools.admin.get_work(key).status == WorkStatus.HARD_INVALIDATED
+        return slashed, len(self.hard_keys)
+
+
+def _margins(row: dict[str, Any]) -> dict[str, float]:
+    samples = (row.get("measurements") or {}).get("samples") or []
+    chunks = [ch for s in samples for ch in s.get("toploc") or []]
+    if not chunks:
+        return {}
+    return {"exp": max(ch[0] for ch in chunks), "mean": max(ch[1] for ch in chunks),
+            "median": max(ch[2] for ch in chunks),
+            "sampling_mismatches": max(len(s.get("sampling_mismatches") or []) for s in samples),
+            "sampling_max_margin": max(float(s.get("sampling_max_margin") or 0.0) for s in samples),
+            "logprob_max_error": max(float(s.get("logprob_max_error") or 0.0) for s in samples)}
+
+
+# -- models a cheater runs instead ------------------------------------------------------------------
+
+
+def perturbed(loaded: Any, scale: float, seed: int) -> Any:
+    """A copy of `loaded` with every weight multiplied by (1 + scale * N(0, 1))."""
+    import copy
+
+    import torch
+
+    other = copy.copy(loaded)
+    other.model = copy.deepcopy(loaded.model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.mul_(1 + scale * torch.randn(p.shape, generator=gen))
+    return other
+
+
+def lower_precision(loaded: Any, dtype: str) -> Any:
+    """A copy of `loaded` whose weights were rounded to `dtype` (computed in the claimed dtype)."""
+    import copy
+
+    import torch
+
+    other = copy.copy(loaded)
+    other.model = copy.deepcopy(loaded.model)
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.copy_(p.to(getattr(torch, dtype)).to(p.dtype))
+    return other
+
+
+def other_model(net: Any, trial: int) -> Any:
+    """A different model with the same tokenizer: another seed of the tiny model, or a 10%-noised copy."""
+    if net.spec_type == "tiny":
+        from validator_harness import tiny
+
+        return tiny(1000 + trial)
+    return perturbed(net.loaded, 0.10, 9000 + trial)
+
+
+# -- attacks on the validator ---------------------------------------------------------------------
+
+
+def cheat(name: str, model: Callable[[Any, int], Any] | None = None, expect: set[str] | None = None
+          ) -> Callable[[Any, int], Trial]:
+    def run(net: Any, trial: int) -> Trial:
+        node = net.node()
+        _, data = node.build(version=VERSION, cheat=name, model=model(net, trial) if model else None)
+        return net.submit(node, data, expect_reasons=expect)
+    return run
+
+
+def stale(net: Any, trial: int) -> Trial:
+    node = net.node()
+    _, data = node.build(version=1)
+    t = net.submit(node, data, version=1, expect_reasons={"stale_version"})
+    t.detected = t.detected and t.klass == "soft"
+    return t
+
+
+def dup_same_payload(net: Any, trial: int) -> Trial:
+    """The same payload sealed again (fresh nonce) to the same validator: the same answer, one row."""
+    node = net.node()
+    sub, data = node.build(version=VERSION)
+    served, _ = net.assigned(node)
+    status, first = net.post(served, data)
+    served.wait_decided(first["work_key"])
+    status2, second = net.post(served, node.seal(sub))
+    detected = status2 == 200 and second.get("submission_hash") == first["submission_hash"]
+    return Trial("refused", "same_answer" if detected else f"HTTP {status2}", detected,
+                 note="resealed payload answered with the first row")
+
+
+def dup_diff_payload(net: Any, trial: int) -> Trial:
+    """A second, different payload for an assignment to the same validator: equivocation (hard)."""
+    node = net.node()
+    _, data = node.build(version=VERSION, counter=trial)
+    served, _ = net.assigned(node)
+    _, first = net.post(served, data)
+    served.wait_decided(first["work_key"])
+    _, other = node.build(version=VERSION, counter=trial, cheat="other_seed" if trial % 2 else "inflate_reward")
+    status, body = net.post(served, other)
+    if status != 409:
+        return Trial("accepted" if status in (200, 202) else "refused", str(body.get("error")), False)
+    row = served.wait_decided(first["work_key"])
+    if row["outcome"] == "rejected_hard":
+        net.hard_keys.append((served, row["work_key"]))
+    return Trial("hard" if row["outcome"] == "rejected_hard" else row["outcome"], row["reason"],
+                 row["outcome"] == "rejected_hard" and row["reason"] == "equivocation", note="409 duplicate_work")
+
+
+def dup_two_validators(different: bool) -> Callable[[Any, int], Trial]:
+    """The assignment to its validator and again (same or another payload) to the other validator."""
+    def run(net: Any, trial: int) -> Trial:
+        node = net.node()
+        sub, data = node.build(version=VERSION, counter=trial)
+        mine, other = net.assigned(node)
+        _, first = net.post(mine, data)
+        mine.wait_decided(first["work_key"])
+        if different:
+            _, again = node.build(version=VERSION, counter=trial, cheat="inflate_reward")
+        else:
+            again = node.seal(sub)
+        status, body = net.post(other, again)
+        rows = other.service.ledger.get(first["work_key"])
+        return Trial("refused" if status >= 400 else "accepted", str(body.get("error")),
+                     status == 421 and rows is None, note="second validator refuses, keeps no row")
+    return run
+
+
+def replayed_envelope(net: Any, trial: int) -> Trial:
+    """Exactly the same bytes again: to the same validator (the same answer) or to the other (421)."""
+    node = net.node()
+    _, data = node.build(version=VERSION)
+    mine, other = net.assigned(node)
+    _, first = net.post(mine, data)
+    mine.wait_decided(first["work_key"])
+    if trial % 2 == 0:
+        status, body = net.post(mine, data)
+        ok = status == 200 and body.get("submission_hash") == first["submission_hash"] \
+            and mine.service.ledger.get(first["work_key"]) is not None
+        return Trial("refused", "same_answer" if ok else str(body.get("error")), ok)
+    status, body = net.post(other, data)
+    return Trial("refused", str(body.get("error")), status == 421)
+
+
+def forged_signature(net: Any, trial: int) -> Trial:
+    """Another key's signature on a victim's submission, or a signed body altered afterwards."""
+    from protocol.canonical import canonical_bytes
+    from protocol.envelope import Envelope, seal
+    from protocol.identity import Identity
+    from protocol.nonce import random_nonce
+
+    victim = net.node()
+    sub, data = victim.build(version=VERSION)
+    env = json.loads(data)
+    attacker = Identity.create()
+    variant = trial % 3
+    if variant == 0:  # the victim's header, the attacker's signature
+        signed = Envelope.model_validate_json(data)
+        env["signature"] = "0x" + attacker.sign_message(signed.signing_bytes()).hex()
+    elif variant == 1:  # the signed body altered after signing (a higher reward)
+        env["body"]["tasks"][0]["samples"][0]["reward"] = 1.0 if env["body"]["tasks"][0]["samples"][0]["reward"] != 1.0 \
+            else 0.0
+    else:  # a registered attacker seals the victim's work as its own envelope
+        thief = net.pools.new_node()
+        net.wait_active(thief.address)
+        env = json.loads(seal(thief, sub, domain=net.domain, nonce=random_nonce()).to_bytes())
+    served, _ = net.assigned(victim)
+    status, body = net.post(served, canonical_bytes(env))
+    return net.outcome(served, status, body)
+
+
+def _with_proofs(sub: Any, change: Callable[[int, list[bytes], random.Random], list[bytes]], rng: random.Random) -> Any:
+    tasks, j = [], 0
+    for tr in sub.tasks:
+        samples = []
+        for s in tr.samples:
+            samples.append(s.model_copy(update={"proofs": tuple(change(j, list(s.proofs), rng))}))
+            j += 1
+        tasks.append(tr.model_copy(update={"samples": tuple(samples)}))
+    return sub.model_copy(update={"tasks": tuple(tasks)})
+
+
+MALFORMED: list[tuple[str, Callable[[int, list[bytes], random.Random], list[bytes]]]] = [
+    ("random bytes", lambda j, p, rng: [rng.randbytes(258) if j == 0 and k == 0 else x for k, x in enumerate(p)]),
+    ("all 0xff", lambda j, p, rng: [b"\xff" * 258 if j == 0 else x for x in p]),
+    ("all zero", lambda j, p, rng: [bytes(258) if j == 1 else x for x in p]),
+    ("truncated", lambda j, p, rng: [x[:100] if j == 0 else x for x in p]),
+    ("one missing", lambda j, p, rng: p[:-1] if j == 0 else p),
+    ("one extra", lambda j, p, rng: p + [p[0]] if j == 0 else p),
+    ("bit flipped", lambda j, p, rng: [bytes([x[0] ^ 1]) + x[1:] if j == 0 else x for x in p]),
+]
+
+
+def malformed_proofs(net: Any, trial: int) -> Trial:
+    name, change = MALFORMED[trial % len(MALFORMED)]
+    node = net.node()
+    sub, _ = node.build(version=VERSION)
+    data = node.seal(_with_proofs(sub, change, random.Random(trial)))
+    t = net.submit(node, data)
+    t.note = name
+    t.detected = t.detected and t.klass == "hard"
+    return t
+
+
+def oversized(net: Any, trial: int) -> Trial:
+    """A body one byte over the limit: with Content-Length, or streamed chunked with no length."""
+    import httpx
+
+    node = net.node()
+    served, _ = net.assigned(node)
+    body = b'{"kind":"' + b"x" * (net.max_bytes + 1) + b'"}'
+    with httpx.Client(base_url=served.url, timeout=60) as c:
+        if trial % 2 == 0:
+            r = c.post("/v1/submissions", content=body)
+        else:
+            r = c.post("/v1/submissions", content=iter([body[i:i + 65536] for i in range(0, len(body), 65536)]))
+    try:
+        error = str(r.json().get("error"))
+    except ValueError:
+        error = r.text[:40]
+    return Trial("refused", error, r.status_code == 413, note="chunked" if trial % 2 else "content-length")
+
+
+# -- relay attacks ---------------------------------------------------------------------------------------
+
+
+async def _relay_trial(tmp: Path, trial: int, kind: str) -> Trial:
+    """Origin + two real relays; a hostile proxy in front of one; a client pulls. The hostile relay lies as `kind` says."""
+    import aiohttp
+    from aiohttp import web
+    from shardcast_harness import FakeRelay, make_checkpoint, same_tree
+
+    from protocol.errors import PrimeError
+    from protocol.identity import Identity
+    from shardcast import Client, Origin, Relay
+
+    trainer, forger = Identity.create(), Identity.create()
+    rng = random.Random(trial)
+    sizes = {"model.safetensors": rng.randint(40, 120) * KiB, "config.json": rng.randint(1, 4) * KiB}
+    ckpt1 = make_checkpoint(tmp / "ckpt1", sizes, seed=trial)
+    ckpt2 = make_checkpoint(tmp / "ckpt2", sizes, seed=trial + 10_000)
+    rollback = kind == "rolled_back_manifest"
+    variant = trial % 2
+    hide = rollback and trial % 3 == 2
+    async with Origin(tmp / "origin", run_id="attacks", identity=trainer, shard_size=16 * KiB) as origin:
+        await origin.wait_published(origin.publish(ckpt1))
+        if rollback:
+            await origin.wait_published(origin.publish(ckpt2))
+        newest = 2 if rollback else 1
+        async with Relay([origin.url], trainer=trainer.address, store_root=tmp / "r1", poll_wait_s=1.0) as honest, \
+                Relay([origin.url], trainer=trainer.address, store_root=tmp / "r2", poll_wait_s=1.0) as upstream:
+            deadline = time.monotonic() + 30
+            while honest.store.latest != newest or upstream.store.latest != newest:
+                if time.monotonic() > deadline:
+                    return Trial("error", "relays did not sync", False)
+                await asyncio.sleep(0.05)
+            forged_origin = None
+            if kind == "forged_manifest" and variant == 1:  # a manifest signed by another key, its own shards
+                forged_origin = Origin(tmp / "forger", run_id="attacks", identity=forger, shard_size=16 * KiB)
+                await forged_origin.start()
+                await forged_origin.wait_published(forged_origin.publish(make_checkpoint(tmp / "evil", sizes, seed=-trial)))
+            session = aiohttp.ClientSession()
+            lies = Counter[str]()
+
+            async def fetch(path: str, base: str | None = None) -> bytes:
+                async with session.get((base or upstream.url) + path) as r:
+                    return await r.read()
+
+            async def versions(request: web.Request) -> web.Response:
+                index = await fetch("/versions")
+                if hide:  # an index that hides the newest version (a relay holding clients back)
+                    lies["index"] += 1
+                    doc = json.loads(index)
+                    doc["latest"] = 1
+                    doc["versions"] = [{**doc["versions"][0], "version": 1}]
+                    index = json.dumps(doc).encode()
+                return web.Response(body=index, content_type="application/json")
+
+            async def manifest(request: web.Request) -> web.Response:
+                v = int(request.match_info["v"])
+                raw = await fetch(f"/v/{v}/manifest")
+                if kind == "forged_manifest":
+                    lies["manifest"] += 1
+                    if forged_origin is not None:
+                        raw = await fetch(f"/v/{v}/manifest", forged_origin.url)
+                    else:
+                        doc = json.loads(raw)
+                        doc["manifest"]["shards"][rng.randrange(len(doc["manifest"]["shards"]))]["hash"] = \
+                            hashlib.sha256(b"other bytes").hexdigest()
+                        raw = json.dumps(doc).encode()
+                elif rollback and v == 2:  # the trainer's genuine v1 manifest served as v2
+                    lies["manifest"] += 1
+                    raw = await fetch("/v/1/manifest", origin.url)
+                elif rollback and v == 1:
+                    raw = await fetch("/v/1/manifest", origin.url)
+                return web.Response(body=raw, content_type="application/json")
+
+            async def shard(request: web.Request) -> web.Response:
+                v, i = int(request.match_info["v"]), int(request.match_info["i"])
+                base = forged_origin.url if forged_origin else origin.url if rollback and v == 1 else None
+                data = await fetch(f"/v/{v}/shards/{i}", base)
+                if kind == "relay_flip" and data:
+                    lies["shard"] += 1
+                    at = rng.randrange(len(data))
+                    data = data[:at] + bytes([data[at] ^ (1 << rng.randrange(8))]) + data[at + 1:]
+                return web.Response(body=data)
+
+            routes = {"/versions": versions, "/v/{v}/manifest": manifest, "/v/{v}/shards/{i}": shard}
+            try:
+                async with FakeRelay(routes) as hostile:  # type: ignore[arg-type]
+                    # Every third (forged: fourth) trial the hostile relay is the client's only source.
+                    alone = trial % (4 if kind == "forged_manifest" else 3) == 0
+                    sources = [hostile.url] if alone else [hostile.url, honest.url]
+                    client = Client(sources, trainer=trainer.address, out_dir=tmp / "out", progress=False,
+                                    concurrency=2, stall_s=2.0)
+                    try:
+                        result = await asyncio.wait_for(client.pull(), 60)
+                    except (PrimeError, TimeoutError) as exc:
+                        installed = client.installed_version()
+                        ok = installed is None and sum(lies.values()) > 0
+                        return Trial("refused", type(exc).__name__, ok, note="hostile relay only: nothing installed")
+                    want = ckpt2 if result.version == 2 else ckpt1
+                    genuine = result.version == newest and same_tree(tmp / "out" / "current", want)
+                    banned = bool(result.sources.get(hostile.url, {}).get("banned"))
+                    if hide:  # hiding a version is not provably a lie (a relay may lag): the point is v2 installed
+                        return Trial("refused", "newest installed", genuine and lies["index"] > 0,
+                                     note="index hiding v2: v2 installed from the honest relay")
+                    return Trial("refused", "banned" if banned else "not banned",
+                                 genuine and banned and sum(lies.values()) > 0,
+                                 note=f"installed v{result.version} from the honest relay")
+            finally:
+                await session.close()
+                if forged_origin is not None:
+                    await forged_origin.stop()
+
+
+def relay_attack(kind: str) -> Callable[[Any, int], Trial]:
+    def run(net: Any, trial: int) -> Trial:
+        with tempfile.TemporaryDirectory(dir=net.tmp) as d:
+            return asyncio.run(_relay_trial(Path(d), trial, kind))
+    return run
+
+
+# -- the list -----------------------------------------------------------------------------------------------
+
+PROOF = {"proof_mismatch", "sampling_mismatch", "logprob_mismatch", "termination"}
+
+ATTACKS = [
+    Attack("model_swap", "model swap (other weights)", "hard", cheat("other_weights", other_model, PROOF)),
+    Attack("weight_noise", "3% weight noise", "hard",
+           cheat("other_weights", lambda net, t: perturbed(net.loaded, 0.03, 100 + t), PROOF)),
+    Attack("bf16_weights", "lower precision: bf16-rounded weights", "hard",
+           cheat("other_weights", lambda net, t: lower_precision(net.loaded, "bfloat16"), PROOF)),
+    Attack("fp8_weights", "lower precision: fp8 (e4m3)-rounded weights", "hard",
+           cheat("other_weights", lambda net, t: lower_precision(net.loaded, "float8_e4m3fn"), PROOF)),
+    Attack("other_prompt", "another system prompt", "hard", cheat("other_prompt", expect=PROOF)),
+    Attack("edit_token", "one token edited (re-proved)", "hard", cheat("edit_token", expect=PROOF)),
+    Attack("cheap_tokens", "cheaper model's tokens + honest prefill", "hard",
+           cheat("cheap_tokens", other_model, PROOF)),
+    Attack("other_seed", "another sampling seed", "hard", cheat("other_seed", expect=PROOF)),
+    Attack("early_stop", "early stop (claims EOS)", "hard", cheat("early_stop", expect={"termination"})),
+    Attack("inflate_reward", "inflated reward", "hard", cheat("inflate_reward", expect={"reward_mismatch"})),
+    Attack("cherry_pick", "cherry-picked task (not assigned)", "hard", cheat("unassigned_task", expect={"wrong_task"})),
+    Attack("dup_same_one", "same assignment twice, same payload, one validator", "refused", dup_same_payload),
+    Attack("dup_diff_one", "same assignment twice, other payload, one validator", "hard", dup_diff_payload),
+    Attack("dup_same_two", "same assignment twice, same payload, two validators", "refused",
+           dup_two_validators(False)),
+    Attack("dup_diff_two", "same assignment twice, other payload, two validators", "refused",
+           dup_two_validators(True)),
+    Attack("replay", "replayed envelope (same bytes)", "refused", replayed_envelope),
+    Attack("forged_signature", "forged signature / altered signed body", "refused", forged_signature),
+    Attack("stale_version", "stale policy version", "soft", stale),
+    Attack("malformed_proofs", "malformed or crashing proofs", "hard", malformed_proofs),
+    Attack("oversized", "oversized payload", "refused", oversized),
+    Attack("relay_flip", "relay flips bytes in a shard", "refused", relay_attack("relay_flip")),
+    Attack("forged_manifest", "forged manifest (edited / other key)", "refused", relay_attack("forged_manifest")),
+    Attack("rolled_back_manifest", "rolled-back manifest (v1's as v2 / v2 hidden)", "refused",
+           relay_attack("rolled_back_manifest")),
+]
+
+
+# -- honest work -------------------------------------------------------------------------------------------
+
+
+class _Collected(Exception):
+    pass
+
+
+def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
+    """Honest submissions across batch sizes, thread counts and decode paths; returns the counts."""
+    import torch
+
+    from models.engine import Engine
+    from node.engines import Completion, InferenceEngine, ModelsEngine, Request
+    from node.rollouts import build_submission
+
+    class Recorder(InferenceEngine):
+        def __init__(self, tokenizer: Any) -> None:
+            self._tok, self.requests = tokenizer, list[Request]()
+
+        @property
+        def tokenizer(self) -> Any:
+            return self._tok
+
+        def generate(self, requests: list[Request], run: Any) -> list[Completion]:
+            self.requests += requests
+            raise _Collected
+
+    class Replay(InferenceEngine):
+        def __init__(self, tokenizer: Any, done: dict[tuple[tuple[int, ...], int], Completion]) -> None:
+            self._tok, self.done = tokenizer, done
+
+        @property
+        def tokenizer(self) -> Any:
+            return self._tok
+
+        def generate(self, requests: list[Request], run: Any) -> list[Completion]:
+            return [self.done[(tuple(r.prompt), r.seed)] for r in requests]
+
+    configs = [(k, threads, fast) for k in (1, 4, 8) for threads in (1, 2) for fast in (True, False)]
+    tok = net.loaded.tokenizer
+    per_sub = net.run.tasks_per_batch * net.run.samples_per_task
+    rollouts, submitted, fp, by_config = 0, [], [], Counter[str]()
+    worst: dict[str, float] = {}
+    i = 0
+    while rollouts < target_rollouts:
+        k, threads, fast = configs[i % len(configs)]
+        i += 1
+        node = net.node()
+        recorder = Recorder(tok)
+        for counter in range(k):
+            try:
+                build_submission(recorder, net.run, node.identity.address, VERSION, counter, node.manifest_hash)
+            except _Collected:
+                pass
+        engine = ModelsEngine(net.loaded)
+        engine._engine = Engine(net.loaded, fast_path=fast)  # the decode path under test (fast or generic HF)
+        torch.set_num_threads(threads)
+        try:
+            completions = engine.generate(recorder.requests, net.run)
+        finally:
+            torch.set_num_threads(1)
+        done = {(tuple(r.prompt), r.seed): c for r, c in zip(recorder.requests, completions, strict=True)}
+        served, _ = net.assigned(node)
+        for counter in range(k):
+            sub = build_submission(Replay(tok, done), net.run, node.identity.address, VERSION, counter,
+                                   node.manifest_hash)
+            status, body = net.post(served, node.seal(sub))
+            submitted.append((served, status, body, f"batch {k * per_sub} threads {threads} "
+                              f"{'fast' if fast else 'hf'} path"))
+            rollouts += per_sub
+    for served, status, body, config in submitted:
+        by_config[config] += per_sub
+        if status not in (200, 202):
+            fp.append({"config": config, "status": status, "error": body.get("error")})
+            continue
+        row = served.wait_decided(body["work_key"], 300)
+        for name, value in _margins(row).items():
+            worst[name] = max(worst.get(name, 0.0), value)
+        if row["outcome"] != "accepted":
+            fp.append({"config": config, "outcome": row["outcome"], "reason": row["reason"], "detail": row["detail"]})
+    return {"honest_rollouts": rollouts, "honest_submissions": len(submitted), "false_positives": len(fp),
+            "false_positive_rows": fp, "by_config": dict(by_config), "honest_margins": worst}
+
+
+# -- main ----------------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()}
+
+
+def summarize(attack: Attack, trials: list[Trial]) -> dict[str, Any]:
+    margins = [t.margins for t in trials if t.margins]
+    closest: dict[str, float] = {}
+    if margins:  # the trial nearest to passing: the smallest of each worst-chunk measurement
+        for name in ("exp", "mean", "median", "sampling_mismatches", "logprob_max_error"):
+            closest[name] = min(m[name] for m in margins)
+    return {
+        "attack": attack.name, "label": attack.label, "trials": len(trials),
+        "detected": sum(t.detected for t in trials), "expected_class": attack.expect,
+        "classes": dict(Counter(t.klass for t in trials)), "reasons": dict(Counter(t.reason for t in trials)),
+        "notes": sorted({t.note for t in trials if t.note}), "closest_margins": closest,
+    }
+
+
+def print_table(res: dict[str, Any]) -> None:
+    m = res["machine"]
+    print(f"\nmachine: {m['cpu']}, {m['cores']} cores, python {m['python']}, torch threads {res['threads']}, "
+          f"load {' '.join(f'{x:.2f}' for x in m['load_avg'])}; model {res['model']}; wall {res['wall_s']:.0f} s")
+    th = res["thresholds"]
+    print(f"thresholds: a chunk fails if exp_mismatches > {th['max_exp_mismatches']}, mant_err_mean > "
+          f"{th['max_mant_err_mean']}, median > {th['max_mant_err_median']}; sampling fails with > "
+          f"{th['max_sampling_mismatches']} positions off by > {th['sampling_margin_tolerance']}")
+    h = res["honest_margins"]
+    if h:
+        print(f"honest work (worst over all chunks): exp {h.get('exp', 0):.0f}, mean {h.get('mean', 0):.3f}, "
+              f"median {h.get('median', 0):.3f}, sampling mismatches {h.get('sampling_mismatches', 0):.0f} "
+              f"(max margin {h.get('sampling_max_margin', 0):.3g}), logprob error {h.get('logprob_max_error', 0):.2g}")
+    print(f"\n{'attack':<54} {'trials':>6} {'detected':>8} {'class':<16} reasons (closest call: exp/mean/median)")
+    for r in res["attacks"]:
+        classes = ",".join(f"{k}:{v}" for k, v in sorted(r["classes"].items()))
+        reasons = ",".join(f"{k}:{v}" for k, v in sorted(r["reasons"].items()))
+        c = r["closest_margins"]
+        close = f" ({c['exp']:.0f}/{c['mean']:.2f}/{c['median']:.2f})" if c else ""
+        flag = "" if r["detected"] == r["trials"] else "  <-- by design (see margins)" \
+            if r["attack"] in UNDETECTABLE.get(res["model"], set()) else "  <-- NOT ALL DETECTED"
+        print(f"{r['label']:<54} {r['trials']:>6} {r['detected']:>8} {classes:<16} {reasons}{close}{flag}")
+    print(f"\nhonest rollouts: {res['honest_rollouts']} in {res['honest_submissions']} submissions; "
+          f"false positives: {res['false_positives']}")
+    if "on_chain" in res:
+        print(f"hard verdicts invalidated and slashed on chain: {res['on_chain']['slashed']} of "
+              f"{res['on_chain']['hard']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="3 trials each, 64 honest rollouts")
+    parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    parser.add_argument("--trials", type=int, help="trials per attack (default 20, quick 3)")
+    parser.add_argument("--honest", type=int, help="honest rollouts at least (default 1000, quick 64)")
+    parser.add_argument("--only", help="comma-separated attack names (default: all)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import logging
+
+    import torch
+
+    logging.basicConfig(level=logging.WARNING)
+    for noisy in ("validator", "shardcast"):  # a verdict or ban line per attack trial would bury the table
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    trials = args.trials or (3 if args.quick else 20)
+    honest = args.honest if args.honest is not None else (64 if args.quick else 1000)
+    wanted = set(args.only.split(",")) if args.only else None
+    attacks = [a for a in ATTACKS if wanted is None or a.name in wanted]
+    if wanted and len(attacks) != len(wanted):
+        parser.error(f"unknown attacks: {sorted(wanted - {a.name for a in ATTACKS})}")
+    from validator_harness import TINY
+
+    from models.loading import load
+    from protocol.model_spec import SmolLM2Spec
+
+    spec: Any = TINY if args.model == "tiny" else SmolLM2Spec()
+    t0 = time.monotonic()
+    loaded = load(spec)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="attacks-") as d:
+        net = Network(loaded, spec, Path(d))
+        net.spec_type = args.model  # type: ignore[attr-defined]
+        try:
+            for attack in attacks:
+                a0 = time.monotonic()
+                results = []
+                for trial in range(trials):
+                    try:
+                        results.append(attack.run(net, trial))
+                    except Exception as exc:  # noqa: BLE001 - a crash in a trial is a result to report, not a stop
+                        results.append(Trial("error", f"{type(exc).__name__}: {exc}"[:200], False))
+                row = summarize(attack, results)
+                row["seconds"] = round(time.monotonic() - a0, 1)
+                row["not_caught_by_design"] = attack.name in UNDETECTABLE.get(args.model, set())
+                rows.append(row)
+                print(f"{attack.name:<22} {row['detected']}/{row['trials']} {row['classes']} {row['reasons']} "
+                      f"({row['seconds']} s)", flush=True)
+            h = honest_run(net, honest) if honest else {"honest_rollouts": 0, "honest_submissions": 0,
+                                                         "false_positives": 0, "false_positive_rows": [],
+                                                         "by_config": {}, "honest_margins": {}}
+            slashed, hard = net.on_chain()
+            th = net.thresholds
+        finally:
+            net.stop()
+    res = {"bench": "attacks", "model": args.model, "quick": args.quick, "threads": 1, "machine": machine(),
+           "thresholds": {"max_exp_mismatches": th.max_exp_mismatches, "max_mant_err_mean": th.max_mant_err_mean,
+                          "max_mant_err_median": th.max_mant_err_median,
+                          "max_sampling_mismatches": th.max_sampling_mismatches,
+                          "sampling_margin_tolerance": th.sampling_margin_tolerance},
+           "attacks": rows, **h, "on_chain": {"slashed": slashed, "hard": hard},
+           "wall_s": round(time.monotonic() - t0, 1)}
+    print_table(res)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+    missed = [r["attack"] for r in rows if r["detected"] < r["trials"]]
+    return 1 if missed and not set(missed) <= UNDETECTABLE.get(args.model, set()) or h["false_positives"] else 0
+
+
+UNDETECTABLE: dict[str, set[str]] = {"tiny": {"weight_noise", "bf16_weights", "fp8_weights"}}
+"""Attacks not caught by design on a model: on the tiny random model, 3% weight noise and weights rounded
+to bf16 or fp8 move the TOPLOC measurements (exp mismatches ~3-20, mantissa mean ~0.3-7) to well inside
+the thresholds (38 / 10 / 8), which must leave room for honest nodes on other hardware and dtypes, and its
+near-flat logits let the seeded sampler pick the same tokens. The table shows the margins; the rows are
+run on SmolLM2 too (bench/README.md)."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
