@@ -96,6 +96,12 @@ class PreflightSettings(Section):
     """`join` does not run pre-flight before staking (already run by hand on this machine)."""
 
 
+class AppealSettings(Section):
+    work_key: str | None = None
+    """`prime-node appeal`: the work key (0x + 64 hex) of the hard verdict to appeal; default every hard verdict
+    kept in the state dir whose appeal window is still open (`--work-key`)."""
+
+
 class NodeConfig(PrimeConfig):
     """prime-node: generate assigned rollouts with TOPLOC proofs, submit them to validators, get paid."""
 
@@ -131,6 +137,8 @@ class NodeConfig(PrimeConfig):
     discovery: DiscoveryConfig = DiscoveryConfig()
     """libp2p discovery (off unless enabled or bootstrap peers are given): learn the run's validators and
     relays from their announcements, on top of `validators` and `weights.relays`."""
+    appeal: AppealSettings = AppealSettings()
+    """`prime-node appeal`: which hard verdict to appeal."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as text or one JSON object per line."""
 

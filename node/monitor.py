@@ -47,6 +47,11 @@ class _TallyCollector(Collector):
         for state in ("starting", "working", "waiting", "stopped", "failed"):
             up.add_metric([state], 1.0 if t.state == state else 0.0)
         yield up
+        started = GaugeMetricFamily("prime_node_version_started_timestamp_seconds",
+                                    "Unix time the first batch of each policy version began", labels=["version"])
+        for version, at in sorted(t.version_started_at.items()):
+            started.add_metric([str(version)], at)
+        yield started
 
 
 def health(t: Tally, pending: int) -> tuple[int, dict[str, Any]]:

@@ -7,6 +7,10 @@ different payload for a recorded assignment raises `DoubleSignError` instead of 
 same payload may be sealed again (a retry with a fresh nonce is not equivocation). The payload itself
 is kept until its verdict arrives, so a restart resubmits work instead of losing it.
 
+For appeals the record also keeps every envelope sent (`sent`, until its assignment's verdict is known)
+and each hard verdict as the validator signed it (`hard_verdicts`, with the envelope it judged, for as
+long as the file lives): `prime-node appeal` sends both to another validator.
+
 The record survives crashes (SQLite, WAL, one transaction per record) and travels with the key:
 `export()`/`import_()` write and read the interchange format below, modelled on Ethereum's EIP-3076.
 
@@ -60,12 +64,60 @@ CREATE TABLE IF NOT EXISTS signed (
 );
 """
 
+_SCHEMA_APPEALS = """
+CREATE TABLE IF NOT EXISTS sent (
+    submission_hash TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    counter INTEGER NOT NULL,
+    envelope TEXT NOT NULL,
+    sent_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sent_assignment ON sent (run_id, node, policy_version, counter);
+CREATE TABLE IF NOT EXISTS hard_verdicts (
+    work_key TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    counter INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    validator TEXT NOT NULL,
+    submission_hash TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    submission TEXT,
+    received_at REAL NOT NULL,
+    appeal TEXT
+);
+"""
+
 STATES = ("signed", "submitted", "decided", "imported")
 
 
 def payload_hash(sub: Submission) -> str:
     """The hex SHA-256 of a submission body's canonical JSON: what the protection record compares."""
     return "0x" + hashlib.sha256(canonical_bytes(sub.model_dump(mode="json"))).hexdigest()
+
+
+@dataclass(frozen=True)
+class HardVerdict:
+    """A hard verdict against this node as its validator signed it, with the submission envelope it judged."""
+
+    work_key: str
+    run_id: str
+    node: str
+    policy_version: int
+    counter: int
+    reason: str
+    validator: str
+    """The validator that signed the verdict (and slashed)."""
+    submission_hash: str
+    verdict: str
+    """The signed `Verdict` envelope (canonical JSON)."""
+    submission: str | None
+    """The judged `Submission` envelope as sent; None when this file never held it (e.g. imported)."""
+    appeal: str | None
+    """The last appeal answer (JSON), if any."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +145,7 @@ class SlashingProtection:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a signature must never outlive its record
         self._db.executescript(_SCHEMA)
+        self._db.executescript(_SCHEMA_APPEALS)
 
     def close(self) -> None:
         with self._lock:
@@ -146,6 +199,54 @@ class SlashingProtection:
                 "UPDATE signed SET state=?, payload=CASE WHEN ?='decided' THEN NULL ELSE payload END "
                 "WHERE run_id=? AND node=? AND policy_version=? AND counter=?",
                 (state, state, run_id, checksum(node), policy_version, counter))
+
+    # -- what was sent and what came back (for appeals) ------------------------------------------
+
+    def record_sent(self, sub: Submission, envelope: bytes) -> None:
+        """Keep a sealed envelope before it is sent: a hard verdict names its SHA-256."""
+        digest = "0x" + hashlib.sha256(envelope).hexdigest()
+        with self._lock:
+            self._db.execute(
+                "INSERT OR IGNORE INTO sent (submission_hash, run_id, node, policy_version, counter, envelope, "
+                "sent_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (digest, sub.run_id, checksum(sub.node), sub.policy_version, sub.counter, envelope.decode(),
+                 time.time()))
+
+    def record_verdict(self, run_id: str, node: str, policy_version: int, counter: int, *, hard: bool,
+                       verdict: str | None) -> None:
+        """A verdict arrived. Hard: keep it (signed, as received) with the envelope it judged. Otherwise the
+        assignment's sent envelopes are dropped (nothing to appeal)."""
+        node = checksum(node)
+        where = (run_id, node, policy_version, counter)
+        with self._lock:
+            if hard and verdict:
+                try:
+                    env = json.loads(verdict)
+                    body = env["body"]
+                    key, validator, digest = str(body["work_key"]), checksum(env["signer"]), str(body["submission_hash"])
+                    reason = str(body["reason"])
+                except (ValueError, KeyError, TypeError, PrimeError):
+                    return  # not a verdict envelope: nothing an appeal could use
+                sent = self._db.execute("SELECT envelope FROM sent WHERE submission_hash=?", (digest,)).fetchone()
+                self._db.execute(
+                    "INSERT OR IGNORE INTO hard_verdicts (work_key, run_id, node, policy_version, counter, reason, "
+                    "validator, submission_hash, verdict, submission, received_at) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, *where, reason, validator, digest, verdict, sent[0] if sent else None, time.time()))
+            self._db.execute("DELETE FROM sent WHERE run_id=? AND node=? AND policy_version=? AND counter=?", where)
+
+    def hard_verdicts(self, run_id: str, node: str) -> list[HardVerdict]:
+        """The hard verdicts kept for `node` in `run_id`, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT work_key, run_id, node, policy_version, counter, reason, validator, submission_hash, "
+                "verdict, submission, appeal FROM hard_verdicts WHERE run_id=? AND node=? ORDER BY received_at",
+                (run_id, checksum(node))).fetchall()
+        return [HardVerdict(*r) for r in rows]
+
+    def record_appeal(self, work_key: str, answer: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute("UPDATE hard_verdicts SET appeal=? WHERE work_key=?", (json.dumps(answer), work_key))
 
     # -- reading --------------------------------------------------------------------------------
 

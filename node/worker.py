@@ -96,6 +96,10 @@ class ValidatorDirectory:
         return self.by_address.get(address)
 
 
+VERSIONS_KEPT = 64
+"""Versions whose start time the tally keeps (and /metrics exports)."""
+
+
 @dataclass
 class Tally:
     """What the loop has done (read by `/metrics`, `/health` and the status line)."""
@@ -114,6 +118,9 @@ class Tally:
     last_batch_at: float | None = None
     """time.time() of the last batch generated."""
     submit_failures: int = 0
+    version_started_at: dict[int, float] = field(default_factory=dict)
+    """time.time() at which the first batch of each policy version began (the newest VERSIONS_KEPT
+    versions): when a version reached this node, for the operator's propagation view."""
 
 
 class Worker:
@@ -188,6 +195,10 @@ class Worker:
             self.tally.tokens += sub.n_tokens()
             self.tally.generation_s += elapsed
             self.tally.version, self.tally.last_batch_at = version, time.time()
+            if version not in self.tally.version_started_at:
+                self.tally.version_started_at[version] = self.tally.last_batch_at - elapsed
+                for old in sorted(self.tally.version_started_at)[:-VERSIONS_KEPT]:
+                    del self.tally.version_started_at[old]
             self.tally.state, self.tally.detail, self._said = "working", "", ""
             answer = self.submit(sub)
             logger.info("v%d #%d: %d tokens in %.1f s (%.1f tok/s) -> %s; accepted %d, rejected %d, pending %d",

@@ -77,6 +77,24 @@ _SCHEMA = [
         item {blob} NOT NULL,
         file_written INTEGER NOT NULL DEFAULT 0
     )""",
+    """CREATE TABLE IF NOT EXISTS appeals (
+        work_key TEXT PRIMARY KEY,
+        node TEXT NOT NULL,
+        slasher TEXT NOT NULL,
+        appellant TEXT NOT NULL,
+        received_at DOUBLE PRECISION NOT NULL,
+        appeal {blob} NOT NULL,
+        original_reason TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        detail TEXT,
+        measurements TEXT,
+        units BIGINT NOT NULL,
+        evidence_hash TEXT NOT NULL,
+        decision {blob} NOT NULL,
+        resolved_at DOUBLE PRECISION,
+        chain_tx TEXT
+    )""",
     """CREATE TABLE IF NOT EXISTS refusals (
         node TEXT NOT NULL,
         reason TEXT NOT NULL,
@@ -130,6 +148,40 @@ class Decision:
     """The signed `Verdict` envelope bytes."""
     feed_item: bytes | None = None
     """For an accepted row: the signed feed item that enters the trainer's queue."""
+
+
+_APPEAL_COLUMNS = (
+    "work_key, node, slasher, appellant, received_at, appeal, original_reason, outcome, reason, detail, "
+    "measurements, units, evidence_hash, decision, resolved_at, chain_tx"
+)
+
+
+@dataclass(frozen=True)
+class AppealRow:
+    """One appeal this validator decided (`POST /v1/appeals`): one row per work key, resolved on chain once."""
+
+    work_key: str
+    node: str
+    slasher: str
+    """The validator whose hard verdict was appealed."""
+    appellant: str
+    """Who signed the appeal (the node key or its operator)."""
+    received_at: float
+    appeal: bytes
+    """The signed `Appeal` envelope as received."""
+    original_reason: str
+    outcome: str
+    """`overturned` or `upheld`."""
+    reason: str
+    detail: str | None
+    measurements: str | None
+    units: int
+    """Work units the submission is worth (recorded on chain when overturned)."""
+    evidence_hash: str
+    decision: bytes
+    """The signed `AppealDecision` envelope."""
+    resolved_at: float | None
+    chain_tx: str | None
 
 
 class _Db(Protocol):
@@ -468,3 +520,35 @@ class Ledger:
 
     def feed_size(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM feed")[0][0])
+    # -- appeals -------------------------------------------------------------------------------
+
+    def appeal(self, work_key: str) -> AppealRow | None:
+        rows = self._db.execute(f"SELECT {_APPEAL_COLUMNS} FROM appeals WHERE work_key = ?", (work_key,))
+        return AppealRow(*rows[0]) if rows else None
+
+    def record_appeal(self, row: AppealRow, evidence: bytes) -> bool:
+        """Store a decided appeal and its evidence, atomically. False (nothing written) when the work key's
+        appeal was decided before: the first decision stands."""
+        with self._db.transaction() as db:
+            done = db.execute(
+                f"INSERT INTO appeals ({_APPEAL_COLUMNS}) VALUES ({', '.join('?' * 16)}) ON CONFLICT DO NOTHING "
+                "RETURNING work_key",
+                (row.work_key, row.node, row.slasher, row.appellant, row.received_at, row.appeal,
+                 row.original_reason, row.outcome, row.reason, row.detail, row.measurements, row.units,
+                 row.evidence_hash, row.decision, row.resolved_at, row.chain_tx))
+            if not done:
+                return False
+            db.execute("INSERT INTO evidence (hash, data, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                       (row.evidence_hash, evidence, row.received_at))
+        return True
+
+    def unresolved_appeals(self, limit: int) -> list[AppealRow]:
+        """Decided appeals not yet resolved on chain, oldest first."""
+        return [AppealRow(*r) for r in self._db.execute(
+            f"SELECT {_APPEAL_COLUMNS} FROM appeals WHERE resolved_at IS NULL ORDER BY received_at LIMIT ?",
+            (limit,))]
+
+    def mark_appeal_resolved(self, work_key: str, tx_hash: str | None, *, now: float | None = None) -> None:
+        self._db.execute("UPDATE appeals SET resolved_at = ?, chain_tx = ? WHERE work_key = ? AND resolved_at IS NULL",
+                         (time.time() if now is None else now, tx_hash, work_key))
+

@@ -63,6 +63,7 @@ from validator.weights import WeightStore, WeightsUnavailable
 if TYPE_CHECKING:
     from environments import Task
     from models.loading import LoadedModel
+    from toploc.thresholds import ToplocThresholds
     from validator.config import ValidatorConfig
 
 log = logging.getLogger(__name__)
@@ -350,29 +351,32 @@ class Pipeline:
         return None
 
     def _cheap_checks(self, sub: Submission, data: bytes) -> Decision | None:
+        problem = self.cheap_problem(sub, version_window=True)
+        return None if problem is None else self._reject(sub, data, *problem)
+
+    def cheap_problem(self, sub: Submission, *, version_window: bool) -> tuple[Reason, str] | None:
+        """The first cheap check `sub` fails (no side effects). `version_window=False` skips the async window
+        (an appeal re-checks work that was inside it when it was submitted)."""
         run = self.run
         if sub.run_id != run.run_id:
-            return self._reject(sub, data, Reason.WRONG_RUN, f"run {sub.run_id!r}, this is {run.run_id!r}")
+            return Reason.WRONG_RUN, f"run {sub.run_id!r}, this is {run.run_id!r}"
         current = self.chain.current_version() or 0
-        if sub.policy_version < current - run.async_level:
-            return self._reject(sub, data, Reason.STALE_VERSION,
-                                f"v{sub.policy_version} is older than {current} - {run.async_level}")
+        if version_window and sub.policy_version < current - run.async_level:
+            return Reason.STALE_VERSION, f"v{sub.policy_version} is older than {current} - {run.async_level}"
         if self.chain.manifest_hash(sub.policy_version) != sub.manifest_hash:
-            return self._reject(sub, data, Reason.WRONG_MANIFEST, f"manifest {_hex(sub.manifest_hash)} is not the "
-                                f"one published for v{sub.policy_version}")
+            return Reason.WRONG_MANIFEST, f"manifest {_hex(sub.manifest_hash)} is not the one published for " \
+                                          f"v{sub.policy_version}"
         if sub.counter >= run.max_batches_per_version:
-            return self._reject(sub, data, Reason.COUNTER_OUT_OF_RANGE,
-                                f"counter {sub.counter} >= {run.max_batches_per_version}")
+            return Reason.COUNTER_OUT_OF_RANGE, f"counter {sub.counter} >= {run.max_batches_per_version}"
         if (sub.env, sub.env_version) != (run.env, run.env_version):
-            return self._reject(sub, data, Reason.WRONG_TASK, f"environment {sub.env}@{sub.env_version}, run uses "
-                                f"{run.env}@{run.env_version}")
+            return Reason.WRONG_TASK, f"environment {sub.env}@{sub.env_version}, run uses {run.env}@{run.env_version}"
         assigned = [t.task_id for t in self.tasks(sub.node, sub.policy_version, sub.counter)]
         claimed = [t.task_id for t in sub.tasks]
         if claimed != assigned:
-            return self._reject(sub, data, Reason.WRONG_TASK, f"tasks {claimed} are not the assigned {assigned}")
+            return Reason.WRONG_TASK, f"tasks {claimed} are not the assigned {assigned}"
         problem = self._schema_problem(sub)
         if problem is not None:
-            return self._reject(sub, data, Reason.SCHEMA, problem)
+            return Reason.SCHEMA, problem
         return None
 
     def _schema_problem(self, sub: Submission) -> str | None:
@@ -436,14 +440,14 @@ class Pipeline:
         for row, sub in subs:
             tasks = self.tasks(sub.node, sub.policy_version, sub.counter)
             try:
-                rewards = self._rewards(loaded, sub, tasks)
+                rewards = self.rewards(loaded, sub, tasks)
             except UngradableError as exc:
                 decided += self._ours_failed(row, f"grader: {exc}", Reason.UNGRADABLE)
                 continue
             except Exception as exc:  # noqa: BLE001 - whatever our grader raises is our failure, never theirs
                 decided += self._ours_failed(row, f"grader failed: {type(exc).__name__}: {exc}", Reason.UNGRADABLE)
                 continue
-            bad = self._reward_mismatch(sub, rewards)
+            bad = self.reward_mismatch(sub, rewards)
             if bad is not None:
                 self.ledger.decide(row.work_key, self._reject(sub, row.envelope, Reason.REWARD_MISMATCH, bad,
                                                               {"rewards": rewards}))
@@ -453,7 +457,7 @@ class Pipeline:
         if not prepared:
             return decided
         try:
-            reports = self._measure(loaded, [(sub, tasks) for _, sub, tasks, _ in prepared])
+            reports = self.measure(loaded, [(sub, tasks) for _, sub, tasks, _ in prepared])
         except (ModelError, RuntimeError, MemoryError) as exc:  # the model failing is ours, whatever it raised
             return decided + sum(self._ours_failed(row, f"model stage: {exc}") for row, *_ in prepared)
         for (row, sub, tasks, rewards), sub_reports in zip(prepared, reports, strict=True):
@@ -461,7 +465,7 @@ class Pipeline:
             decided += 1
         return decided
 
-    def _rewards(self, loaded: LoadedModel, sub: Submission, tasks: list[Task]) -> list[list[float]]:
+    def rewards(self, loaded: LoadedModel, sub: Submission, tasks: list[Task]) -> list[list[float]]:
         tok = loaded.tokenizer
         out = []
         for task, tr in zip(tasks, sub.tasks, strict=True):
@@ -472,7 +476,7 @@ class Pipeline:
             out.append(row)
         return out
 
-    def _reward_mismatch(self, sub: Submission, rewards: list[list[float]]) -> str | None:
+    def reward_mismatch(self, sub: Submission, rewards: list[list[float]]) -> str | None:
         tol = self.cfg.checks.reward_tolerance
         for t, (tr, rs) in enumerate(zip(sub.tasks, rewards, strict=True)):
             for i, (s, r) in enumerate(zip(tr.samples, rs, strict=True)):
@@ -480,7 +484,8 @@ class Pipeline:
                     return f"task {t} sample {i}: claimed reward {s.reward}, recomputed {r}"
         return None
 
-    def _measure(self, loaded: LoadedModel, subs: list[tuple[Submission, list[Task]]]) -> list[list[Any]]:
+    def measure(self, loaded: LoadedModel, subs: list[tuple[Submission, list[Task]]],
+                 thresholds: ToplocThresholds | None = None) -> list[list[Any]]:
         from models.sampling import SamplingParams
         from toploc.validation import Rollout, measure
 
@@ -496,7 +501,8 @@ class Pipeline:
                     rollouts.append(Rollout(prompt, list(s.tokens), list(s.proofs), seed, self.run.max_new_tokens))
                     n += 1
             shape.append(n)
-        reports = measure(loaded, rollouts, params, self.thresholds, batch_tokens=self.cfg.checks.batch_tokens)
+        reports = measure(loaded, rollouts, params, thresholds or self.thresholds,
+                          batch_tokens=self.cfg.checks.batch_tokens)
         out, at = [], 0
         for n in shape:
             out.append(reports[at : at + n])
@@ -505,7 +511,24 @@ class Pipeline:
 
     def _verdict(self, loaded: LoadedModel, row: Row, sub: Submission, tasks: list[Task],
                  rewards: list[list[float]], reports: list[Any]) -> Decision:
-        th, tol = self.thresholds, self.cfg.checks.logprob_tolerance
+        failure, per_sample = self.judge(sub, reports, self.thresholds, self.cfg.checks.logprob_tolerance)
+        measurements = {"samples": per_sample, "rewards": rewards, "thresholds_hash": self.thresholds_hash,
+                        "units": self.units(sub)}
+        if failure is not None:
+            return self._reject(sub, row.envelope, *failure, measurements)
+        feed = FeedItem(
+            run_id=self.run.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=sub.node,
+            policy_version=sub.policy_version, env=sub.env, env_version=sub.env_version,
+            groups=tuple(FeedGroup(task_id=task.task_id, prompt_tokens=tuple(prompt_tokens(loaded, task)), samples=tuple(
+                FeedSample(tokens=s.tokens, logprobs=s.logprobs, reward=r) for s, r in zip(tr.samples, rs, strict=True)))
+                for task, tr, rs in zip(tasks, sub.tasks, rewards, strict=True)))
+        return self._decision(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
+                              f"{sub.n_samples()} samples, {sub.n_tokens()} tokens", measurements, feed=feed)
+
+    def judge(self, sub: Submission, reports: list[Any], th: ToplocThresholds, tol: float
+              ) -> tuple[tuple[Reason, str] | None, list[dict[str, Any]]]:
+        """(the first failure of the measured samples, in order of precedence, or None; per-sample measurements)
+        under thresholds `th` and logprob tolerance `tol`."""
         samples = [s for tr in sub.tasks for s in tr.samples]
         per_sample: list[dict[str, Any]] = []
         failures: dict[Reason, str] = {}
@@ -534,20 +557,11 @@ class Pipeline:
             else:
                 failures.setdefault(Reason.SCHEMA, f"sample {j}: {rep.error}")
             per_sample.append(m)
-        measurements = {"samples": per_sample, "rewards": rewards, "thresholds_hash": self.thresholds_hash,
-                        "units": self.units(sub)}
         for reason in (Reason.SCHEMA, Reason.PROOF_MISMATCH, Reason.SAMPLING_MISMATCH, Reason.TERMINATION,
                        Reason.LOGPROB_MISMATCH):
             if reason in failures:
-                return self._reject(sub, row.envelope, reason, failures[reason], measurements)
-        feed = FeedItem(
-            run_id=self.run.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=sub.node,
-            policy_version=sub.policy_version, env=sub.env, env_version=sub.env_version,
-            groups=tuple(FeedGroup(task_id=task.task_id, prompt_tokens=tuple(prompt_tokens(loaded, task)), samples=tuple(
-                FeedSample(tokens=s.tokens, logprobs=s.logprobs, reward=r) for s, r in zip(tr.samples, rs, strict=True)))
-                for task, tr, rs in zip(tasks, sub.tasks, rewards, strict=True)))
-        return self._decision(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
-                              f"{sub.n_samples()} samples, {sub.n_tokens()} tokens", measurements, feed=feed)
+                return (reason, failures[reason]), per_sample
+        return None, per_sample
 
     def units(self, sub: Submission) -> int:
         return max(1, math.ceil(sub.n_tokens() * self.cfg.reporter.units_per_token))
