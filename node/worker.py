@@ -245,6 +245,7 @@ class Worker:
                            sub.counter, ", ".join(self.validators.urls))
             return {}
         data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
+        self.protection.record_sent(sub, data)  # kept until its verdict: a hard one may be appealed with it
         now = time.monotonic()
         reachable = [a for a in ranking if self.validators.url_of(a) and self._down_until.get(a, 0.0) <= now]
         if not reachable:  # everyone is marked down: try them all again rather than wait for the marks
@@ -351,17 +352,21 @@ class Worker:
 
     def _verdict(self, version: int, counter: int, body: dict[str, Any]) -> None:
         outcome, reason, detail = body.get("outcome"), str(body.get("reason")), body.get("detail") or ""
+        hard = outcome == Outcome.REJECTED_HARD.value
+        verdict = body.get("verdict")
+        self.protection.record_verdict(self.run.run_id, self.node, version, counter, hard=hard,
+                                       verdict=verdict if isinstance(verdict, str) else None)
         self.protection.mark(self.run.run_id, self.node, version, counter, "decided")
         if outcome == Outcome.ACCEPTED.value:
             self.tally.accepted += 1
             return
         self.tally.rejected[reason] += 1
-        hard = outcome == Outcome.REJECTED_HARD.value
         if hard or (reason in Reason.__members__.values() and Reason(reason).hard):
             raise NodeStopped(
                 f"v{version} #{counter} was rejected hard ({reason}: {detail}); the node stops so that no more "
                 f"stake is slashed. This machine's output does not pass the validator's checks: run "
-                f"`prime-node preflight`, check the model and engine settings, then restart")
+                f"`prime-node preflight`, check the model and engine settings, then restart. If the work was "
+                f"honest, `prime-node appeal` asks another validator to re-check it (inside the pool's appeal window)")
         logger.warning("v%d #%d rejected (soft, no slash): %s %s", version, counter, reason, detail)
 
 
