@@ -75,3 +75,43 @@ def test_import_refuses_conflicts_and_malformed_documents(tmp_path: Path) -> Non
                                                                          "payload_hash": "0x00"}]}]}):
         with pytest.raises(ProtectionImportError):
             db.import_(bad)
+
+
+def test_sent_envelopes_are_kept_until_the_verdict_and_hard_verdicts_with_what_they_judged(tmp_path: Path) -> None:
+    """What `prime-node appeal` needs: the hard verdict as signed and the exact envelope it judged."""
+    from protocol.envelope import seal
+    from protocol.identity import Identity
+    from protocol.rollout import Outcome, Reason, Verdict
+
+    node, validator = Identity.create(), Identity.create()
+    subs = [submission(counter=c).model_copy(update={"node": node.address}) for c in range(3)]
+    with SlashingProtection(tmp_path / "p.sqlite") as db:
+        sent = []
+        for sub in subs:
+            db.check_and_record(sub)
+            data = seal(node, sub, domain="d", nonce=sub.counter).to_bytes()
+            db.record_sent(sub, data)
+            sent.append(data)
+        resealed = seal(node, subs[0], domain="d", nonce=99).to_bytes()  # a retry: also kept, the verdict names one
+        db.record_sent(subs[0], resealed)
+
+        def verdict(i: int, outcome: Outcome, reason: Reason) -> str:
+            body = Verdict(run_id="r", work_key=hashlib.sha256(bytes([i])).digest(), node=node.address,
+                           policy_version=1, counter=i, submission_hash=hashlib.sha256(sent[i]).digest(),
+                           outcome=outcome, reason=reason, evidence_hash=b"\x01" * 32)
+            return seal(validator, body, domain="d", nonce=i).to_bytes().decode()
+
+        db.record_verdict("r", node.address, 1, 0, hard=True, verdict=verdict(0, Outcome.REJECTED_HARD,
+                                                                                 Reason.PROOF_MISMATCH))
+        db.record_verdict("r", node.address, 1, 1, hard=False, verdict=verdict(1, Outcome.ACCEPTED, Reason.ACCEPTED))
+        db.record_verdict("r", node.address, 1, 2, hard=True, verdict="not an envelope")  # kept as nothing
+    with SlashingProtection(tmp_path / "p.sqlite") as db:  # durable
+        (kept,) = db.hard_verdicts("r", node.address)
+        assert (kept.counter, kept.reason, kept.validator) == (0, "proof_mismatch", validator.address)
+        assert kept.submission == sent[0].decode()  # the envelope the verdict judged, not the resealed retry
+        assert kept.work_key == "0x" + hashlib.sha256(bytes([0])).hexdigest()
+        assert db.hard_verdicts("r", NODE) == [] and db.hard_verdicts("other", node.address) == []
+        db.record_appeal(kept.work_key, {"outcome": "overturned"})
+        assert json.loads(db.hard_verdicts("r", node.address)[0].appeal or "{}") == {"outcome": "overturned"}
+        # sent envelopes of decided assignments are gone; a garbled "hard verdict" keeps its envelope (counter 2)
+        assert db._db.execute("SELECT counter FROM sent").fetchall() == [(2,)]
