@@ -3,10 +3,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-TYPED := protocol models toploc shardcast contracts environments trainer validator node discovery
+TYPED := protocol models toploc shardcast contracts environments trainer validator node discovery devnet
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup test test-slow lint contracts clean
+.PHONY: setup test test-slow lint contracts clean devnet
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -35,6 +35,10 @@ lint: setup
 	# Docker: no daemon here, so the images are checked statically (docker/README.md)
 	$(VENV)/bin/hadolint docker/Dockerfile docker/Dockerfile.gpu
 	$(PY) docker/compose_check.py
+
+# The whole network on this machine (anvil, trainer + origin, relays, validators, CPU nodes); Ctrl-C stops it.
+devnet: setup
+	$(VENV)/bin/prime-devnet up $(ARGS)
 
 # Recompile the Solidity sources into contracts/artifacts/ (committed; a test proves they reproduce).
 contracts: setup

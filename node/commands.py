@@ -253,6 +253,7 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
             monitor = None
             if cfg.monitor.port is not None:
                 monitor = Monitor(lambda: worker.tally, lambda: len(worker.pending()), host=cfg.monitor.host,
+                                  records=lambda: protection.counts(run.run_id, node.address), node=node.address,
                                   port=cfg.monitor.port)
                 monitor.start()
             previous = _install_signals(worker)

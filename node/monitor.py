@@ -54,9 +54,12 @@ class _TallyCollector(Collector):
         yield started
 
 
-def health(t: Tally, pending: int) -> tuple[int, dict[str, Any]]:
+def health(t: Tally, pending: int, records: dict[str, int] | None = None,
+           node: str | None = None) -> tuple[int, dict[str, Any]]:
+    """`records`: the slashing-protection record's counts by state (durable across restarts; the audit
+    compares `submitted + decided` with the rows the validators hold for this node)."""
     alive = t.state not in ("stopped", "failed")
-    return (200 if alive else 503), {
+    return (200 if alive else 503), {"node": node, "records": records,
         "status": "ok" if alive else t.state, "state": t.state, "detail": t.detail, "policy_version": t.version,
         "batches": t.batches, "accepted": t.accepted, "rejected": dict(t.rejected), "pending": pending,
         "last_batch_age_s": None if t.last_batch_at is None else round(time.time() - t.last_batch_at, 1),
@@ -66,7 +69,8 @@ def health(t: Tally, pending: int) -> tuple[int, dict[str, Any]]:
 class Monitor:
     """Serves `/metrics` and `/health` from a thread until `stop()`."""
 
-    def __init__(self, tally: Callable[[], Tally], pending: Callable[[], int], *, host: str, port: int) -> None:
+    def __init__(self, tally: Callable[[], Tally], pending: Callable[[], int], *, host: str, port: int,
+                 records: Callable[[], dict[str, int]] | None = None, node: str | None = None) -> None:
         registry = CollectorRegistry()
         registry.register(_TallyCollector(tally, pending))
 
@@ -78,7 +82,7 @@ class Monitor:
                 if path == "/metrics":
                     self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
                 elif path == "/health":
-                    status, body = health(tally(), pending())
+                    status, body = health(tally(), pending(), records() if records is not None else None, node)
                     self._send(status, json.dumps(body).encode(), "application/json")
                 else:
                     self._send(404, b'{"error": "not_found"}', "application/json")

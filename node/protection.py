@@ -275,6 +275,16 @@ class SlashingProtection:
                 "ORDER BY policy_version, counter", (run_id, checksum(node))).fetchall()
         return [Record(*r) for r in rows]
 
+    def counts(self, run_id: str, node: str) -> dict[str, int]:
+        """Records per state (signed: not yet taken by a validator; submitted: taken, awaiting a verdict;
+        decided); what the audit compares with the validators' ledgers."""
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM signed WHERE run_id=? AND node=? GROUP BY state",
+                                    (run_id, checksum(node))).fetchall()
+        out = dict.fromkeys(STATES, 0)
+        out.update({str(state): int(n) for state, n in rows})
+        return out
+
     # -- interchange ----------------------------------------------------------------------------
 
     def export(self, node: str | None = None) -> dict[str, Any]:

@@ -72,16 +72,21 @@ def checkpoint_files(source: Path) -> list[tuple[str, Path]]:
     return pairs
 
 
-def next_version_on_disk(versions_dir: Path) -> int:
-    """One more than the highest version (finished or in progress) under `versions_dir`, or 1."""
-    highest = 0
+def highest_version_on_disk(versions_dir: Path) -> int:
+    """The highest version (finished or in progress) under `versions_dir`, or -1 when there is none."""
+    highest = -1
     with _disk(f"cannot list {versions_dir}"):
         entries = list(os.scandir(versions_dir))
     for entry in entries:
         name = entry.name.removeprefix(".tmp-").split("-")[0]
         if name.isdigit():
             highest = max(highest, int(name))
-    return highest + 1
+    return highest
+
+
+def next_version_on_disk(versions_dir: Path) -> int:
+    """One more than the highest version (finished or in progress) under `versions_dir`, or 1."""
+    return max(1, highest_version_on_disk(versions_dir) + 1)
 
 
 def build_version(
@@ -176,8 +181,10 @@ def publish_blocking(
         fcntl.flock(lock, fcntl.LOCK_EX)
         chosen = next_version_on_disk(versions_dir)
         if version is not None:
-            if version < chosen:
-                raise PublishError(f"version {version} is not newer than what the store holds ({chosen - 1})")
+            # an explicit version may be 0 (a trainer's starting weights) while the store is empty
+            highest = highest_version_on_disk(versions_dir)
+            if version <= highest:
+                raise PublishError(f"version {version} is not newer than what the store holds ({highest})")
             chosen = version
         return build_version(source, versions_dir, identity=identity, run_id=run_id, version=chosen, shard_size=shard_size)
 

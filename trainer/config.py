@@ -198,6 +198,9 @@ class ShardcastPublish(Section):
     """Shard size in MiB."""
     retention: int = Field(3, ge=1)
     """Versions the store keeps (older ones are removed after each publish)."""
+    initial: bool = False
+    """When the run starts fresh (no checkpoint to resume), publish the starting weights as version 0 before
+    the first step: nodes and validators work on no version before one is on chain."""
     chain: PublishChain | None = None
     """Record each version on chain (`publishPolicy(step, manifest hash)`, by the same key, which must hold
     TRAINER_ROLE): the chain is what nodes and validators believe. Unset: the store only."""
@@ -256,6 +259,9 @@ class TrainerConfig(PrimeConfig):
     """Serve Prometheus /metrics on 127.0.0.1:<port>."""
     progress: bool = True
     """Print a one-line progress display per step to stderr."""
+    work_ledger: Path | None = None
+    """Append one JSON line per step with the work keys it trained or dropped (validators' feeds), the feed
+    cursors and the keys still queued: what an audit reconciles with the validators' ledgers."""
 
 
 def build_parser() -> object:

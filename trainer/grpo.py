@@ -20,6 +20,7 @@ from trainer.metrics import MetricsSink
 from trainer.packing import PackedRows, pack, token_logprobs
 from trainer.publish import PublishHook
 from trainer.source import RolloutSource
+from trainer.work_ledger import WorkLedger
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Trainer(TrainLoop):
         )
         self.cfg = cfg
         self.source: RolloutSource = source
+        self.work_ledger = WorkLedger(cfg.work_ledger) if cfg.work_ledger is not None else None
         self.loss_cfg = LossConfig(
             epsilon_low=cfg.loss.epsilon_low,
             epsilon_high=cfg.loss.epsilon_high,
@@ -132,6 +134,8 @@ class Trainer(TrainLoop):
             "staleness_mean": sum(step - s.policy_version for s in samples) / len(samples) if samples else 0.0,
             "publish_failures": self.publish_hook.failures if self.publish_hook else 0,
         }
+        if self.work_ledger is not None and self.dist.is_main:
+            self.work_ledger.record(step, batch.work, self.source)
         return self.finish_step(metrics)
 
     def _forward_backward(self, mb: PackedRows) -> Any:

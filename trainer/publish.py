@@ -154,8 +154,9 @@ class ShardcastPublisher(Publisher):
         a resume), then the announcement."""
         if self.pool is None:
             return
-        current, _ = self.pool.policy()
-        if current >= version:
+        current, current_hash = self.pool.policy()
+        # a fresh pool reads (0, zero hash): version 0 is not on chain yet
+        if current > version or (current == version and any(current_hash)):
             log.warning("version %d not recorded on chain: the chain is already at v%d", version, current)
             return
         self.pool.publish_policy(version, manifest_hash)

@@ -110,11 +110,20 @@ def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
     return trainer, dist_info
 
 
+def publish_initial(trainer: Trainer) -> None:
+    """Save the starting weights as checkpoint `step-0` and hand them to the publisher as version 0."""
+    path = trainer.save()
+    if path is not None and trainer.publish_hook is not None:
+        log.info("publishing the starting weights as version 0")
+        trainer.publish_hook.submit(0, path)
+
+
 def run(cfg: TrainerConfig) -> None:
     trainer, dist_info = build_trainer(cfg)
     try:
-        if cfg.checkpoint.resume:
-            trainer.resume()
+        resumed = trainer.resume() if cfg.checkpoint.resume else False
+        if not resumed and trainer.step == 0 and cfg.publish.type == "shardcast" and cfg.publish.initial:
+            publish_initial(trainer)
         if trainer.step >= cfg.max_steps:
             log.info("already at step %d >= max_steps %d: nothing to do", trainer.step, cfg.max_steps)
         trainer.run()

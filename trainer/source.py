@@ -64,6 +64,9 @@ class Batch:
 
     groups: list[Group]
     counts: WindowCounts = field(default_factory=WindowCounts)
+    work: dict[str, list[str]] = field(default_factory=dict)
+    """Work keys this batch consumed, by what became of them (`trained`, `stale`, `future`); only sources
+    that know work keys (validators' feeds) fill it. The trainer's work ledger (`work_ledger`) records it."""
 
     @property
     def samples(self) -> list[Sample]:

@@ -126,6 +126,7 @@ class _Queued:
     feed: _Feed
     item: _Item
     group: Group
+    work_key: str
 
 
 class ValidatorFeedSource(RolloutSource):
@@ -193,6 +194,9 @@ class ValidatorFeedSource(RolloutSource):
                     q = self._buffer.popleft()
                     popped.append(q)
                     verdict = window_verdict(q.group, step, async_level)
+                    keys = batch.work.setdefault("trained" if verdict == "ok" else verdict, [])
+                    if q.work_key not in keys:
+                        keys.append(q.work_key)
                     if verdict == "ok":
                         batch.groups.append(q.group)
                         batch.counts.accepted += len(q.group)
@@ -210,6 +214,7 @@ class ValidatorFeedSource(RolloutSource):
                 if not self._poll(batch):
                     time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
         except BaseException:
+            batch.work.clear()
             self._buffer.extendleft(reversed(popped))  # nothing of a failed step counts as consumed
             raise
         for q in popped:
@@ -250,6 +255,14 @@ class ValidatorFeedSource(RolloutSource):
 
     def close(self) -> None:
         self._http.close()
+
+    def cursors(self) -> dict[str, int]:
+        """Per validator URL: every feed item with seq <= this is done (trained, dropped or refused)."""
+        return {f.url: f.cursor for f in self.feeds}
+
+    def queued(self) -> list[str]:
+        """Work keys fetched and admitted but not (fully) consumed yet, in feed order."""
+        return list(dict.fromkeys(q.work_key for q in self._buffer))
 
     # -- fetching ---------------------------------------------------------------------------------
 
@@ -353,7 +366,7 @@ class ValidatorFeedSource(RolloutSource):
         done = feed.skip.pop(entry.seq, 0)  # groups consumed before a resume
         record = _Item(entry.seq, len(groups), done)
         feed.items.append(record)
-        self._buffer.extend(_Queued(feed, record, g) for g in groups[done:])
+        self._buffer.extend(_Queued(feed, record, g, key) for g in groups[done:])
         self.stats["items"] += 1
         self.stats["groups"] += len(groups) - done
 

@@ -1,0 +1,261 @@
+"""`prime-devnet audit`: nothing lost. Reconciles what each role accounts for with the chain.
+
+The accounting lives in the roles; this module only reads it and compares:
+
+- validators, `GET /v1/audit`: ledger counts and the work keys by outcome (accepted with units and feed
+  seq, hard with evidence hash, soft);
+- the trainer's work ledger (`work_ledger`, JSON lines): which work keys each step trained or dropped,
+  its feed cursors and what it still holds queued;
+- nodes, `GET /health` `records`: the slashing-protection record (posted = submitted + decided; signed
+  but not yet taken by any validator = `signed`);
+- the chain: `WorkRecorded`, `WorkInvalidated`, `StakeSlashed`, `RewardsClaimed` events, `rewardsReserved`,
+  `rewardPerUnit`.
+
+Checks (each one row of the table; any failing row makes the exit status 1):
+
+1. per validator: received = accepted + rejected_hard + rejected_soft + pending;
+2. per node: the validators hold between `posted` and `posted + signed` rows for it;
+3. every accepted work key is trained in some step, dropped by the trainer's async window (stale,
+   counted), or still queued (held by the trainer, or past its cursor in that validator's feed); the
+   trainer trained nothing no validator accepted;
+4. work recorded on chain (and not invalidated since) = accepted work the validators reported;
+5. rewards reserved on chain = recorded units x rate - claimed, and = the validators' accepted units x rate;
+6. every slash has evidence: each hard invalidation carries a non-zero evidence hash that a validator
+   serves, whose SHA-256 matches; each `StakeSlashed` follows a hard invalidation of the same work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from devnet.network import Layout
+
+ZERO32 = "0x" + "00" * 32
+
+
+@dataclass
+class Row:
+    check: str
+    expected: Any
+    actual: Any
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Inputs:
+    """Everything the reconciliation compares (gathered by `gather`, or built by a test)."""
+
+    validators: dict[str, dict[str, Any]]
+    """name -> the validator's /v1/audit report (None values: unreachable); each has `url`."""
+    trainer_steps: dict[int, dict[str, Any]]
+    """step -> its last work-ledger line."""
+    nodes: dict[str, dict[str, Any] | None]
+    """node address -> its /health `records` (None: unreachable)."""
+    chain_events: list[dict[str, Any]]
+    """{"name", "args"} of the pool's events, oldest first."""
+    rewards_reserved: int
+    reward_per_unit: int
+    evidence: dict[str, bytes | None] = field(default_factory=dict)
+    """evidence hash -> the bytes some validator served for it (None: nobody served it)."""
+
+
+def _key(v: Any) -> str:
+    if isinstance(v, bytes):
+        return "0x" + v.hex()
+    return str(v).lower()
+
+
+def reconcile(inp: Inputs) -> list[Row]:
+    rows: list[Row] = []
+    # 1. ledger identity per validator
+    for name, rep in sorted(inp.validators.items()):
+        if rep.get("counts") is None:
+            rows.append(Row(f"{name}: reachable", "yes", "no", False, str(rep.get("error", ""))))
+            continue
+        c = rep["counts"]
+        parts = c["accepted"] + c["rejected_hard"] + c["rejected_soft"] + c["pending"]
+        rows.append(Row(f"{name}: submitted = accepted + hard + soft + pending", c["received"],
+                        f"{c['accepted']} + {c['rejected_hard']} + {c['rejected_soft']} + {c['pending']} = {parts}",
+                        parts == c["received"]))
+    reports = [r for r in inp.validators.values() if r.get("counts") is not None]
+
+    # 2. nodes' records against the validators' rows
+    held: dict[str, int] = {}
+    for rep in reports:
+        for node, counts in rep.get("nodes", {}).items():
+            held[node.lower()] = held.get(node.lower(), 0) + int(counts["received"])
+    for node, rec in sorted(inp.nodes.items()):
+        if rec is None:
+            rows.append(Row(f"node {node[:10]}: reachable", "yes", "no", False))
+            continue
+        posted, unsent = rec.get("submitted", 0) + rec.get("decided", 0), rec.get("signed", 0)
+        n = held.get(node.lower(), 0)
+        rows.append(Row(f"node {node[:10]}: submitted (posted..posted+unsent) = rows at validators",
+                        f"{posted}..{posted + unsent}", n, posted <= n <= posted + unsent))
+
+    # 3. accepted work -> trainer
+    accepted: dict[str, dict[str, Any]] = {}
+    for rep in reports:
+        for a in rep.get("accepted", []):
+            accepted.setdefault(a["work_key"].lower(), {**a, "validator_url": rep.get("url")})
+    trained: set[str] = set()
+    dropped: set[str] = set()
+    for line in inp.trainer_steps.values():
+        trained.update(k.lower() for k in line.get("trained", []))
+        dropped.update(k.lower() for k in line.get("stale", []) + line.get("future", []))
+    last = inp.trainer_steps[max(inp.trainer_steps)] if inp.trainer_steps else {}
+    queued_keys = {k.lower() for k in last.get("queued", [])}
+    cursors = {str(u).rstrip("/"): int(c) for u, c in last.get("cursors", {}).items()}
+    fates = {"trained": 0, "dropped_stale": 0, "queued": 0, "lost": 0}
+    lost = []
+    for key, a in accepted.items():
+        if key in trained:
+            fates["trained"] += 1
+        elif key in dropped:
+            fates["dropped_stale"] += 1
+        elif key in queued_keys or (a.get("feed_seq") is not None
+                                    and a["feed_seq"] > cursors.get(str(a.get("validator_url")).rstrip("/"), 0)):
+            fates["queued"] += 1
+        else:
+            fates["lost"] += 1
+            lost.append(key)
+    rows.append(Row("accepted = trained + dropped (stale) + queued", len(accepted),
+                    f"{fates['trained']} + {fates['dropped_stale']} + {fates['queued']} (lost {fates['lost']})",
+                    not lost, ("lost: " + ", ".join(k[:18] for k in lost[:5])) if lost else ""))
+    unknown = sorted((trained | dropped) - set(accepted))
+    rows.append(Row("trained work that no validator accepted", 0, len(unknown), not unknown,
+                    ", ".join(k[:18] for k in unknown[:5])))
+
+    # 4. chain work = accepted and reported
+    recorded: dict[str, int] = {}
+    invalidated: set[str] = set()
+    claimed = 0
+    hard: dict[str, str] = {}
+    slashed: list[str] = []
+    for e in inp.chain_events:
+        args = e["args"]
+        if e["name"] == "WorkRecorded":
+            recorded[_key(args["workKey"])] = int(args["reward"])
+        elif e["name"] == "WorkInvalidated":
+            invalidated.add(_key(args["workKey"]))
+            if args["hard"]:
+                hard[_key(args["workKey"])] = _key(args["evidenceHash"])
+        elif e["name"] == "RewardsClaimed":
+            claimed += int(args["amount"])
+        elif e["name"] == "StakeSlashed":
+            slashed.append(_key(args["workKey"]))
+    on_chain = {k for k in recorded if k not in invalidated}
+    reported = {k for k, a in accepted.items() if a.get("reported") and not str(a.get("chain_tx") or "").startswith(
+        "refused:")}
+    extra, missing = sorted(on_chain - set(accepted)), sorted(reported - on_chain)
+    rows.append(Row("work recorded on chain = accepted work reported", len(reported), len(on_chain),
+                    not extra and not missing,
+                    (f"on chain, not accepted: {len(extra)}; " if extra else "")
+                    + (f"reported, not on chain: {len(missing)}" if missing else "")))
+    unreported = len(accepted) - len(reported)
+    if unreported:
+        rows.append(Row("accepted work still in the validators' chain outbox", "-", unreported, True))
+
+    # 5. rewards
+    rate = inp.reward_per_unit
+    expected_chain = sum(r for k, r in recorded.items() if k not in invalidated) - claimed
+    rows.append(Row("rewards reserved = recorded rewards - claimed", expected_chain, inp.rewards_reserved,
+                    expected_chain == inp.rewards_reserved))
+    units = sum(int(accepted[k]["units"]) for k in on_chain if k in accepted)
+    rows.append(Row("rewards reserved + claimed = accepted units x rate", f"{units} x {rate} = {units * rate}",
+                    inp.rewards_reserved + claimed, units * rate == inp.rewards_reserved + claimed))
+
+    # 6. slashes have evidence
+    bad = []
+    for key, h in hard.items():
+        data = inp.evidence.get(h)
+        if h == ZERO32 or data is None or "0x" + hashlib.sha256(data).hexdigest() != h:
+            bad.append(key)
+    orphan = [k for k in slashed if k not in hard]
+    rows.append(Row("hard invalidations with evidence served and matching", len(hard), len(hard) - len(bad),
+                    not bad, ", ".join(k[:18] for k in bad[:5])))
+    rows.append(Row("slashes following a hard invalidation", len(slashed), len(slashed) - len(orphan),
+                    not orphan))
+    return rows
+
+
+# -- gathering ----------------------------------------------------------------------------------
+
+def read_work_ledger(path: Path) -> dict[int, dict[str, Any]]:
+    steps: dict[int, dict[str, Any]] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return steps
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+            steps[int(line["step"])] = line
+        except (ValueError, KeyError, TypeError):
+            continue
+    return steps
+
+
+def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
+    from devnet.observer import ChainWatch
+
+    with httpx.Client(timeout=timeout_s) as http:
+        validators: dict[str, dict[str, Any]] = {}
+        for v in layout.validators:
+            try:
+                r = http.get(v["url"] + "/v1/audit")
+                r.raise_for_status()
+                validators[v["name"]] = {**r.json(), "url": v["url"]}
+            except (httpx.HTTPError, ValueError) as exc:
+                validators[v["name"]] = {"counts": None, "url": v["url"], "error": str(exc)}
+        nodes: dict[str, dict[str, Any] | None] = {}
+        for n in layout.nodes:
+            try:
+                body = http.get(n["url"] + "/health").json()
+                nodes[n["address"]] = body.get("records") if isinstance(body, dict) else None
+            except (httpx.HTTPError, ValueError):
+                nodes[n["address"]] = None
+        watch = ChainWatch(layout)
+        events: list[dict[str, Any]] = [{"name": e.name, "args": e.args}
+                                        for e in watch.pool.events(watch.start_block)]
+        evidence: dict[str, bytes | None] = {}
+        for e in events:
+            if e["name"] == "WorkInvalidated" and e["args"]["hard"]:
+                h = _key(e["args"]["evidenceHash"])
+                evidence[h] = None
+                for v in layout.validators:
+                    try:
+                        r = http.get(f"{v['url']}/v1/evidence/{h}")
+                    except httpx.HTTPError:
+                        continue
+                    if r.status_code == 200:
+                        evidence[h] = r.content
+                        break
+    return Inputs(validators=validators, trainer_steps=read_work_ledger(Path(layout.trainer["work_ledger"])),
+                  nodes=nodes, chain_events=events, rewards_reserved=watch.pool.rewards_reserved(),
+                  reward_per_unit=watch.pool.params().reward_per_unit, evidence=evidence)
+
+
+def audit(layout: Layout) -> dict[str, Any]:
+    rows = reconcile(gather(layout))
+    return {"ok": all(r.ok for r in rows), "rows": [r.__dict__ for r in rows]}
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = report["rows"]
+    w = max(len(r["check"]) for r in rows)
+    we = max(len(str(r["expected"])) for r in rows)
+    lines = [f"{'check':<{w}}  {'expected':<{we}}  actual", "-" * (w + we + 30)]
+    for r in rows:
+        mark = "ok " if r["ok"] else "MISMATCH"
+        lines.append(f"{r['check']:<{w}}  {r['expected']!s:<{we}}  {r['actual']!s}  {mark}"
+                     + (f"  ({r['detail']})" if r["detail"] else ""))
+    lines.append("audit: " + ("reconciled" if report["ok"] else "MISMATCH"))
+    return "\n".join(lines)

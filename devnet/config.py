@@ -1,0 +1,77 @@
+"""The devnet's configuration tree. Imports no torch, web3 or web server, so `prime-devnet --help` is instant.
+
+Sources, later wins: field defaults < TOML file (`--config devnet.toml`) < environment
+(`PRIME_NODES=5`, `PRIME_TRAINER__LR=0.01`) < command-line flags (`--nodes 5`, `--model smollm2`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.config import PrimeConfig, parse_config
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class TrainerSettings(Section):
+    max_steps: int = Field(1000, ge=1)
+    """Trainer steps before the trainer stops (the devnet keeps serving until stopped)."""
+    groups_per_step: int = Field(4, ge=1)
+    """GRPO groups (tasks) per step; each accepted submission brings `run.tasks_per_batch` groups."""
+    lr: float | None = Field(None, gt=0.0)
+    """Learning rate; default by model (tiny 0.01, smollm2 2e-6)."""
+    async_level: int = Field(2, ge=0)
+    """Step n trains on work of policy versions n - async_level .. n (also the run's window)."""
+    threads: int = Field(1, ge=1)
+    """torch threads of the trainer."""
+
+
+class RunSettings(Section):
+    env: str | None = None
+    """Environment; default by model (tiny: `lowercase`, which it visibly learns; smollm2: `reverse-text`)."""
+    tasks_per_batch: int = Field(2, ge=1)
+    """Tasks in one assignment (one submission)."""
+    samples_per_task: int = Field(8, ge=2)
+    """Completions per task (the GRPO group size)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Generation limit per completion; default by model (tiny 12, smollm2 32)."""
+    run_id: str = Field("devnet", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    """Name of the run (in every seed, work key, manifest and envelope domain)."""
+
+
+class DevnetConfig(PrimeConfig):
+    """prime-devnet: the whole network on 127.0.0.1 (DEV ONLY: anvil's public keys)."""
+
+    state_dir: Path = Path("devnet-state")
+    """Everything lives here: configs, logs, ledgers, checkpoints, the chain's deployment, processes.json."""
+    model: Literal["tiny", "smollm2"] = "tiny"
+    """tiny: a seeded random model learning `lowercase` in minutes; smollm2: SmolLM2-135M on reverse-text."""
+    nodes: int = Field(3, ge=1, le=20)
+    """CPU nodes."""
+    validators: int = Field(2, ge=1, le=8)
+    """Validators (rendezvous assignment between them; each is the other's failover peer)."""
+    relays: int = Field(2, ge=1, le=8)
+    """SHARDCAST relays below the trainer's origin."""
+    trainer: TrainerSettings = TrainerSettings()
+    """The trainer."""
+    run: RunSettings = RunSettings()
+    """The run's rules (served by the validators to the nodes)."""
+    dashboard_port: int = Field(8800, ge=0, lt=65536)
+    """Port of the devnet's HTTP server on 127.0.0.1 (summary API, dashboard); 0 picks a free one."""
+    start_timeout_s: float = Field(180.0, gt=0.0)
+    """How long each role may take to answer its health check before `up` gives up (and stops everything)."""
+    summary_interval_s: float = Field(5.0, gt=0.0)
+    """Seconds between two live summary lines."""
+    node_threads: int = Field(1, ge=1)
+    """torch threads per node."""
+    fresh: bool = True
+    """Start from an empty state directory (the previous run's is removed); --no-fresh keeps it."""
+
+
+def load_config(argv: list[str] | None = None, *, prog: str = "prime-devnet up") -> DevnetConfig:
+    return parse_config(DevnetConfig, argv, prog=prog)

@@ -1,0 +1,274 @@
+"""Bringing the devnet up: ports, keys, each role's TOML config, and the processes in dependency order.
+
+    anvil -> deploy (job) -> origin -> relays -> trainer (publishes v0 through the origin and on chain)
+          -> validators -> nodes (stake, register, work)
+
+Every role is started as a process from its own CLI with a config file written under
+`<state_dir>/config/`; nothing here imports a role. `devnet.json` in the state directory says where
+everything is (URLs, addresses, files); `processes.json` is the process table (devnet/processes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from devnet.accounts import DEPLOYER, TRAINER, Accounts, dev_address, dev_key_hex
+from devnet.config import DevnetConfig
+from devnet.processes import Entry, ProcessTable, tail
+from devnet.tomlfile import dumps, write_atomic
+
+log = logging.getLogger(__name__)
+
+LAYOUT = "devnet.json"
+PY = sys.executable
+STOP_ORDER_ROLES = ("node", "trainer", "validator", "relay", "origin", "chain")
+"""Who stops first: producers before consumers' sources, the chain last."""
+
+TINY = {"type": "tiny", "hidden_size": 128, "intermediate_size": 256, "seed": 0}
+"""The tiny model: 128 wide so a TOPLOC chunk's top-k (128) fits one hidden state."""
+
+
+class DevnetError(RuntimeError):
+    """The devnet could not come up (the message names the role and its log)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Layout:
+    """Where everything is: written to `<state_dir>/devnet.json` for `status`, `audit` and other tools."""
+
+    state_dir: str
+    model: str
+    run: dict[str, Any]
+    rpc_url: str
+    deployment: str
+    trainer: dict[str, Any]
+    origin: str
+    relays: list[str]
+    validators: list[dict[str, str]]
+    nodes: list[dict[str, str]]
+    dashboard: str | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def save(self) -> None:
+        write_atomic(Path(self.state_dir) / LAYOUT, json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, state_dir: Path) -> Layout:
+        return cls(**json.loads((Path(state_dir) / LAYOUT).read_text()))
+
+
+def model_defaults(cfg: DevnetConfig) -> tuple[dict[str, Any], str, int, float]:
+    """(model spec, environment, max new tokens, learning rate) for `cfg.model`."""
+    if cfg.model == "smollm2":
+        spec: dict[str, Any] = {"type": "smollm2"}
+        env, tokens, lr = "reverse-text", 32, 2e-6
+    else:
+        spec, env, tokens, lr = dict(TINY), "lowercase", 12, 0.005
+    return (spec, cfg.run.env or env, cfg.run.max_new_tokens or tokens,
+            cfg.trainer.lr if cfg.trainer.lr is not None else lr)
+
+
+class Network:
+    """The devnet's processes and files; `up()` starts everything, `stop()` stops everything."""
+
+    def __init__(self, cfg: DevnetConfig) -> None:
+        self.cfg = cfg
+        self.state = cfg.state_dir.resolve()
+        if cfg.fresh and self.state.exists():
+            _refuse_if_running(self.state)
+            shutil.rmtree(self.state)
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.table = ProcessTable(self.state)
+        self.accounts = Accounts(cfg.validators, cfg.nodes)
+        self.model, self.env, self.max_new_tokens, self.lr = model_defaults(cfg)
+        per_step = math.ceil(cfg.trainer.groups_per_step / cfg.run.tasks_per_batch)
+        self.run_spec = {
+            "run_id": cfg.run.run_id, "env": self.env, "tasks_per_batch": cfg.run.tasks_per_batch,
+            "samples_per_task": cfg.run.samples_per_task, "max_new_tokens": self.max_new_tokens,
+            "async_level": cfg.trainer.async_level,
+            # enough assignments per version for a step from every node's share, twice over; more would only
+            # pile up work the trainer drops as stale
+            "max_batches_per_version": max(1, 2 * math.ceil(per_step / cfg.nodes)),
+        }
+        self.layout: Layout | None = None
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _config(self, name: str, data: dict[str, Any]) -> Path:
+        return write_atomic(self.state / "config" / f"{name}.toml",
+                            "# written by prime-devnet (DEV ONLY keys come from the environment)\n" + dumps(data))
+
+    def _wait(self, entry: Entry, check: Any, what: str) -> None:
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        while True:
+            proc = self.table._popen.get(entry.name)
+            if proc is not None and proc.poll() is not None:
+                raise DevnetError(f"{entry.name} exited with {proc.returncode} before {what}; its log "
+                                  f"({entry.log}) ends:\n{tail(Path(entry.log))}")
+            try:
+                if check():
+                    return
+            except (httpx.HTTPError, ValueError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise DevnetError(f"{entry.name}: no {what} within {self.cfg.start_timeout_s:.0f} s; its log "
+                                  f"({entry.log}) ends:\n{tail(Path(entry.log))}")
+            time.sleep(0.2)
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        return httpx.get(url, timeout=2.0).status_code == 200
+
+    # -- up ---------------------------------------------------------------------------------------
+
+    def up(self, dashboard_url: str | None = None) -> Layout:
+        cfg, acc = self.cfg, self.accounts
+        trainer_addr = dev_address(TRAINER)
+        validator_addrs = [dev_address(acc.validator(i)) for i in range(cfg.validators)]
+        node_addrs = [dev_address(acc.node(i)) for i in range(cfg.nodes)]
+
+        # chain
+        from contracts.devchain import DEV_CHAIN_ID, DEV_MNEMONIC, anvil_binary
+
+        port = free_port()
+        rpc = f"http://127.0.0.1:{port}"
+        anvil = self.table.start("chain", "chain", [
+            str(anvil_binary()), "--host", "127.0.0.1", "--port", str(port), "--chain-id", str(DEV_CHAIN_ID),
+            "--accounts", str(acc.total), "--mnemonic", DEV_MNEMONIC, "--hardfork", "cancun"], port=port, url=rpc)
+        self._wait(anvil, lambda: httpx.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId",
+                                                        "params": []}, timeout=2.0).status_code == 200,
+                   "JSON-RPC answer")
+        deployment = self.state / "deployment.json"
+        deploy = [PY, "-m", "contracts.deploy", "--rpc", rpc, "--dev-account", str(DEPLOYER), "--out",
+                  str(deployment), "--trainer", trainer_addr, "--fund-rewards", str(10**27)]
+        for a in validator_addrs:
+            deploy += ["--validator", a]
+        for a in node_addrs:
+            deploy += ["--mint", f"{a}={10**20}"]
+        self.table.run("deploy", deploy)
+        dep = json.loads(deployment.read_text())
+
+        # weights: the origin serves the store the trainer publishes into; relays below it
+        origin_port = free_port()
+        origin_url = f"http://127.0.0.1:{origin_port}"
+        origin = self.table.start("origin", "origin", [
+            PY, "-m", "shardcast.cli", "--log-level", "WARNING", "origin", "--store", str(self.state / "origin"),
+            "--run-id", cfg.run.run_id, "--port", str(origin_port)], port=origin_port, url=origin_url)
+        self._wait(origin, lambda: self._http_ok(origin_url + "/health"), "/health")
+        relays = []
+        for i in range(cfg.relays):
+            p = free_port()
+            url = f"http://127.0.0.1:{p}"
+            relays.append(self.table.start(f"relay-{i}", "relay", [
+                PY, "-m", "shardcast.cli", "--log-level", "WARNING", "relay", "--store", str(self.state / f"relay-{i}"),
+                "--port", str(p), "--upstream", origin_url, "--trainer", trainer_addr, "--run-id", cfg.run.run_id],
+                port=p, url=url))
+        for r in relays:
+            self._wait(r, lambda r=r: self._http_ok(f"{r.url}/health"), "/health")
+        relay_urls = [str(r.url) for r in relays]
+        weights = {"type": "shardcast", "relays": relay_urls, "trainer": trainer_addr, "base_version": 0}
+
+        # validators (ports first: each names the others as failover peers)
+        v_ports = [free_port() for _ in range(cfg.validators)]
+        v_urls = [f"http://127.0.0.1:{p}" for p in v_ports]
+        validators = []
+        for i in range(cfg.validators):
+            path = self._config(f"validator-{i}", {
+                "host": "127.0.0.1", "port": v_ports[i], "state_dir": str(self.state / f"validator-{i}"),
+                "validators": validator_addrs, "peers": [u for j, u in enumerate(v_urls) if j != i], "threads": 1,
+                "run": self.run_spec, "model": self.model, "weights": weights,
+                "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 0.5},
+                "key": {"key_env": "PRIME_DEVNET_VALIDATOR_KEY"},
+                "reporter": {"interval_s": 1.0},
+            })
+            validators.append(self.table.start(
+                f"validator-{i}", "validator", [PY, "-m", "validator.cli", "--config", str(path)],
+                env={"PRIME_DEVNET_VALIDATOR_KEY": dev_key_hex(acc.validator(i)), "OMP_NUM_THREADS": "1"},
+                port=v_ports[i], url=v_urls[i]))
+
+        # trainer: publishes its starting weights as v0 (origin + chain), then trains on the validators' feeds
+        t_port = free_port()
+        tdir = self.state / "trainer"
+        path = self._config("trainer", {
+            "model": self.model, "max_steps": cfg.trainer.max_steps, "torch_threads": cfg.trainer.threads,
+            "progress": False, "metrics_file": str(tdir / "metrics.jsonl"), "metrics_port": t_port,
+            "work_ledger": str(tdir / "work.jsonl"),
+            "optim": {"lr": self.lr},
+            "loss": {"temperature": 1.0},
+            "batch": {"groups_per_step": cfg.trainer.groups_per_step, "seq_len": 256 if cfg.model == "tiny" else 512,
+                      "micro_batch_rows": 8, "async_level": cfg.trainer.async_level},
+            "data": {"type": "validators", "urls": v_urls, "addresses": validator_addrs,
+                     "chain_id": int(dep["chain_id"]), "pool": dep["pool"], "run_id": cfg.run.run_id,
+                     "poll_interval_s": 0.5, "wait_timeout_s": 86400.0},
+            "checkpoint": {"dir": str(tdir / "checkpoints"), "interval": 1, "keep": 2},
+            "publish": {"type": "shardcast", "store": str(self.state / "origin"), "run_id": cfg.run.run_id,
+                        "key_env": "PRIME_DEVNET_TRAINER_KEY", "initial": True, "shard_mib": 8,
+                        "retention": cfg.trainer.async_level + 3,
+                        "chain": {"deployment": str(deployment), "rpc_url": rpc}},
+        })
+        trainer = self.table.start("trainer", "trainer", [PY, "-m", "trainer.cli", "--config", str(path)],
+                                   env={"PRIME_DEVNET_TRAINER_KEY": dev_key_hex(TRAINER), "OMP_NUM_THREADS": "1"},
+                                   port=t_port, url=f"http://127.0.0.1:{t_port}")
+        for v in validators:
+            self._wait(v, lambda v=v: self._http_ok(f"{v.url}/health"), "/health")
+        self._wait(trainer, lambda: self._http_ok(f"{trainer.url}/metrics"), "/metrics")
+
+        # nodes
+        nodes = []
+        for i in range(cfg.nodes):
+            p = free_port()
+            path = self._config(f"node-{i}", {
+                "state_dir": str(self.state / f"node-{i}"), "validators": v_urls,
+                "key": {"key_env": "PRIME_DEVNET_NODE_KEY"},
+                "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 1.0},
+                "engine": {"threads": cfg.node_threads}, "weights": weights,
+                "preflight": {"skip": True}, "monitor": {"port": p},
+                "submit": {"max_pending": 4, "backoff_s": 0.2, "max_backoff_s": 5.0},
+            })
+            nodes.append(self.table.start(
+                f"node-{i}", "node", [PY, "-m", "node.cli", "join", "--config", str(path)],
+                env={"PRIME_DEVNET_NODE_KEY": dev_key_hex(acc.node(i)), "OMP_NUM_THREADS": "1"},
+                port=p, url=f"http://127.0.0.1:{p}"))
+        for n in nodes:
+            self._wait(n, lambda n=n: self._http_ok(f"{n.url}/health"), "/health")
+
+        self.layout = Layout(
+            state_dir=str(self.state), model=cfg.model, run=self.run_spec, rpc_url=rpc, deployment=str(deployment),
+            trainer={"address": trainer_addr, "metrics_url": trainer.url, "metrics_file": str(tdir / "metrics.jsonl"),
+                     "work_ledger": str(tdir / "work.jsonl"), "max_steps": cfg.trainer.max_steps},
+            origin=origin_url, relays=relay_urls,
+            validators=[{"name": f"validator-{i}", "url": v_urls[i], "address": validator_addrs[i]}
+                        for i in range(cfg.validators)],
+            nodes=[{"name": f"node-{i}", "url": str(nodes[i].url), "address": node_addrs[i]} for i in range(cfg.nodes)],
+            dashboard=dashboard_url,
+        )
+        self.layout.save()
+        return self.layout
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        order = [e.name for role in STOP_ORDER_ROLES for e in self.table.entries.values() if e.role == role]
+        self.table.stop_all(order, grace_s)
+
+
+def _refuse_if_running(state: Path) -> None:
+    header, entries = ProcessTable.read(state)
+    if any(e.alive() for e in entries):
+        raise DevnetError(f"a devnet is running in {state} (pids {[e.pid for e in entries if e.alive()]}): "
+                          f"`prime-devnet down --state-dir {state}` first")

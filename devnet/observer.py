@@ -1,0 +1,154 @@
+"""What the devnet shows: a snapshot read from the roles' public endpoints and files and from the chain.
+
+Sources: the trainer's metrics JSON lines (step, reward), each node's `/health` (state, policy version,
+batches, verdicts, its slashing-protection record counts), each validator's `/v1/audit` counts, and
+the pool's events. A role that does not answer is shown as such; nothing here raises for a peer's fault.
+The dashboard (devnet/server.py) serves the same snapshot as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from devnet.network import Layout
+from devnet.processes import ProcessTable
+
+log = logging.getLogger(__name__)
+
+MAX_EVENTS = 200
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The trainer's per-step metrics (the last line of each step wins; a torn line is skipped)."""
+    steps: dict[int, dict[str, Any]] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    for raw in text.splitlines():
+        try:
+            m = json.loads(raw)
+            steps[int(m["step"])] = m
+        except (ValueError, KeyError, TypeError):
+            continue
+    return [steps[k] for k in sorted(steps)]
+
+
+class ChainWatch:
+    """The pool's events, read incrementally (from the deployment's start block)."""
+
+    def __init__(self, layout: Layout) -> None:
+        from contracts.deployment import Deployment
+        from contracts.devchain import dev_identity
+        from contracts.pool import PoolClient
+        from contracts.transactor import connect
+
+        dep = Deployment.load(layout.deployment)
+        # reads only; any identity will do (DEV ONLY: the public deployer account)
+        self.pool = PoolClient(connect(layout.rpc_url, timeout=5.0), dep.pool, dev_identity(0))
+        self.start_block = self.next_block = dep.start_block
+        self.counts: Counter[str] = Counter()
+        self.recent: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def poll(self) -> None:
+        with self._lock:
+            head = int(self.pool.tx.w3.eth.block_number)
+            if head < self.next_block:
+                return
+            for e in self.pool.events(self.next_block, head):
+                self.counts[e.name] += 1
+                self.recent.append({"name": e.name, "block": e.block_number, "tx": e.tx_hash,
+                                    "args": {k: _plain(v) for k, v in e.args.items()}})
+            self.recent = self.recent[-MAX_EVENTS:]
+            self.next_block = head + 1
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return "0x" + v.hex()
+    if isinstance(v, int | str | bool) or v is None:
+        return v
+    return str(v)
+
+
+class Observer:
+    """Builds snapshots of a running devnet (see the module docstring)."""
+
+    def __init__(self, layout: Layout, timeout_s: float = 3.0) -> None:
+        self.layout = layout
+        self.http = httpx.Client(timeout=timeout_s)
+        self.chain: ChainWatch | None = None
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _get(self, url: str) -> Any:
+        try:
+            r = self.http.get(url)
+            return r.json() if r.headers.get("content-type", "").startswith("application/json") else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def snapshot(self) -> dict[str, Any]:
+        lay = self.layout
+        metrics = read_metrics(Path(lay.trainer["metrics_file"]))
+        trainer = {
+            "steps": len(metrics), "max_steps": lay.trainer.get("max_steps"),
+            "step": metrics[-1]["step"] if metrics else None,
+            "reward": [{"step": m["step"], "reward_mean": m.get("reward_mean"), "samples": m.get("samples"),
+                        "stale_samples": m.get("stale_samples"), "staleness_mean": m.get("staleness_mean")}
+                       for m in metrics],
+        }
+        nodes = []
+        for n in lay.nodes:
+            h = self._get(n["url"] + "/health")
+            nodes.append({"name": n["name"], "address": n["address"], "up": h is not None,
+                          **({k: h.get(k) for k in ("state", "policy_version", "batches", "accepted", "rejected",
+                                                     "pending", "records", "detail")} if isinstance(h, dict) else {})})
+        validators = []
+        verdicts: Counter[str] = Counter()
+        for v in lay.validators:
+            a = self._get(v["url"] + "/v1/audit")
+            counts = a.get("counts", {}) if isinstance(a, dict) else {}
+            verdicts.update({k: int(c) for k, c in counts.items() if isinstance(c, int)})
+            validators.append({"name": v["name"], "address": v["address"], "up": a is not None, "counts": counts})
+        chain: dict[str, Any] = {"up": False}
+        try:
+            if self.chain is None:
+                self.chain = ChainWatch(lay)
+            self.chain.poll()
+            chain = {"up": True, "events": dict(self.chain.counts), "recent": self.chain.recent[-20:],
+                     "rewards_reserved": self.chain.pool.rewards_reserved(),
+                     "policy_version": self.chain.pool.policy()[0]}
+        except Exception as exc:  # noqa: BLE001 - the chain being down is something to show, not to crash on
+            chain["error"] = f"{type(exc).__name__}: {exc}"
+        _, entries = ProcessTable.read(Path(lay.state_dir))
+        processes = [{"name": e.name, "role": e.role, "pid": e.pid, "port": e.port, "url": e.url,
+                      "alive": e.alive(), "log": e.log, "exit_code": e.exit_code} for e in entries]
+        return {"trainer": trainer, "nodes": nodes, "validators": validators, "verdicts": dict(verdicts),
+                "chain": chain, "processes": processes, "dashboard": lay.dashboard}
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    """One line for the terminal: step, reward, version per node, verdicts, chain events."""
+    t = s["trainer"]
+    rewards = t["reward"]
+    reward = f"{rewards[-1]['reward_mean']:.3f}" if rewards and rewards[-1]["reward_mean"] is not None else "-"
+    first = f" (step 0: {rewards[0]['reward_mean']:.3f})" if len(rewards) > 1 else ""
+    versions = " ".join(f"{n['name'].removeprefix('node-')}:v{n.get('policy_version')}" if n["up"]
+                        else f"{n['name'].removeprefix('node-')}:down" for n in s["nodes"])
+    v = s["verdicts"]
+    ev = s["chain"].get("events", {})
+    return (f"step {t['step'] if t['step'] is not None else '-'}/{t['max_steps']} reward {reward}{first} | "
+            f"nodes {versions} | verdicts acc {v.get('accepted', 0)} hard {v.get('rejected_hard', 0)} "
+            f"soft {v.get('rejected_soft', 0)} pend {v.get('pending', 0)} | chain v{s['chain'].get('policy_version', '-')} "
+            f"work {ev.get('WorkRecorded', 0)} slash {ev.get('StakeSlashed', 0)} "
+            f"policies {ev.get('PolicyPublished', 0)}")

@@ -1,0 +1,113 @@
+"""The devnet's HTTP server on 127.0.0.1 (FastAPI in a thread of `prime-devnet up`).
+
+Routes: `GET /api/snapshot` (the latest snapshot, devnet/observer.py: trainer steps and rewards, nodes,
+validators' counts, chain events, processes), `GET /api/layout` (devnet.json), `GET /api/audit` (the
+reconciliation, devnet/audit.py, computed on request), `GET /health`.
+
+Extending it (the operator dashboard): write a function `install(app: FastAPI, view: View) -> None`
+that adds routes (pages, static files) reading `view.snapshot()` / `view.layout` / `view.audit()`, and
+add it to `EXTENSIONS` below. `/` lists the routes until a page claims it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+
+from devnet.network import Layout
+
+log = logging.getLogger(__name__)
+
+
+class View:
+    """What routes read: the layout, the latest snapshot (refreshed by `up`'s summary loop) and the audit."""
+
+    def __init__(self, layout: Layout, snapshot: Callable[[], dict[str, Any]],
+                 audit: Callable[[], dict[str, Any]]) -> None:
+        self.layout = layout
+        self._snapshot = snapshot
+        self._audit = audit
+        self._latest: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    def refresh(self) -> dict[str, Any]:
+        snap = self._snapshot()
+        with self._lock:
+            self._latest = snap
+        return snap
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            latest = self._latest
+        return latest if latest is not None else self.refresh()
+
+    def audit(self) -> dict[str, Any]:
+        return self._audit()
+
+
+Extension = Callable[[FastAPI, View], None]
+EXTENSIONS: list[Extension] = []
+"""Installed into every devnet app, in order (see the module docstring)."""
+
+
+def build_app(view: View, extensions: list[Extension] | None = None) -> FastAPI:
+    app = FastAPI(title="prime-devnet", version="1",
+                  description="The local network's state: trainer, nodes, validators, chain, processes.")
+
+    @app.get("/api/snapshot", summary="Latest snapshot of the network")
+    def snapshot() -> dict[str, Any]:
+        return view.snapshot()
+
+    @app.get("/api/layout", summary="Where every role is (devnet.json)")
+    def layout() -> dict[str, Any]:
+        return dict(view.layout.__dict__)
+
+    @app.get("/api/audit", summary="Reconciliation of the validators' ledgers, the trainer's work ledger, "
+                                   "the nodes' records and the chain")
+    def audit() -> dict[str, Any]:
+        return view.audit()
+
+    @app.get("/health", summary="The devnet supervisor is up")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    for install in (EXTENSIONS if extensions is None else extensions):
+        install(app, view)
+
+    if not any(getattr(r, "path", None) == "/" for r in app.routes):
+        @app.get("/", response_class=PlainTextResponse, include_in_schema=False)
+        def index() -> str:
+            return "prime-devnet\n\n" + "\n".join(
+                f"GET {getattr(r, 'path', '')}" for r in app.routes if getattr(r, "path", "").startswith("/api"))
+    return app
+
+
+class Server:
+    """uvicorn serving `app` on 127.0.0.1:`port` from a daemon thread (port 0: a free one)."""
+
+    def __init__(self, app: FastAPI, port: int) -> None:
+        import socket
+
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.port = int(self.sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name="devnet-http")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+        self.sock.close()
