@@ -6,8 +6,10 @@ Everything runs as real processes on 127.0.0.1:
     and staked by one operator, policy v1 published), a validator process with all its loops on
     (`bench/validator_http.py --serve --loops`: intake, model worker, chain reporter, the configured
     per-node rate limit), and one thread per sender posting that sender's share of the traffic in
-    order (a tenth of the senders are "greedy": after their first honest submission they post on
-    `--greedy-conns` connections at once, so the per-node limit has something to refuse).
+    order. Two senders are "greedy": they send a tenth of all requests, after their first honest
+    submission on `--greedy-conns` connections at once, mostly ones their rate check counts, so the
+    per-node limit has something to refuse (the validator's default 5/s is more than a 100th of what
+    one validator process answers on 2 cores, so a sender on one connection never reaches it).
 
     The traffic mix (counts are printed and written to the JSON):
       honest        real work: `node.rollouts.build_submission` with the tiny model (what prime-node
@@ -113,8 +115,10 @@ class ValidatorLoad:
     """The validator's `rate_per_node` (its default)."""
     burst: int = 20
     """The validator's `rate_burst` (its default)."""
-    greedy_fraction: float = 0.1
-    greedy_conns: int = 6
+    greedy_senders: int = 2
+    greedy_conns: int = 16
+    greedy_share: float = 0.1
+    """Fraction of all requests sent by the greedy senders."""
     threads: int = 1
     decide_timeout_s: float = 600.0
     traffic_timeout_s: float = 900.0
@@ -216,15 +220,19 @@ def plan_traffic(nodes: list[Any], honest: list[tuple[int, Any, int, bytes, str]
     if len(by_sender) < spec.senders:
         raise SystemExit(f"--honest {spec.honest} gives some of the {spec.senders} senders no honest work")
     strangers = [Identity.create() for _ in range(16)]
-    per_sender = spec.requests // spec.senders
-    n_greedy = max(1, round(spec.greedy_fraction * spec.senders))
+    n_greedy = spec.greedy_senders
+    if not 0 < n_greedy < spec.senders:
+        raise SystemExit("need at least one greedy sender and one other")
+    greedy_total = round(spec.greedy_share * spec.requests)
+    per_greedy, per_normal = greedy_total // n_greedy, (spec.requests - greedy_total) // (spec.senders - n_greedy)
+    extra = spec.requests - per_greedy * n_greedy - per_normal * (spec.senders - n_greedy)
     senders = []
     for s, node in enumerate(nodes[: spec.senders]):
         mine = by_sender[s]
         sub0, nonce0, data0, key0 = mine[0]
         sender = Sender(node, greedy=s < n_greedy, first=Item("honest", data0, key0))
         mix = GREEDY_MIX if sender.greedy else MIX
-        n_junk = per_sender - len(mine) + (spec.requests % spec.senders if s == 0 else 0)
+        n_junk = (per_greedy if sender.greedy else per_normal) - len(mine) + (extra if s == n_greedy else 0)
         kinds = rng.choices(list(mix), weights=list(mix.values()), k=max(0, n_junk))
         malformed = _malformed(data0)
         for j, kind in enumerate(kinds):
@@ -357,8 +365,10 @@ def _metric_lines(url: str, prefix: str) -> dict[str, float]:
     return out
 
 
-def wait_decided(ledger: Path, keys: set[str], timeout: float) -> tuple[dict[str, Any], float]:
-    """Poll the ledger (read-only) until every honest work key has left `received`."""
+def wait_decided(ledger: Path, keys: set[str], timeout: float,
+                 other_honest: set[str] | None = None) -> tuple[dict[str, Any], float]:
+    """Poll the ledger (read-only) until every honest work key has left `received` (`other_honest`: honest
+    rows sent outside the traffic, the warm-up's)."""
     t0 = time.monotonic()
     rows: dict[str, tuple[str, str | None, str | None]] = {}
     while True:
@@ -377,7 +387,7 @@ def wait_decided(ledger: Path, keys: set[str], timeout: float) -> tuple[dict[str
         "outcomes": dict(Counter(f"{v[1]}:{v[2]}" for v in honest.values() if v is not None and v[1])),
         "missing": sorted(k for k, v in honest.items() if v is None),
         "ledger_rows_total": len(rows),
-        "ledger_rows_not_honest": sum(1 for k in rows if k not in keys),
+        "ledger_rows_not_honest": sum(1 for k in rows if k not in keys and k not in (other_honest or ())),
         "states": dict(Counter(v[0] for v in honest.values() if v is not None)),
     }
     res["lost"] = len(keys) - res["decided"]
@@ -408,7 +418,8 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
         chain.deployment.save(deployment)
         domain = submission_domain(chain.deployment.chain_id, chain.deployment.pool, "load")
         cfg = validator_config(tmp / "validator", deployment, chain.rpc_url, spec)
-        honest, honest_build_s = build_honest(chain.nodes[: spec.senders], spec.honest, domain)
+        honest, honest_build_s = build_honest(chain.nodes[: spec.senders], spec.honest + 1, domain)
+        warm_honest = honest.pop()  # checked before the baseline RSS: the model stage's memory is in it
         senders = plan_traffic(chain.nodes, honest, domain, spec, cfg.max_submission_bytes)
         mix = Counter(i.kind for s in senders for i in [s.first, *s.items])
         served = vhttp.Served(cfg, spec.threads, loops=True, tmp=tmp / "served")
@@ -418,6 +429,11 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
         _send(served.url, warm, [i for s in senders[:3] for i in s.items if i.kind in
                                  ("malformed", "forged", "unregistered", "oversize")][:40],
               time.monotonic() + 120, threading.Lock())
+        _send(served.url, warm, [Item("honest", warm_honest[3], warm_honest[4])], time.monotonic() + 120,
+              threading.Lock())
+        warm_decided, _ = wait_decided(served.ledger, {warm_honest[4]}, 120)
+        if warm_decided["lost"]:
+            raise RuntimeError(f"the warm-up submission was not decided: {warm_decided}")
         time.sleep(0.5)
         anchor = single_sender_anchor(served.url, senders, spec.anchor_requests)
         time.sleep(0.5)
@@ -438,7 +454,7 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
         sampler.start()
         traffic_s = run_traffic(served.url, senders, spec)
         keys = {i.work_key for s in senders for i in [s.first, *s.items] if i.kind == "honest" and i.work_key}
-        decided, decide_wait_s = wait_decided(served.ledger, keys, spec.decide_timeout_s)
+        decided, decide_wait_s = wait_decided(served.ledger, keys, spec.decide_timeout_s, {warm_honest[4]})
         stop.set()
         sampler.join()
         rss_after = vhttp.rss_kib(pid)

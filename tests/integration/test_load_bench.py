@@ -26,10 +26,10 @@ def load() -> Any:
 
 @pytest.mark.timeout(120)
 def test_validator_holds_its_limits_and_loses_no_honest_work(load: Any, tmp_path: Path) -> None:
-    # 0.5/s with a burst of 2: the greedy sender's ~20 rate-checked requests on 4 connections cannot all
+    # 0.5/s with a burst of 2: the greedy sender's ~25 rate-checked requests on 4 connections cannot all
     # pass on any machine, so the limit is exercised; honest work is each sender's first request.
-    spec = load.ValidatorLoad(senders=4, requests=120, honest=4, rate=0.5, burst=2, greedy_fraction=0.25,
-                              greedy_conns=4, anchor_requests=20, decide_timeout_s=60, traffic_timeout_s=60)
+    spec = load.ValidatorLoad(senders=4, requests=120, honest=4, rate=0.5, burst=2, greedy_senders=1, greedy_conns=4,
+                              greedy_share=0.25, anchor_requests=20, decide_timeout_s=60, traffic_timeout_s=60)
     res = load.validator_load(spec, tmp_path)
     assert res["requests_sent"] >= 120
     assert res["unexpected_answers"] == {}
