@@ -72,9 +72,13 @@ def up(argv: list[str]) -> int:
         while True:
             snap = view.refresh()
             print(time.strftime("%H:%M:%S ") + summary_line(snap), flush=True)
-            for e in net.table.exited():
-                how = "finished" if e.role == "trainer" and e.exit_code == 0 else f"exited with {e.exit_code}"
+            for e in list(net.table.exited()):
+                finished = e.role == "trainer" and e.exit_code == 0
+                how = "finished" if finished else f"exited with {e.exit_code}"
                 print(f"prime-devnet: {e.name} {how}; its log: {e.log}", flush=True)
+                if cfg.restart and not finished and e.role != "chain":
+                    new = net.table.restart(e.name)
+                    print(f"prime-devnet: restarted {e.name} (pid {new.pid}, restart {new.restarts})", flush=True)
             time.sleep(cfg.summary_interval_s)
     except (KeyboardInterrupt, _Terminated):
         print("\nprime-devnet: stopping every process ...", flush=True)

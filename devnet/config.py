@@ -69,6 +69,10 @@ class DevnetConfig(PrimeConfig):
     """Seconds between two live summary lines."""
     node_threads: int = Field(1, ge=1)
     """torch threads per node."""
+    restart: bool = False
+    """Restart a role whose process dies (a crash, `kill -9`) with the same command and environment, as a
+    process manager would (the fault suite, bench/faults.py, uses it); the chain is never restarted (anvil
+    keeps its state in memory). Off: the role stays down and is reported."""
     fresh: bool = True
     """Start from an empty state directory (the previous run's is removed); --no-fresh keeps it."""
 

@@ -52,6 +52,8 @@ class Entry:
     started_at: float = field(default_factory=time.time)
     stopped_at: float | None = None
     exit_code: int | None = None
+    restarts: int = 0
+    """Times the devnet restarted this role after its process died (`up --restart`)."""
 
     def alive(self) -> bool:
         """The recorded process still runs (same pid and start time) and is not a zombie."""
@@ -88,6 +90,7 @@ class ProcessTable:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.entries: dict[str, Entry] = {}
         self._popen: dict[str, subprocess.Popen[bytes]] = {}
+        self._env: dict[str, tuple[dict[str, str] | None, Path | None]] = {}
 
     # -- persistence ------------------------------------------------------------------------------
 
@@ -120,8 +123,18 @@ class ProcessTable:
         entry = Entry(name, role, proc.pid, proc_start_time(proc.pid), list(command), str(log_path), port, url)
         self.entries[name] = entry
         self._popen[name] = proc
+        self._env[name] = (env, cwd)
         self.save()
         log.info("started %s (pid %d%s)", name, proc.pid, f", {url}" if url else "")
+        return entry
+
+    def restart(self, name: str) -> Entry:
+        """Start an exited role again with the same command, environment, port and log (appended to)."""
+        old = self.entries[name]
+        env, cwd = self._env[name]
+        entry = self.start(name, old.role, old.command, env=env, port=old.port, url=old.url, cwd=cwd)
+        entry.restarts = old.restarts + 1
+        self.save()
         return entry
 
     def run(self, name: str, command: Sequence[str], *, env: dict[str, str] | None = None,
