@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -115,6 +116,14 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(404, "no submission with this work key")
         return service.pipeline.row_status(row)
 
+    @app.get("/v1/submissions", summary="Submissions received after a time (unix seconds), oldest first: "
+                                        "node, version, received and decided times, outcome and reason")
+    def submissions(after: float = 0.0, limit: int = 1000) -> dict[str, Any]:
+        if not math.isfinite(after) or not 1 <= limit <= 10_000:
+            raise HTTPException(400, "after must be finite and 1 <= limit <= 10000")
+        items = service.ledger.timeline(after, limit)
+        return {"items": items, "next": items[-1]["received_at"] if items else after}
+
     @app.get("/v1/nodes/{address}", summary="Verdict counts by outcome and reason for one node")
     def node(address: str) -> dict[str, Any]:
         try:
@@ -161,14 +170,6 @@ def build_app(service: Service) -> FastAPI:
         return {"validator": service.identity.address, "domain": service.domain,
                 "items": [{"seq": seq, "work_key": key, "envelope": item.decode()} for seq, key, item in items],
                 "next": items[-1][0] if items else after}
-
-    @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
-                                  "hard with evidence), for reconciliation with the chain and the trainer")
-    def audit() -> dict[str, Any]:
-        report = service.ledger.audit()
-        report["validator"] = service.identity.address
-        report["reported_on_chain"] = service.reporter.reported
-        return report
 
     @app.get("/health", summary="The process is up")
     def health() -> dict[str, str]:

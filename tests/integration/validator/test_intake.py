@@ -59,6 +59,12 @@ def test_honest_submission_is_accepted_recorded_on_chain_and_fed(make_validator,
         info = c.get("/v1/info").json()
         assert info["current_version"] == 1 and info["run"]["run_id"] == "test-run"
         assert c.get(f"/v1/nodes/{node.identity.address}").json()["verdicts"] == {"accepted": {"accepted": 1}}
+        listed = c.get("/v1/submissions", params={"after": 0}).json()  # the operator's timeline
+        assert [(i["work_key"], i["node"], i["policy_version"], i["outcome"]) for i in listed["items"]] == [
+            (key, node.identity.address, 1, "accepted")]
+        assert listed["items"][0]["received_at"] <= listed["items"][0]["decided_at"] <= time.time()
+        assert c.get("/v1/submissions", params={"after": listed["next"]}).json()["items"] == []
+        assert c.get("/v1/submissions", params={"limit": 0}).status_code == 400
         assert c.get("/ready").status_code == 200 and c.get("/health").json() == {"status": "ok"}
         assert "prime_validator_ledger_rows" in c.get("/metrics").text
     for _ in range(100):
