@@ -171,6 +171,14 @@ def build_app(service: Service) -> FastAPI:
                 "items": [{"seq": seq, "work_key": key, "envelope": item.decode()} for seq, key, item in items],
                 "next": items[-1][0] if items else after}
 
+    @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
+                                  "hard with evidence), for reconciliation with the chain and the trainer")
+    def audit() -> dict[str, Any]:
+        report = service.ledger.audit()
+        report["validator"] = service.identity.address
+        report["reported_on_chain"] = service.reporter.reported
+        return report
+
     @app.get("/health", summary="The process is up")
     def health() -> dict[str, str]:
         return {"status": "ok"}

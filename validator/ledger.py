@@ -469,6 +469,45 @@ class Ledger:
             out[f"outcome:{outcome}"] = int(n)
         return out
 
+    def audit(self) -> dict[str, Any]:
+        """This validator's side of the audit (`GET /v1/audit`): row counts (received = accepted +
+        rejected_hard + rejected_soft + pending), and per row kind the work keys an auditor reconciles
+        with the chain and the trainer: accepted (node, units, feed seq, chain tx), hard (reason,
+        evidence hash, whether the evidence is stored) and soft (reason)."""
+        feed = {k: int(s) for s, k in self._db.execute("SELECT seq, work_key FROM feed")}
+        stored = {h for (h,) in self._db.execute("SELECT hash FROM evidence")}
+        accepted, hard, soft = [], [], []
+        per_node: dict[str, dict[str, int]] = {}
+        pending = 0
+        for key, node, state, outcome, reason, measurements, evidence_hash, tx in self._db.execute(
+                "SELECT work_key, node, state, outcome, reason, measurements, evidence_hash, chain_tx "
+                "FROM submissions ORDER BY received_at, work_key"):
+            counts = per_node.setdefault(node, {"received": 0, "accepted": 0, "rejected_hard": 0,
+                                                "rejected_soft": 0, "pending": 0})
+            counts["received"] += 1
+            if outcome is None:
+                pending += 1
+                counts["pending"] += 1
+                continue
+            counts[outcome] = counts.get(outcome, 0) + 1
+            reported = state == "reported"
+            if outcome == "accepted":
+                units = int(json.loads(measurements or "{}").get("units", 1))
+                accepted.append({"work_key": key, "node": node, "units": units, "feed_seq": feed.get(key),
+                                 "reported": reported, "chain_tx": tx})
+            elif outcome == "rejected_hard":
+                hard.append({"work_key": key, "node": node, "reason": reason, "evidence_hash": evidence_hash,
+                             "evidence_stored": evidence_hash in stored, "reported": reported, "chain_tx": tx})
+            else:
+                soft.append({"work_key": key, "node": node, "reason": reason, "reported": reported,
+                             "chain_tx": tx})
+        return {
+            "counts": {"received": sum(c["received"] for c in per_node.values()), "accepted": len(accepted),
+                       "rejected_hard": len(hard), "rejected_soft": len(soft), "pending": pending},
+            "nodes": per_node, "accepted": accepted, "rejected_hard": hard, "rejected_soft": soft,
+            "feed_size": len(feed),
+        }
+
     def timeline(self, after: float, limit: int) -> list[dict[str, Any]]:
         """Submissions received after `after` (unix time), oldest first, at most `limit`: when each arrived,
         from whom, at which version, and its verdict so far (`GET /v1/submissions`, the operator's view)."""
