@@ -57,13 +57,18 @@ class Inputs:
     trainer_steps: dict[int, dict[str, Any]]
     """step -> its last work-ledger line."""
     nodes: dict[str, dict[str, Any] | None]
-    """node address -> its /health `records` (None: unreachable)."""
+    """node address -> its /health `records` (None: unreachable), read before the validators."""
     chain_events: list[dict[str, Any]]
-    """{"name", "args"} of the pool's events, oldest first."""
+    """{"name", "args"} of the pool's events up to a block read before the validators, oldest first."""
     rewards_reserved: int
+    """`rewardsReserved` at that same block."""
     reward_per_unit: int
     evidence: dict[str, bytes | None] = field(default_factory=dict)
     """evidence hash -> the bytes some validator served for it (None: nobody served it)."""
+    nodes_after: dict[str, dict[str, Any] | None] | None = None
+    """The nodes' records read again after the validators (default: `nodes`)."""
+    chain_events_after: list[dict[str, Any]] | None = None
+    """The pool's events up to a block read after the validators (default: `chain_events`)."""
 
 
 def _key(v: Any) -> str:
@@ -73,6 +78,10 @@ def _key(v: Any) -> str:
 
 
 def reconcile(inp: Inputs) -> list[Row]:
+    """The checks of the module docstring. A live network keeps moving while it is read, so each bound is
+    taken from the side of the read that makes it exact: what was on chain (or posted by a node) before the
+    validators were read must be in their ledgers; what they had reported (or received) must be on chain
+    (or recorded by the node) after."""
     rows: list[Row] = []
     # 1. ledger identity per validator
     for name, rep in sorted(inp.validators.items()):
@@ -91,14 +100,17 @@ def reconcile(inp: Inputs) -> list[Row]:
     for rep in reports:
         for node, counts in rep.get("nodes", {}).items():
             held[node.lower()] = held.get(node.lower(), 0) + int(counts["received"])
+    after = inp.nodes_after if inp.nodes_after is not None else inp.nodes
     for node, rec in sorted(inp.nodes.items()):
-        if rec is None:
+        rec_after = after.get(node)
+        if rec is None or rec_after is None:
             rows.append(Row(f"node {node[:10]}: reachable", "yes", "no", False))
             continue
-        posted, unsent = rec.get("submitted", 0) + rec.get("decided", 0), rec.get("signed", 0)
+        posted = rec.get("submitted", 0) + rec.get("decided", 0)
+        recorded = sum(rec_after.get(s, 0) for s in ("signed", "submitted", "decided"))
         n = held.get(node.lower(), 0)
         rows.append(Row(f"node {node[:10]}: submitted (posted..posted+unsent) = rows at validators",
-                        f"{posted}..{posted + unsent}", n, posted <= n <= posted + unsent))
+                        f"{posted}..{recorded}", n, posted <= n <= recorded))
 
     # 3. accepted work -> trainer
     accepted: dict[str, dict[str, Any]] = {}
@@ -134,6 +146,11 @@ def reconcile(inp: Inputs) -> list[Row]:
                     ", ".join(k[:18] for k in unknown[:5])))
 
     # 4. chain work = accepted and reported
+    def on_chain_keys(events: list[dict[str, Any]]) -> set[str]:
+        rec = {_key(e["args"]["workKey"]) for e in events if e["name"] == "WorkRecorded"}
+        gone = {_key(e["args"]["workKey"]) for e in events if e["name"] == "WorkInvalidated"}
+        return rec - gone
+
     recorded: dict[str, int] = {}
     invalidated: set[str] = set()
     claimed = 0
@@ -154,14 +171,16 @@ def reconcile(inp: Inputs) -> list[Row]:
     on_chain = {k for k in recorded if k not in invalidated}
     reported = {k for k, a in accepted.items() if a.get("reported") and not str(a.get("chain_tx") or "").startswith(
         "refused:")}
-    extra, missing = sorted(on_chain - set(accepted)), sorted(reported - on_chain)
-    rows.append(Row("work recorded on chain = accepted work reported", len(reported), len(on_chain),
+    on_chain_after = on_chain_keys(inp.chain_events_after if inp.chain_events_after is not None
+                                   else inp.chain_events)
+    extra, missing = sorted(on_chain - set(accepted)), sorted(reported - on_chain_after)
+    rows.append(Row("work recorded on chain = accepted work reported", len(reported), len(on_chain_after),
                     not extra and not missing,
                     (f"on chain, not accepted: {len(extra)}; " if extra else "")
                     + (f"reported, not on chain: {len(missing)}" if missing else "")))
-    unreported = len(accepted) - len(reported)
-    if unreported:
-        rows.append(Row("accepted work still in the validators' chain outbox", "-", unreported, True))
+    outbox = len(set(accepted) - on_chain)
+    if outbox:
+        rows.append(Row("accepted work not yet on chain (validators' outbox)", "-", outbox, True))
 
     # 5. rewards
     rate = inp.reward_per_unit
@@ -203,10 +222,33 @@ def read_work_ledger(path: Path) -> dict[int, dict[str, Any]]:
     return steps
 
 
+def _nodes(http: httpx.Client, layout: Layout) -> dict[str, dict[str, Any] | None]:
+    nodes: dict[str, dict[str, Any] | None] = {}
+    for n in layout.nodes:
+        try:
+            body = http.get(n["url"] + "/health").json()
+            nodes[n["address"]] = body.get("records") if isinstance(body, dict) else None
+        except (httpx.HTTPError, ValueError):
+            nodes[n["address"]] = None
+    return nodes
+
+
+def _events(watch: Any, to_block: int) -> list[dict[str, Any]]:
+    return [{"name": e.name, "args": e.args} for e in watch.pool.events(watch.start_block, to_block)]
+
+
 def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
+    """Read every side, in the order `reconcile` relies on: the trainer's ledger, the nodes and the chain
+    (at a fixed block) before the validators; the nodes and the chain again after them."""
     from devnet.observer import ChainWatch
 
+    trainer_steps = read_work_ledger(Path(layout.trainer["work_ledger"]))
+    watch = ChainWatch(layout)
     with httpx.Client(timeout=timeout_s) as http:
+        nodes = _nodes(http, layout)
+        before = int(watch.pool.tx.w3.eth.block_number)
+        events = _events(watch, before)
+        reserved = int(watch.pool.contract.functions.rewardsReserved().call(block_identifier=before))
         validators: dict[str, dict[str, Any]] = {}
         for v in layout.validators:
             try:
@@ -215,16 +257,8 @@ def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
                 validators[v["name"]] = {**r.json(), "url": v["url"]}
             except (httpx.HTTPError, ValueError) as exc:
                 validators[v["name"]] = {"counts": None, "url": v["url"], "error": str(exc)}
-        nodes: dict[str, dict[str, Any] | None] = {}
-        for n in layout.nodes:
-            try:
-                body = http.get(n["url"] + "/health").json()
-                nodes[n["address"]] = body.get("records") if isinstance(body, dict) else None
-            except (httpx.HTTPError, ValueError):
-                nodes[n["address"]] = None
-        watch = ChainWatch(layout)
-        events: list[dict[str, Any]] = [{"name": e.name, "args": e.args}
-                                        for e in watch.pool.events(watch.start_block)]
+        nodes_after = _nodes(http, layout)
+        events_after = _events(watch, int(watch.pool.tx.w3.eth.block_number))
         evidence: dict[str, bytes | None] = {}
         for e in events:
             if e["name"] == "WorkInvalidated" and e["args"]["hard"]:
@@ -238,9 +272,9 @@ def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
                     if r.status_code == 200:
                         evidence[h] = r.content
                         break
-    return Inputs(validators=validators, trainer_steps=read_work_ledger(Path(layout.trainer["work_ledger"])),
-                  nodes=nodes, chain_events=events, rewards_reserved=watch.pool.rewards_reserved(),
-                  reward_per_unit=watch.pool.params().reward_per_unit, evidence=evidence)
+    return Inputs(validators=validators, trainer_steps=trainer_steps, nodes=nodes, chain_events=events,
+                  rewards_reserved=reserved, reward_per_unit=watch.pool.params().reward_per_unit, evidence=evidence,
+                  nodes_after=nodes_after, chain_events_after=events_after)
 
 
 def audit(layout: Layout) -> dict[str, Any]:

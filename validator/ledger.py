@@ -474,14 +474,15 @@ class Ledger:
         rejected_hard + rejected_soft + pending), and per row kind the work keys an auditor reconciles
         with the chain and the trainer: accepted (node, units, feed seq, chain tx), hard (reason,
         evidence hash, whether the evidence is stored) and soft (reason)."""
+        rows = self._db.execute("SELECT work_key, node, state, outcome, reason, measurements, evidence_hash, "
+                                "chain_tx FROM submissions ORDER BY received_at, work_key")
+        # after the rows: an accepted row entered the feed (and its evidence was stored) in its own transaction
         feed = {k: int(s) for s, k in self._db.execute("SELECT seq, work_key FROM feed")}
         stored = {h for (h,) in self._db.execute("SELECT hash FROM evidence")}
         accepted, hard, soft = [], [], []
         per_node: dict[str, dict[str, int]] = {}
         pending = 0
-        for key, node, state, outcome, reason, measurements, evidence_hash, tx in self._db.execute(
-                "SELECT work_key, node, state, outcome, reason, measurements, evidence_hash, chain_tx "
-                "FROM submissions ORDER BY received_at, work_key"):
+        for key, node, state, outcome, reason, measurements, evidence_hash, tx in rows:
             counts = per_node.setdefault(node, {"received": 0, "accepted": 0, "rejected_hard": 0,
                                                 "rejected_soft": 0, "pending": 0})
             counts["received"] += 1

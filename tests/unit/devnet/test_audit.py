@@ -1,0 +1,117 @@
+"""The reconciliation: a consistent network reconciles, and each kind of loss is caught."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+from devnet.audit import Inputs, reconcile
+
+NODE_A, NODE_B = "0x" + "aa" * 20, "0x" + "bb" * 20
+RATE = 10**15
+URL = "http://127.0.0.1:9"
+
+
+def k(i: int) -> str:
+    return "0x" + f"{i:064x}"
+
+
+EVIDENCE = b'{"evidence": "bad proof"}'
+EVIDENCE_HASH = "0x" + hashlib.sha256(EVIDENCE).hexdigest()
+
+
+def consistent() -> Inputs:
+    """Node A: 3 accepted (trained, stale, queued past the cursor); node B: 1 accepted (trained), 1 hard, 1 soft."""
+    accepted = [
+        {"work_key": k(1), "node": NODE_A, "units": 10, "feed_seq": 1, "reported": True, "chain_tx": "0x1"},
+        {"work_key": k(2), "node": NODE_A, "units": 20, "feed_seq": 2, "reported": True, "chain_tx": "0x1"},
+        {"work_key": k(3), "node": NODE_B, "units": 30, "feed_seq": 3, "reported": True, "chain_tx": "0x1"},
+        {"work_key": k(4), "node": NODE_A, "units": 40, "feed_seq": 4, "reported": False, "chain_tx": None},
+    ]
+    validator = {
+        "url": URL,
+        "counts": {"received": 6, "accepted": 4, "rejected_hard": 1, "rejected_soft": 1, "pending": 0},
+        "nodes": {NODE_A: {"received": 3}, NODE_B: {"received": 3}},
+        "accepted": accepted,
+        "rejected_hard": [{"work_key": k(5), "node": NODE_B, "evidence_hash": EVIDENCE_HASH}],
+        "rejected_soft": [{"work_key": k(6), "node": NODE_B}],
+    }
+    steps = {
+        0: {"step": 0, "trained": [k(1)], "stale": [], "future": [], "cursors": {URL: 1}, "queued": []},
+        1: {"step": 1, "trained": [k(3)], "stale": [k(2)], "future": [], "cursors": {URL: 3}, "queued": []},
+    }
+    events: list[dict[str, Any]] = [
+        {"name": "WorkRecorded", "args": {"workKey": bytes.fromhex(k(i)[2:]), "reward": u * RATE}}
+        for i, u in ((1, 10), (2, 20), (3, 30))
+    ] + [
+        {"name": "WorkInvalidated", "args": {"workKey": bytes.fromhex(k(5)[2:]), "hard": True,
+                                             "evidenceHash": bytes.fromhex(EVIDENCE_HASH[2:])}},
+        {"name": "StakeSlashed", "args": {"workKey": bytes.fromhex(k(5)[2:]), "amount": 1}},
+    ]
+    return Inputs(
+        validators={"validator-0": validator}, trainer_steps=steps,
+        nodes={NODE_A: {"signed": 0, "submitted": 1, "decided": 2}, NODE_B: {"signed": 0, "submitted": 0, "decided": 3}},
+        chain_events=events, rewards_reserved=60 * RATE, reward_per_unit=RATE, evidence={EVIDENCE_HASH: EVIDENCE},
+    )
+
+
+def failing(rows: list[Any]) -> list[str]:
+    return [r.check for r in rows if not r.ok]
+
+
+def test_a_consistent_network_reconciles() -> None:
+    rows = reconcile(consistent())
+    assert failing(rows) == []
+    fate = next(r for r in rows if r.check.startswith("accepted = trained"))
+    assert fate.actual == "2 + 1 + 1 (lost 0)"
+
+
+def test_an_accepted_rollout_the_trainer_never_saw_is_lost() -> None:
+    inp = consistent()
+    inp.trainer_steps[1]["cursors"] = {URL: 4}  # the trainer claims to be past key 4 without having trained it
+    assert failing(reconcile(inp)) == ["accepted = trained + dropped (stale) + queued"]
+
+
+def test_trained_work_no_validator_accepted_is_caught() -> None:
+    inp = consistent()
+    inp.trainer_steps[1]["trained"].append(k(99))
+    assert failing(reconcile(inp)) == ["trained work that no validator accepted"]
+
+
+def test_ledger_counts_that_do_not_add_up_are_caught() -> None:
+    inp = consistent()
+    inp.validators["validator-0"]["counts"]["received"] = 7
+    assert failing(reconcile(inp)) == ["validator-0: submitted = accepted + hard + soft + pending"]
+
+
+def test_a_node_whose_submissions_are_missing_at_the_validators_is_caught() -> None:
+    inp = consistent()
+    inp.nodes[NODE_A] = {"signed": 0, "submitted": 2, "decided": 2}
+    assert [c for c in failing(reconcile(inp))] == [f"node {NODE_A[:10]}: submitted (posted..posted+unsent) = "
+                                                    "rows at validators"]
+
+
+def test_reported_work_missing_on_chain_and_unpaid_rewards_are_caught() -> None:
+    inp = consistent()
+    inp.chain_events = [e for e in inp.chain_events if not (e["name"] == "WorkRecorded"
+                                                            and e["args"]["workKey"] == bytes.fromhex(k(2)[2:]))]
+    bad = failing(reconcile(inp))
+    assert "work recorded on chain = accepted work reported" in bad
+    assert "rewards reserved = recorded rewards - claimed" in bad
+
+
+def test_reserved_rewards_that_differ_from_units_times_rate_are_caught() -> None:
+    inp = copy.deepcopy(consistent())
+    inp.rewards_reserved += 1
+    assert failing(reconcile(inp)) == ["rewards reserved = recorded rewards - claimed",
+                                       "rewards reserved + claimed = accepted units x rate"]
+
+
+def test_a_slash_without_matching_evidence_is_caught() -> None:
+    inp = consistent()
+    inp.evidence = {EVIDENCE_HASH: b"something else"}
+    assert failing(reconcile(inp)) == ["hard invalidations with evidence served and matching"]
+    inp = consistent()
+    inp.chain_events = [e for e in inp.chain_events if e["name"] != "WorkInvalidated"]
+    assert failing(reconcile(inp)) == ["slashes following a hard invalidation"]
