@@ -56,6 +56,7 @@ import platform
 import random
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -258,8 +259,8 @@ def plan_traffic(nodes: list[Any], honest: list[tuple[int, Any, int, bytes, str]
                 sender.items.append(Item(kind, data0, key0))
             elif kind == "reseal":
                 sender.items.append(Item(kind, seal(node, sub0, domain=domain, nonce=random_nonce()).to_bytes(), key0))
-            else:  # nonce_reuse: the first envelope's nonce, a later timestamp, so other bytes
-                data = seal(node, sub0, domain=domain, nonce=nonce0, now=time.time() + 1 + j).to_bytes()
+            else:  # nonce_reuse: the first envelope's nonce, a later timestamp (ms, under the skew limit): other bytes
+                data = seal(node, sub0, domain=domain, nonce=nonce0, now=time.time() + 0.001 * (1 + j % 500)).to_bytes()
                 sender.items.append(Item(kind, data))
         for _, _, data, key in mine[1:]:  # the other honest submissions, somewhere in the sequence
             sender.items.insert(rng.randrange(len(sender.items) + 1), Item("honest", data, key))
@@ -486,6 +487,7 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
     rss = [kib for _, kib in samples]
     tenth = [kib for t, kib in samples if t - t_start >= traffic_s * 0.1]
     peak = max(rss + [rss_after["VmRSS"]])
+    quarter = max(1, len(rss) // 4)
     return {
         "senders": spec.senders, "greedy_senders": sum(s.greedy for s in senders), "greedy_conns": spec.greedy_conns,
         "planned_requests": sum(mix.values()), "mix": dict(sorted(mix.items())),
@@ -502,6 +504,8 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
         "rss_peak_sampled_mib": peak / 1024, "rss_samples": len(rss),
         "rss_growth_after_first_10pct_mib": (rss_after["VmRSS"] - (tenth[0] if tenth else rss_before["VmRSS"])) / 1024,
         "peak_over_before_mib": (peak - rss_before["VmRSS"]) / 1024,
+        "rss_median_first_quarter_mib": statistics.median(rss[:quarter]) / 1024 if rss else None,
+        "rss_median_last_quarter_mib": statistics.median(rss[-quarter:]) / 1024 if rss else None,
         "rss_timeline_s_mib": [(round(t - t_start, 1), round(kib / 1024, 1))
                                for t, kib in samples[:: max(1, len(samples) // 60)]],
         "validator_metrics": {k: v for k, v in metrics.items() if "refused" in k or "verdict" in k
@@ -690,7 +694,9 @@ def report(res: dict[str, Any]) -> None:
               f"(worst sender at {rl['worst_passed_over_allowed']:.2f} of its allowance), {rl['refused_429']} x 429")
         print(f"RSS: {v['rss_before_mib']:.0f} MiB before, peak {v['rss_peak_sampled_mib']:.0f}, "
               f"after {v['rss_after_mib']:.0f} (growth after the first 10%: "
-              f"{v['rss_growth_after_first_10pct_mib']:+.1f} MiB); unexpected answers: {v['unexpected_answers']}")
+              f"{v['rss_growth_after_first_10pct_mib']:+.1f} MiB; median of the first quarter "
+              f"{v['rss_median_first_quarter_mib']:.0f}, of the last {v['rss_median_last_quarter_mib']:.0f})")
+        print(f"unexpected answers: {v['unexpected_answers']}")
     if r:
         print(f"\nrelay: {r['completed']}/{r['pulls']} pulls of {r['checkpoint']['bytes'] / (1 << 20):.1f} MiB "
               f"({r['checkpoint']['shards']} shards) complete, {r['verified_same']} byte-identical, in {r['wall_s']:.1f} s")
