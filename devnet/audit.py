@@ -107,10 +107,10 @@ def reconcile(inp: Inputs) -> list[Row]:
             rows.append(Row(f"node {node[:10]}: reachable", "yes", "no", False))
             continue
         posted = rec.get("submitted", 0) + rec.get("decided", 0)
-        recorded = sum(rec_after.get(s, 0) for s in ("signed", "submitted", "decided"))
+        signed_total = sum(rec_after.get(s, 0) for s in ("signed", "submitted", "decided"))
         n = held.get(node.lower(), 0)
         rows.append(Row(f"node {node[:10]}: submitted (posted..posted+unsent) = rows at validators",
-                        f"{posted}..{recorded}", n, posted <= n <= recorded))
+                        f"{posted}..{signed_total}", n, posted <= n <= signed_total))
 
     # 3. accepted work -> trainer
     accepted: dict[str, dict[str, Any]] = {}
