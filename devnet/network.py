@@ -93,6 +93,7 @@ class Network:
         self.state = cfg.state_dir.resolve()
         if cfg.fresh and self.state.exists():
             _refuse_if_running(self.state)
+            _refuse_if_foreign(self.state)
             shutil.rmtree(self.state)
         self.state.mkdir(parents=True, exist_ok=True)
         self.table = ProcessTable(self.state)
@@ -265,6 +266,13 @@ class Network:
     def stop(self, grace_s: float = 10.0) -> None:
         order = [e.name for role in STOP_ORDER_ROLES for e in self.table.entries.values() if e.role == role]
         self.table.stop_all(order, grace_s)
+
+
+def _refuse_if_foreign(state: Path) -> None:
+    """`fresh` removes the state directory: only one a devnet made (or an empty one), never another folder."""
+    if any(state.iterdir()) and not ((state / "processes.json").exists() or (state / LAYOUT).exists()):
+        raise DevnetError(f"{state} is not empty and holds no devnet (no processes.json): not removing it; "
+                          f"give another --state-dir")
 
 
 def _refuse_if_running(state: Path) -> None:
