@@ -383,8 +383,16 @@ MALFORMED: list[tuple[str, Callable[[int, list[bytes], random.Random], list[byte
     ("truncated", lambda j, p, rng: [x[:100] if j == 0 else x for x in p]),
     ("one missing", lambda j, p, rng: p[:-1] if j == 0 else p),
     ("one extra", lambda j, p, rng: p + [p[0]] if j == 0 else p),
-    ("bit flipped", lambda j, p, rng: [bytes([x[0] ^ 1]) + x[1:] if j == 0 else x for x in p]),
+    ("coefficient bit flipped", lambda j, p, rng: [_flip_coefficient(x, rng) if j == 0 and k == 0 else x
+                                                  for k, x in enumerate(p)]),
 ]
+
+
+def _flip_coefficient(proof: bytes, rng: random.Random) -> bytes:
+    """One bit of one coefficient flipped (bytes 2..257; bytes 0-1 are the index modulus, which any value
+    above every index makes equivalent: flipping a bit there proves the same thing)."""
+    at = rng.randrange(2, len(proof))
+    return proof[:at] + bytes([proof[at] ^ (1 << rng.randrange(8))]) + proof[at + 1:]
 
 
 def malformed_proofs(net: Any, trial: int) -> Trial:
