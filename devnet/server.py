@@ -51,7 +51,15 @@ class View:
 
 
 Extension = Callable[[FastAPI, View], None]
-EXTENSIONS: list[Extension] = []
+
+
+def _dashboard(app: FastAPI, view: View) -> None:
+    from devnet.dashboard import install  # imported here: devnet.dashboard imports View from this module
+
+    install(app, view)
+
+
+EXTENSIONS: list[Extension] = [_dashboard]
 """Installed into every devnet app, in order (see the module docstring)."""
 
 

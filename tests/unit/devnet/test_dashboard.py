@@ -1,0 +1,102 @@
+"""devnet/dashboard: the collector's pure parts, the node metric it reads (from a real node Monitor), and the
+page rendered by a real headless Chromium from a file (offline: no network, no script), hostile strings
+escaped. The page against a running devnet is tests/e2e/test_dashboard.py (slow tier)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from headless import dump_dom, marked
+
+from devnet.dashboard.collector import parse_started, percentile, timeline
+from devnet.dashboard.page import render
+from node.monitor import Monitor
+from node.worker import Tally
+
+EVIL = '<script>document.title="owned"</script><img src=x onerror=alert(1)>'
+
+
+def test_percentile_is_nearest_rank() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0], 99) == 3.0
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0 and percentile(values, 100) == 100.0
+    assert percentile([5.0, 1.0, 3.0], 50) == 3.0
+
+
+def test_version_start_times_read_from_a_real_node_monitor() -> None:
+    tally = Tally()
+    tally.version_started_at.update({0: 1700000000.0, 3: 1700000042.125})
+    monitor = Monitor(lambda: tally, lambda: 0, host="127.0.0.1", port=0)
+    monitor.start()
+    try:
+        text = httpx.get(monitor.url + "/metrics", timeout=5).text
+    finally:
+        monitor.stop()
+    assert parse_started(text) == {0: 1700000000.0, 3: 1700000042.125}
+    # junk lines, a non-finite value and another metric are ignored
+    assert parse_started('prime_node_version_started_timestamp_seconds{version="1"} NaN\n'
+                         'prime_node_version_started_timestamp_seconds{version="x"} 5\n'
+                         'prime_node_batches_total 3\n') == {}
+
+
+def test_timeline_bins_every_submission_once_by_verdict() -> None:
+    now = 1000.0
+    items = [{"received_at": 900.0 + i, "outcome": o} for i, o in enumerate(
+        ["accepted"] * 50 + ["rejected_hard"] * 3 + ["rejected_soft"] * 2 + [None] * 5)]
+    t = timeline(items, now, bins=10)
+    assert t["start"] == 900.0 and t["bin_s"] == 10.0 and len(t["bins"]) == 11
+    totals = {k: sum(b[k] for b in t["bins"]) for k in ("accepted", "rejected_hard", "rejected_soft", "pending")}
+    assert totals == {"accepted": 50, "rejected_hard": 3, "rejected_soft": 2, "pending": 5}
+    assert t["bins"][0]["accepted"] == 10 and t["bins"][5]["rejected_hard"] == 3
+    assert timeline([], now)["bins"] == []
+
+
+def _data() -> dict[str, Any]:
+    node = {"name": "node-0", "address": "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65", "up": True,
+            "state": "working", "policy_version": 4,
+            "chain": {"stake": 25 * 10**18, "status": "ACTIVE", "accepted_units": 1234},
+            "verdicts": {"accepted": {"accepted": 7}, "rejected_soft": {EVIL: 2}}, "pending": 1, "accepted": 7,
+            "propagation": {"versions": [{"version": 2, "delay_s": 1.5}, {"version": 3, "delay_s": 2.5}],
+                            "p50_s": 1.5, "p99_s": 2.5}}
+    return {
+        "generated_at": time.time(), "run": {"run_id": "devnet", "env": EVIL}, "model": "tiny",
+        "trainer": {"step": 2, "max_steps": 10, "reward": [
+            {"step": 0, "reward_mean": 0.1}, {"step": 1, "reward_mean": 0.25}, {"step": 2, "reward_mean": 0.5}]},
+        "totals": {"received": 10, "accepted": 7, "rejected_hard": 0, "rejected_soft": 2, "pending": 1},
+        "validators": [{"name": "validator-0", "address": "0x7099", "url": "http://127.0.0.1:1", "up": True,
+                        "counts": {"received": 10, "accepted": 7, "rejected_hard": 0, "rejected_soft": 2,
+                                   "pending": 1}, "listed": 10}],
+        "nodes": [node], "propagation": {"p50_s": 1.5, "p99_s": 2.5, "samples": 2},
+        "submissions": timeline([{"received_at": 100.0 + i, "outcome": "accepted"} for i in range(7)], 120.0),
+        "chain": {"up": True, "policy_version": 4, "rewards_reserved": 5, "events": {"WorkRecorded": 7, EVIL: 1},
+                  "recent": [{"name": EVIL, "block": 9, "args": {"node": EVIL}}], "error": None},
+    }
+
+
+def test_page_renders_in_a_headless_browser_offline_with_hostile_strings_escaped(tmp_path: Path) -> None:
+    data = _data()
+    page = tmp_path / "dashboard.html"
+    page.write_text(render(data))
+    dom = dump_dom(page.as_uri())
+    shown = marked(dom)
+    assert shown.one("trainer.step") == "2" and shown.one("trainer.reward") == "0.500"
+    assert shown.one("totals.received") == "10" and shown.one("totals.accepted") == "7"
+    assert shown.one("totals.rejected_soft") == "2" and shown.one("totals.pending") == "1"
+    assert shown.one("chain.policy_version") == "4"
+    n = "node.0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65."
+    assert shown.one(n + "stake") == str(25 * 10**18) and shown.one(n + "accepted") == "7"
+    assert shown.one(n + "status") == "ACTIVE" and shown.one(n + "pending") == "1"
+    assert shown.one(n + "verdict.accepted.accepted") == "7" and shown.one(n + f"verdict.rejected_soft.{EVIL}") == "2"
+    assert shown.one(n + "p50") == "1.50" and shown.one(n + "p99") == "2.50"
+    assert shown.one("validator.0x7099.accepted") == "7" and shown.one("validator.0x7099.rejected_soft") == "2"
+    points = [(e["data-step"], e["data-value"]) for e in shown.elements if e["<tag>"] == "circle" and "data-step" in e]
+    assert points == [("0", "0.100000"), ("1", "0.250000"), ("2", "0.500000")]
+    bars = sum(int(e["data-value"]) for e in shown.elements if e["<tag>"] == "rect" and e.get("data-kind"))
+    assert bars == 7
+    # nothing hostile became markup: no script or img element, the title is the page's own
+    assert not [e for e in shown.elements if e["<tag>"] in ("script", "img")]
+    assert "<title>prime-devnet: devnet</title>" in dom and "owned" not in dom.split("</title>")[0]
