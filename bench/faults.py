@@ -1,0 +1,450 @@
+"""Fault suite: `kill -9` one role at a time on a running devnet, measure how long until the role's next
+useful work, then check that the audit reconciles.
+
+`prime-devnet up --restart` runs the whole network on 127.0.0.1 (anvil, origin, relays, validators, the
+trainer, nodes; devnet/README.md) and restarts a role whose process dies with the same command and
+environment, as a process manager would. One at a time, in the middle of its work, this program
+sends SIGKILL to the process group of:
+
+    relay      relay-0, right after the trainer published a new version (so it is fetching shards);
+               nodes keep following through relay-1 meanwhile
+    validator  validator-0, while it holds work it has not decided yet when it can (else while nodes
+               post to it); the restarted validator re-checks its received rows
+    trainer    the trainer, in the middle of a step (between two metrics lines); it resumes from its
+               last checkpoint and feed cursors
+    node       node-0, in the middle of a batch (between two signed assignments); the restarted node
+               resends what it signed and was not yet decided
+
+and reports, for each, the seconds from the kill to (restart = the devnet's restart; self = without it):
+
+    relay      back (answers /health again), next version served (relay-0 holds a complete version newer
+               than any at the kill); self: a node installs a version newer than any at the kill
+    validator  back, next batch accepted by validator-0; self: the next batch accepted by any validator
+    trainer    back (its metrics endpoint), next step trained (a new line in metrics.jsonl), next version
+               on chain
+    node       back (/health), next batch accepted for node-0
+
+After the last fault the network runs until every node has had work accepted since, then
+`prime-devnet audit --json` must reconcile (submitted = accepted + rejected + pending per validator,
+nodes' records = validators' rows, accepted = trained + dropped stale + queued, chain = reported,
+rewards, evidence). Then `prime-devnet down`.
+
+There is no anchor to divide by: each recovery time is reported next to the same event's normal
+cadence in this run (the median gap between consecutive steps, versions and accepted batches before
+the faults), so a recovery can be read as "n ordinary intervals".
+
+    python bench/faults.py --json bench/measured/faults.json
+    python bench/faults.py --quick          # shorter settling, the same four faults
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ROLES = ("relay", "validator", "trainer", "node")
+
+
+class FaultError(RuntimeError):
+    """The network did not do what the suite waited for (the message says what, and where the logs are)."""
+
+
+class Devnet:
+    """A `prime-devnet up --restart` process and read-only probes of the network it runs."""
+
+    def __init__(self, state: Path, nodes: int, extra: list[str]) -> None:
+        import httpx
+
+        self.state = state
+        self.http = httpx.Client(timeout=5.0)
+        self.log = state.parent / "devnet-up.log"
+        cmd = [sys.executable, "-m", "devnet.cli", "up", "--state-dir", str(state), "--nodes", str(nodes),
+               "--validators", "2", "--relays", "2", "--dashboard-port", "0", "--summary-interval-s", "1",
+               "--restart", *extra]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.layout: dict[str, Any] = {}
+        self.pool: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def wait_up(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        layout = self.state / "devnet.json"
+        while not layout.exists():
+            self._alive_or_raise("coming up")
+            if time.monotonic() > deadline:
+                raise FaultError(f"the devnet did not come up in {timeout:.0f} s; see {self.log}")
+            time.sleep(0.5)
+        self.layout = json.loads(layout.read_text())
+        from contracts.deployment import Deployment
+        from contracts.devchain import dev_identity
+        from contracts.pool import PoolClient
+        from contracts.transactor import connect
+
+        dep = Deployment.load(self.layout["deployment"])
+        self.pool = PoolClient(connect(self.layout["rpc_url"], timeout=5.0), dep.pool, dev_identity(0))  # reads only
+
+    def _alive_or_raise(self, what: str) -> None:
+        if self.proc.poll() is not None:
+            raise FaultError(f"prime-devnet up exited ({self.proc.returncode}) while {what}; see {self.log}")
+
+    def audit(self) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, "-m", "devnet.cli", "audit", "--state-dir", str(self.state), "--json"],
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120)
+        try:
+            return dict(json.loads(out.stdout))
+        except ValueError as exc:
+            raise FaultError(f"audit printed no JSON: {out.stderr.decode()[-2000:]}") from exc
+
+    def down(self) -> None:
+        subprocess.run([sys.executable, "-m", "devnet.cli", "down", "--state-dir", str(self.state)], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=180)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.http.close()
+
+    # -- probes (each answers None when the role does not answer) --------------------------------
+
+    def entry(self, name: str) -> dict[str, Any]:
+        data = json.loads((self.state / "processes.json").read_text())
+        for e in data["processes"]:
+            if e["name"] == name:
+                return dict(e)
+        raise FaultError(f"no process {name} in the devnet's table")
+
+    def _json(self, url: str) -> Any:
+        try:
+            r = self.http.get(url)
+            return r.json() if r.status_code == 200 else None
+        except Exception:  # noqa: BLE001 - a role that is down answers nothing
+            return None
+
+    def steps(self) -> int:
+        from devnet.observer import read_metrics
+
+        return len(read_metrics(Path(self.layout["trainer"]["metrics_file"])))
+
+    def chain_version(self) -> int | None:
+        try:
+            return int(self.pool.policy()[0])
+        except Exception:  # noqa: BLE001
+            return None
+
+    def relay_version(self, url: str) -> int | None:
+        index = self._json(url + "/versions")
+        if not isinstance(index, dict):
+            return None
+        done = [int(v["version"]) for v in index.get("versions", []) if v.get("complete")]
+        return max(done) if done else None
+
+    def node_version(self, i: int) -> int | None:
+        h = self._json(self.layout["nodes"][i]["url"] + "/health")
+        return h.get("policy_version") if isinstance(h, dict) else None
+
+    def node_batches(self, i: int) -> int | None:
+        h = self._json(self.layout["nodes"][i]["url"] + "/health")
+        return h.get("batches") if isinstance(h, dict) else None
+
+    def audits(self) -> list[dict[str, Any] | None]:
+        return [self._json(v["url"] + "/v1/audit") for v in self.layout["validators"]]
+
+    def accepted(self, validator: int | None = None, node: str | None = None) -> int:
+        """Accepted rows (of one validator / one node); unreachable validators count 0."""
+        total = 0
+        for j, a in enumerate(self.audits()):
+            if a is None or (validator is not None and j != validator):
+                continue
+            if node is None:
+                total += int(a["counts"]["accepted"])
+            else:
+                total += sum(int(c.get("accepted", 0)) for n, c in a.get("nodes", {}).items()
+                             if n.lower() == node.lower())
+        return total
+
+    def up(self, url: str) -> bool:
+        try:
+            return self.http.get(url).status_code == 200
+        except Exception:  # noqa: BLE001
+            return False
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float, net: Devnet, poll: float = 0.2) -> float:
+    """Seconds until `check()` holds (FaultError after `timeout`)."""
+    t0 = time.monotonic()
+    while not check():
+        net._alive_or_raise(f"waiting for {what}")
+        if time.monotonic() - t0 > timeout:
+            raise FaultError(f"no {what} within {timeout:.0f} s; logs in {net.state}/logs")
+        time.sleep(poll)
+    return time.monotonic() - t0
+
+
+def kill9(net: Devnet, name: str) -> tuple[float, int]:
+    """SIGKILL the role's process group; (monotonic time of the kill, the killed pid)."""
+    e = net.entry(name)
+    pid = int(e["pid"])
+    os.killpg(pid, signal.SIGKILL)
+    return time.monotonic(), pid
+
+
+class Timer:
+    """Seconds from one kill to each event, watched together (one polling loop)."""
+
+    def __init__(self, net: Devnet, t_kill: float, events: dict[str, Callable[[], bool]], timeout: float) -> None:
+        self.at: dict[str, float] = {}
+        deadline = t_kill + timeout
+        while len(self.at) < len(events):
+            for name, check in events.items():
+                if name not in self.at and check():
+                    self.at[name] = round(time.monotonic() - t_kill, 2)
+            if time.monotonic() > deadline:
+                missing = sorted(set(events) - set(self.at))
+                raise FaultError(f"after the kill, no {missing} within {timeout:.0f} s; logs in {net.state}/logs")
+            net._alive_or_raise("recovering")
+            time.sleep(0.2)
+
+
+def restarted(net: Devnet, name: str, old_pid: int, url: str | None) -> Callable[[], bool]:
+    def check() -> bool:
+        e = net.entry(name)
+        return int(e["pid"]) != old_pid and (url is None or net.up(url))
+    return check
+
+
+# -- the four faults ----------------------------------------------------------------------------------
+
+
+def fault_relay(net: Devnet, timeout: float) -> dict[str, Any]:
+    relay = net.layout["relays"][0]
+    v0 = net.chain_version() or 0
+    wait_for("a new version on chain", lambda: (net.chain_version() or 0) > v0, timeout, net)
+    newest_at_kill = max(x for x in [net.chain_version(), net.relay_version(relay)] if x is not None)
+    node_versions = [v for v in (net.node_version(i) for i in range(len(net.layout["nodes"]))) if v is not None]
+    t, pid = kill9(net, "relay-0")
+    newest_node = max(node_versions) if node_versions else 0
+    events = {
+        "back": restarted(net, "relay-0", pid, relay + "/health"),
+        "next_version_served": lambda: (net.relay_version(relay) or -1) > newest_at_kill,
+        "self_next_version_installed_by_a_node": lambda: max(
+            [v for v in (net.node_version(i) for i in range(len(net.layout["nodes"]))) if v is not None] or [0]
+        ) > newest_node,
+    }
+    return {"killed": "relay-0", "pid": pid, "while": f"v{newest_at_kill} just published", "recovery_s":
+            Timer(net, t, events, timeout).at,
+            "how": "restarted by the devnet; nodes and validators followed relay-1 meanwhile"}
+
+
+def fault_validator(net: Devnet, timeout: float) -> dict[str, Any]:
+    v = net.layout["validators"][0]
+    base = net.accepted(validator=0)
+    wait_for("validator-0 accepting work", lambda: net.accepted(validator=0) > base, timeout, net)
+    pending = 0
+    t_end = time.monotonic() + 20
+    while time.monotonic() < t_end:  # prefer a moment when it holds undecided work
+        a = net.audits()[0]
+        pending = int(a["counts"]["pending"]) if a else 0
+        if pending:
+            break
+        time.sleep(0.05)
+    before, before_all = net.accepted(validator=0), net.accepted()
+    t, pid = kill9(net, "validator-0")
+    events = {
+        "back": restarted(net, "validator-0", pid, v["url"] + "/health"),
+        "next_batch_accepted": lambda: net.accepted(validator=0) > before,
+        "self_next_batch_accepted_anywhere": lambda: net.accepted() > before_all,
+    }
+    return {"killed": "validator-0", "pid": pid, "while": f"{pending} submissions undecided",
+            "recovery_s": Timer(net, t, events, timeout).at,
+            "how": "restarted by the devnet; it re-checks its received rows; validator-1 kept taking its own share"}
+
+
+def fault_trainer(net: Devnet, timeout: float, rng: random.Random) -> dict[str, Any]:
+    s0 = net.steps()
+    wait_for("a trainer step", lambda: net.steps() > s0, timeout, net)
+    time.sleep(rng.uniform(0.2, 1.5))  # into the next step (waiting for samples, training or publishing)
+    steps, version = net.steps(), net.chain_version() or 0
+    t, pid = kill9(net, "trainer")
+    url = net.layout["trainer"]["metrics_url"] + "/metrics"
+    events = {
+        "back": restarted(net, "trainer", pid, url),
+        "next_step_trained": lambda: net.steps() > steps,
+        "next_version_on_chain": lambda: (net.chain_version() or 0) > version,
+    }
+    return {"killed": "trainer", "pid": pid, "while": f"after step {steps - 1}",
+            "recovery_s": Timer(net, t, events, timeout).at,
+            "how": "restarted by the devnet; resumed from its last checkpoint and feed cursors"}
+
+
+def fault_node(net: Devnet, timeout: float, rng: random.Random) -> dict[str, Any]:
+    node = net.layout["nodes"][0]
+    b0 = net.node_batches(0) or 0
+    wait_for("a batch of node-0", lambda: (net.node_batches(0) or 0) > b0, timeout, net)
+    time.sleep(rng.uniform(0.05, 0.5))  # into the next batch
+    t, pid = kill9(net, "node-0")
+    # Every assignment the node signed before it died is in its slashing-protection record: those are
+    # the work to finish (resent if they were not decided); a batch beyond them is new work.
+    signed = signed_assignments(Path(net.layout["state_dir"]) / "node-0" / "protection.sqlite")
+    events = {
+        "back": restarted(net, "node-0", pid, node["url"] + "/health"),
+        "all_signed_before_kill_accepted": lambda: net.accepted(node=node["address"]) >= signed,
+        "next_batch_accepted": lambda: net.accepted(node=node["address"]) > signed,
+    }
+    return {"killed": "node-0", "pid": pid, "while": f"after signing {signed} assignments",
+            "recovery_s": Timer(net, t, events, timeout).at,
+            "how": "restarted by the devnet; it resends what it signed and was not decided, then works on"}
+
+
+def signed_assignments(db: Path) -> int:
+    """Assignments in a node's slashing-protection record (read-only; the node is dead)."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as c:
+        return int(c.execute("SELECT COUNT(*) FROM signed").fetchone()[0])
+
+
+def cadence(net: Devnet, seconds: float) -> dict[str, Any]:
+    """Median gaps between steps, versions on chain and accepted batches, watched for `seconds`."""
+    seen: dict[str, list[float]] = {"step": [], "version": [], "accepted": []}
+    last = {"step": net.steps(), "version": net.chain_version(), "accepted": net.accepted()}
+    t_end = time.monotonic() + seconds
+    while time.monotonic() < t_end:
+        now = {"step": net.steps(), "version": net.chain_version(), "accepted": net.accepted()}
+        for k in seen:
+            if now[k] is not None and last[k] is not None and now[k] > last[k]:
+                seen[k].append(time.monotonic())
+            last[k] = now[k] if now[k] is not None else last[k]
+        time.sleep(0.2)
+
+    def gap(ts: list[float]) -> float | None:
+        return round(statistics.median(b - a for a, b in zip(ts, ts[1:], strict=False)), 2) if len(ts) > 2 else None
+
+    return {"watched_s": seconds, "step_gap_s": gap(seen["step"]), "version_gap_s": gap(seen["version"]),
+            "accepted_gap_s": gap(seen["accepted"]), "steps_seen": len(seen["step"])}
+
+
+def run(nodes: int, quick: bool, state_root: Path, seed: int = 0, extra: list[str] | None = None,
+        only: list[str] | None = None) -> dict[str, Any]:
+    rng = random.Random(seed)
+    timeout = 240.0
+    net = Devnet(state_root / "devnet", nodes, extra or [])
+    res: dict[str, Any] = {"faults": [], "devnet_log": str(net.log)}
+    try:
+        t0 = time.monotonic()
+        net.wait_up(600)
+        wait_for("the first trained step", lambda: net.steps() >= 1, 600, net)
+        wait_for("work accepted from every node", lambda: all(
+            net.accepted(node=n["address"]) > 0 for n in net.layout["nodes"]), 600, net)
+        res["up_to_first_step_s"] = round(time.monotonic() - t0, 1)
+        res["cadence"] = cadence(net, 20 if quick else 60)
+        plan = {"relay": lambda: fault_relay(net, timeout), "validator": lambda: fault_validator(net, timeout),
+                "trainer": lambda: fault_trainer(net, timeout, rng), "node": lambda: fault_node(net, timeout, rng)}
+        for role in only or ROLES:
+            print(f"faults: kill -9 {role} ...", flush=True)
+            r = plan[role]()
+            print(f"faults: {r['killed']} ({r['while']}): {r['recovery_s']}", flush=True)
+            res["faults"].append({"role": role, **r})
+            time.sleep(2 if quick else 10)  # settle before the next fault
+        # every node has work accepted after the last fault, then the audit
+        marks = {n["address"]: net.accepted(node=n["address"]) for n in net.layout["nodes"]}
+        wait_for("work accepted from every node after the faults", lambda: all(
+            net.accepted(node=a) > m for a, m in marks.items()), timeout, net)
+        res["audit"] = audit_until_settled(net, 60 if quick else 120)
+        res["restarts"] = restarts(net)
+    finally:
+        net.down()
+    return res
+
+
+def audit_until_settled(net: Devnet, timeout: float) -> dict[str, Any]:
+    """The audit, retried while work is in flight (a row counted by one role and not yet by the next)."""
+    t0 = time.monotonic()
+    while True:
+        report = net.audit()
+        if report.get("ok") or time.monotonic() - t0 > timeout:
+            return {"ok": bool(report.get("ok")), "after_s": round(time.monotonic() - t0, 1), "rows": report.get("rows")}
+        time.sleep(3)
+
+
+def restarts(net: Devnet) -> list[str]:
+    try:
+        return [line.strip() for line in net.log.read_text(errors="replace").splitlines() if "restart" in line]
+    except OSError:
+        return []
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "unknown")
+    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "load_average_start": list(os.getloadavg())}
+
+
+def report(res: dict[str, Any]) -> None:
+    c = res.get("cadence", {})
+    print(f"\nnormal cadence: step every {c.get('step_gap_s')} s, version every {c.get('version_gap_s')} s, "
+          f"an accepted batch every {c.get('accepted_gap_s')} s")
+    print(f"{'killed':<13}{'while':<34}recovery (s from kill -9)")
+    for f in res["faults"]:
+        rec = ", ".join(f"{k} {v}" for k, v in f["recovery_s"].items())
+        print(f"{f['killed']:<13}{f['while'][:33]:<34}{rec}")
+    a = res.get("audit", {})
+    print(f"audit after the faults: {'reconciled' if a.get('ok') else 'MISMATCH'}")
+    for row in a.get("rows") or []:
+        print(f"  {'ok ' if row['ok'] else 'BAD'} {row['check']}: expected {row['expected']}, actual {row['actual']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--quick", action="store_true", help="shorter cadence watch and settling")
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--only", nargs="+", choices=ROLES, help="these faults only")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--state-root", type=Path, help="keep the devnet's state and logs here (default: a temporary "
+                    "directory, removed at the end)")
+    args = ap.parse_args(argv)
+    res: dict[str, Any] = {"info": machine(), "quick": args.quick,
+                           "command": " ".join(["python", "bench/faults.py", *(argv if argv is not None else sys.argv[1:])])}
+    with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
+        root = args.state_root or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            res.update(run(args.nodes, args.quick, root, args.seed, only=args.only))
+        except FaultError as exc:
+            res["error"] = str(exc)
+            print(f"faults: {exc}", file=sys.stderr)
+            log = root / "devnet-up.log"
+            if log.exists():
+                print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
+    res["info"]["load_average_end"] = list(os.getloadavg())
+    if "faults" in res:
+        report(res)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    return 0 if not res.get("error") and res.get("audit", {}).get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
