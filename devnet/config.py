@@ -40,6 +40,12 @@ class RunSettings(Section):
     """Completions per task (the GRPO group size)."""
     max_new_tokens: int | None = Field(None, ge=1)
     """Generation limit per completion; default by model (tiny 12, smollm2 32)."""
+    batches_per_version: int | None = Field(None, ge=1)
+    """Assignments each node makes per policy version; default ceil(submissions a trainer step needs / nodes):
+    the step's demand and no more, so the trainer trains on fresh work instead of a growing backlog of stale
+    work (learning per sample then matches local mode). More gives slack when nodes die, at the price of
+    staleness and of accepted work the trainer drops as stale; with the default a dead node stalls the trainer
+    until it is back (`--restart`)."""
     run_id: str = Field("devnet", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     """Name of the run (in every seed, work key, manifest and envelope domain)."""
 

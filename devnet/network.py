@@ -104,9 +104,8 @@ class Network:
             "run_id": cfg.run.run_id, "env": self.env, "tasks_per_batch": cfg.run.tasks_per_batch,
             "samples_per_task": cfg.run.samples_per_task, "max_new_tokens": self.max_new_tokens,
             "async_level": cfg.trainer.async_level,
-            # enough assignments per version for a step from every node's share, twice over; more would only
-            # pile up work the trainer drops as stale
-            "max_batches_per_version": max(1, 2 * math.ceil(per_step / cfg.nodes)),
+            # a step's demand and no more (see RunSettings.batches_per_version)
+            "max_batches_per_version": cfg.run.batches_per_version or math.ceil(per_step / cfg.nodes),
         }
         self.layout: Layout | None = None
 
