@@ -21,8 +21,9 @@ class Section(BaseModel):
 class TrainerSettings(Section):
     max_steps: int = Field(1000, ge=1)
     """Trainer steps before the trainer stops (the devnet keeps serving until stopped)."""
-    groups_per_step: int = Field(4, ge=1)
-    """GRPO groups (tasks) per step; each accepted submission brings `run.tasks_per_batch` groups."""
+    groups_per_step: int | None = Field(None, ge=1)
+    """GRPO groups (tasks) per step; each accepted submission brings `run.tasks_per_batch` groups. Default: one
+    submission from each node per step (nodes x run.tasks_per_batch)."""
     lr: float | None = Field(None, gt=0.0)
     """Learning rate; default by model (tiny 0.01, smollm2 2e-6)."""
     async_level: int = Field(2, ge=0)

@@ -99,7 +99,8 @@ class Network:
         self.table = ProcessTable(self.state)
         self.accounts = Accounts(cfg.validators, cfg.nodes)
         self.model, self.env, self.max_new_tokens, self.lr = model_defaults(cfg)
-        per_step = math.ceil(cfg.trainer.groups_per_step / cfg.run.tasks_per_batch)
+        self.groups_per_step = cfg.trainer.groups_per_step or cfg.nodes * cfg.run.tasks_per_batch
+        per_step = math.ceil(self.groups_per_step / cfg.run.tasks_per_batch)
         self.run_spec = {
             "run_id": cfg.run.run_id, "env": self.env, "tasks_per_batch": cfg.run.tasks_per_batch,
             "samples_per_task": cfg.run.samples_per_task, "max_new_tokens": self.max_new_tokens,
@@ -212,7 +213,7 @@ class Network:
             "work_ledger": str(tdir / "work.jsonl"),
             "optim": {"lr": self.lr},
             "loss": {"temperature": 1.0},
-            "batch": {"groups_per_step": cfg.trainer.groups_per_step, "seq_len": 256 if cfg.model == "tiny" else 512,
+            "batch": {"groups_per_step": self.groups_per_step, "seq_len": 256 if cfg.model == "tiny" else 512,
                       "micro_batch_rows": 8, "async_level": cfg.trainer.async_level},
             "data": {"type": "validators", "urls": v_urls, "addresses": validator_addrs,
                      "chain_id": int(dep["chain_id"]), "pool": dep["pool"], "run_id": cfg.run.run_id,
