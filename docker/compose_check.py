@@ -13,7 +13,9 @@ flag a role does not have is an error. Environment variables that `--*key-env` f
 and every raw private key must be one of anvil's PUBLIC dev keys on a line marked DEV ONLY. Cross-role:
 URLs name services and their container ports; the trainer address the relays, validators and nodes trust
 is the trainer key's, and the deploy job grants the roles to the validators' and trainer's keys and mints
-stake tokens to every node operator.
+stake tokens to every node operator; each validator's rendezvous set (`--validators`) is the validators'
+key addresses, the trainer's feed addresses are the keys of the validators at its feed URLs, and every
+role that names a model names the same one (nodes may take it from the validators' /v1/info).
 """
 
 from __future__ import annotations
@@ -314,10 +316,30 @@ def _cross_role(services: dict[str, dict[str, Any]], dev_keys: dict[str, str]) -
             problems.append(f"{name}: the publishing key is not granted the trainer role by the deploy job")
         if addr:
             trainer_addresses.add(addr.lower())
+    validator_by_service: dict[str, str] = {}
     for name, svc in by_program.get("prime-validator", []):
         addr = address(svc, "--key.key-env")
         if addr is None or addr.lower() not in granted_validators:
             problems.append(f"{name}: its key is not granted the validator role by the deploy job")
+        if addr:
+            validator_by_service[name] = addr.lower()
+    validator_set = set(validator_by_service.values())
+    for name, svc in by_program.get("prime-validator", []):
+        announced = {a.lower() for a in _flag_values(_command(svc), "--validators")}
+        if announced and announced != validator_set:
+            problems.append(f"{name}: --validators (the rendezvous set: validator addresses) is not the "
+                            f"validators' key addresses {sorted(validator_set)}")
+    for name, svc in by_program.get("prime-trainer", []):
+        argv = _command(svc)
+        urls, addrs = _flag_values(argv, "--data.urls"), [a.lower() for a in _flag_values(argv, "--data.addresses")]
+        expected = [validator_by_service.get(str(urlsplit(u).hostname)) for u in urls]
+        if addrs and addrs != expected:
+            problems.append(f"{name}: --data.addresses are not the keys of the validators at --data.urls")
+    specs = {name: _model_spec(_command(svc)) for name, svc in services.items() if _command(svc)
+             and _command(svc)[0] in ("prime-trainer", "prime-validator", "prime-node")}
+    given = {n: spec for n, spec in specs.items() if spec is not None}
+    if len({tuple(sorted(spec.items())) for spec in given.values()}) > 1:
+        problems.append(f"roles disagree on the model (--model.* flags): {given}")
     for name, svc in by_program.get("prime-node", []):
         addr = address(svc, "--operator.key-env")
         if addr is None or addr.lower() not in minted:
@@ -329,6 +351,12 @@ def _cross_role(services: dict[str, dict[str, Any]], dev_keys: dict[str, str]) -
         if trusted and not trusted <= trainer_addresses:
             problems.append(f"{name}: trusts trainer {sorted(trusted)}, not the trainer key's address")
     return problems
+
+
+def _model_spec(argv: list[str]) -> dict[str, str] | None:
+    """The `--model.*` flags of a command (None when it gives none: a node takes the validators' model)."""
+    spec = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--model.")}
+    return spec or None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,6 +93,14 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
      "not the trainer key"),
     (lambda c: c["services"]["validator-2"]["environment"].__setitem__(
         "VALIDATOR_KEY", c["services"]["node-1"]["environment"]["NODE_KEY"]), "validator role"),
+    (lambda c: c["services"]["validator-1"].__setitem__("command", c["services"]["validator-1"]["command"].replace(
+        "--validators 0x70997970C51812dc3A010C7d01b50e0d17dc79C8,0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65",
+        "--validators http://validator-1:8700,http://validator-2:8700")), "rendezvous set"),
+    (lambda c: c["services"]["trainer"].__setitem__("command", c["services"]["trainer"]["command"].replace(
+        "--data.urls http://validator-1:8700,http://validator-2:8700",
+        "--data.urls http://validator-2:8700,http://validator-1:8700")), "--data.addresses"),
+    (lambda c: c["services"]["validator-2"].__setitem__("command", c["services"]["validator-2"]["command"].replace(
+        "--model.hidden-size 128", "--model.hidden-size 64")), "disagree on the model"),
     (lambda c: c["services"]["validator-2"]["healthcheck"].__setitem__(
         "test", ["CMD", "python", "/app/docker/healthcheck.py", "http://127.0.0.1:9999/ready"]), "healthcheck"),
 ])
