@@ -58,12 +58,14 @@ def parse_started(metrics_text: str) -> dict[int, float]:
 
 def timeline(items: list[dict[str, Any]], now: float, bins: int = TIMELINE_BINS) -> dict[str, Any]:
     """Submissions per time bin by verdict (`pending` for none yet), from the first one received to `now`."""
+    items = [i for i in items if isinstance(i.get("received_at"), int | float) and math.isfinite(i["received_at"])]
     if not items:
         return {"start": now, "bin_s": 1.0, "bins": []}
     start = min(i["received_at"] for i in items)
-    bin_s = max(1.0, math.ceil((max(now, start + 1.0) - start) / bins))
+    end = max(now, max(i["received_at"] for i in items), start + 1.0)  # a validator's clock may run ahead
+    bin_s = max(1.0, math.ceil((end - start) / bins))
     out = [{"t": start + k * bin_s, "accepted": 0, "rejected_hard": 0, "rejected_soft": 0, "pending": 0}
-           for k in range(int((now - start) // bin_s) + 1)]
+           for k in range(int((end - start) // bin_s) + 1)]
     for i in items:
         k = min(int((i["received_at"] - start) // bin_s), len(out) - 1)
         outcome = i.get("outcome") or "pending"
@@ -113,7 +115,8 @@ class Collector:
                         isinstance(item.get("work_key"), str) and len(known) < MAX_ITEMS:
                     known[item["work_key"]] = item
             nxt = page.get("next")
-            if not page["items"] or not isinstance(nxt, int | float) or nxt <= self._cursor[url]:
+            if not page["items"] or not isinstance(nxt, int | float) or not math.isfinite(nxt) \
+                    or nxt <= self._cursor[url] or nxt > time.time() + 3600:
                 break
             self._cursor[url] = float(nxt)
         pending = [i for i in known.values() if not i.get("outcome")]

@@ -53,6 +53,10 @@ def test_timeline_bins_every_submission_once_by_verdict() -> None:
     assert totals == {"accepted": 50, "rejected_hard": 3, "rejected_soft": 2, "pending": 5}
     assert t["bins"][0]["accepted"] == 10 and t["bins"][5]["rejected_hard"] == 3
     assert timeline([], now)["bins"] == []
+    # what a broken or hostile validator may list: no crash, the odd rows binned or dropped
+    odd = timeline([{"received_at": float("inf")}, {"received_at": float("nan")}, {"received_at": "x"},
+                    {"received_at": 5000.0, "outcome": "accepted"}, {"received_at": 10.0, "outcome": "<b>"}], now)
+    assert sum(sum(b[k] for k in ("accepted", "pending")) for b in odd["bins"]) == 2 and len(odd["bins"]) <= 41
 
 
 def _data() -> dict[str, Any]:
