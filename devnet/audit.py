@@ -248,7 +248,9 @@ def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
         nodes = _nodes(http, layout)
         before = int(watch.pool.tx.w3.eth.block_number)
         events = _events(watch, before)
-        reserved = int(watch.pool.contract.functions.rewardsReserved().call(block_identifier=before))
+        functions = watch.pool.contract.functions
+        reserved = int(functions.rewardsReserved().call(block_identifier=before))
+        rate = int(functions.rewardPerUnit().call(block_identifier=before))
         validators: dict[str, dict[str, Any]] = {}
         for v in layout.validators:
             try:
@@ -273,7 +275,7 @@ def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
                         evidence[h] = r.content
                         break
     return Inputs(validators=validators, trainer_steps=trainer_steps, nodes=nodes, chain_events=events,
-                  rewards_reserved=reserved, reward_per_unit=watch.pool.params().reward_per_unit, evidence=evidence,
+                  rewards_reserved=reserved, reward_per_unit=rate, evidence=evidence,
                   nodes_after=nodes_after, chain_events_after=events_after)
 
 
