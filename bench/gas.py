@@ -58,7 +58,8 @@ def main() -> int:
         admin_id, validator_id, trainer_id, op_id = (chain.account(i) for i in (0, 1, 2, 3))
         admin_tx = Transactor(connect(url), admin_id)
         settings = PoolSettings(min_stake=10 * TOKEN, unbonding_period=300, invalidation_window=100,
-                                reward_lock_period=200, reward_per_unit=10**15, slash_penalty=4 * TOKEN)
+                                reward_lock_period=200, reward_per_unit=10**15, slash_penalty=4 * TOKEN,
+                                appeal_window=150)
         deployment = deploy_pool(admin_tx, treasury=chain.account(9).address, settings=settings,
                                  mint={op_id.address: 10_000 * TOKEN, admin_id.address: 10_000 * TOKEN})
         admin = PoolClient(connect(url), deployment.pool, admin_id, admin_tx)
@@ -97,9 +98,23 @@ def main() -> int:
         measure("invalidateHard (slash+eject)", lambda: validator.invalidate_hard(nodes[1].address, bad, 7, evidence))
         unrecorded = Identity.create()
         op.register(unrecorded, settings.min_stake)
+        lost = key()
         measure("invalidateHard (never recorded, slash+eject)",
-                lambda: validator.invalidate_hard(unrecorded.address, key(), 7, evidence))
+                lambda: validator.invalidate_hard(unrecorded.address, lost, 7, evidence))
+        # appeals: the operator files, a second validator (not the slasher) resolves
+        second_id = chain.account(4)
+        admin.grant_role("validator", second_id.address)
+        second = PoolClient(connect(url), deployment.pool, second_id)
+        measure("appeal", lambda: op.appeal(bad))
+        measure("resolveAppeal (overturned: stake, work, reinstated)",
+                lambda: second.resolve_appeal(bad, False, 0, keccak(text="recheck")))
+        op.appeal(lost)
+        measure("resolveAppeal (upheld: escrow to treasury)",
+                lambda: second.resolve_appeal(lost, True, 0, keccak(text="recheck")))
+        unappealed = key()
+        validator.invalidate_hard(nodes[1].address, unappealed, 7, evidence)
         chain.advance_time(settings.reward_lock_period + 1)
+        measure("releaseEscrow (window over, to treasury)", lambda: second.release_escrow(unappealed))
         measure("claimRewards (1 key)", lambda: op.claim_rewards(nodes[0].address, [first]))
         claim_keys = keys[:3] + [k for _, k, _ in items]
         measure(f"claimRewards ({len(claim_keys)} keys)", lambda: op.claim_rewards(nodes[0].address, claim_keys),

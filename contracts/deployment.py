@@ -35,7 +35,10 @@ class PoolSettings(BaseModel):
     reward_per_unit: int = Field(default=10**15, ge=0)
     """Reward paid per accepted work unit."""
     slash_penalty: int = Field(default=10**18, ge=0)
-    """Stake taken (to the treasury) on a hard invalidation, capped at the node's stake."""
+    """Stake taken on a hard invalidation, capped at the node's stake: held in escrow for `appeal_window`,
+    then paid to the treasury (or back to the node if its appeal wins)."""
+    appeal_window: int = Field(default=3 * 24 * 3600, ge=0, lt=2**40)
+    """Seconds after a hard invalidation during which the node may appeal it (pool clock)."""
 
 
 class Deployment(BaseModel):
@@ -108,7 +111,7 @@ def deploy_pool(
     pool_address, _ = tx.deploy(
         "deploy ComputePool", art.abi, art.bytecode, token, tx.address, checksum(treasury),
         settings.min_stake, settings.unbonding_period, settings.invalidation_window,
-        settings.reward_lock_period, settings.reward_per_unit, settings.slash_penalty,
+        settings.reward_lock_period, settings.reward_per_unit, settings.slash_penalty, settings.appeal_window,
     )
     pool = PoolClient(w3, pool_address, tx.identity, tx)
     for account in validators:

@@ -53,6 +53,28 @@ class WorkStatus(IntEnum):
     HARD_INVALIDATED = 4  # removed (or consumed before recording) with a slash
 
 
+class EscrowStatus(IntEnum):
+    """What became of the stake one hard invalidation took (the contract's `EscrowStatus`)."""
+
+    NONE = 0  # no hard invalidation under this key
+    HELD = 1  # in escrow; the node may appeal until `appeal_deadline`
+    APPEALED = 2  # appeal filed; a validator other than the slasher resolves it
+    UPHELD = 3  # the appeal lost: paid to the treasury
+    OVERTURNED = 4  # the appeal won: back in the node's stake, the work accepted again
+    RELEASED = 5  # not appealed in time: paid to the treasury
+
+
+@dataclass(frozen=True)
+class EscrowInfo:
+    """The slash of one hard invalidation (`getEscrow`). `appeal_deadline` is on the pool clock."""
+
+    work_key: bytes
+    slasher: str
+    status: EscrowStatus
+    appeal_deadline: int
+    amount: int
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """A node's record in the pool."""
@@ -109,6 +131,7 @@ class PoolParams:
     reward_lock_period: int
     reward_per_unit: int
     slash_penalty: int
+    appeal_window: int
 
 
 def registration_typed_data(
@@ -288,6 +311,27 @@ class PoolClient(ContractClient):
         fn = self._f("invalidateSoft", _address(node), _key32(work_key), reason_code)
         return self._send("invalidateSoft", fn)
 
+    # -- appeals --------------------------------------------------------------------------
+
+    def appeal(self, work_key: bytes | str) -> Receipt:
+        """appeal: the node's operator (or the node key) contests the hard invalidation of `work_key` before its
+        appeal deadline. Reverts: "NotSlashed", "NotOperator", "WrongEscrowStatus" (filed or settled already),
+        "AppealWindowClosed"."""
+        return self._send("appeal", self._f("appeal", _key32(work_key)))
+
+    def resolve_appeal(self, work_key: bytes | str, upheld: bool, units: int, evidence_hash: bytes | str) -> Receipt:
+        """resolveAppeal (a validator other than the slasher): `upheld` pays the escrow to the treasury; otherwise
+        the stake returns to the node and the work is accepted again (`units` for a key never recorded).
+        Reverts: "WrongEscrowStatus" (no appeal pending), "ResolverIsSlasher", "ZeroEvidenceHash", "ZeroUnits",
+        "InsufficientRewardBudget"."""
+        fn = self._f("resolveAppeal", _key32(work_key), bool(upheld), units, _key32(evidence_hash))
+        return self._send("resolveAppeal", fn)
+
+    def release_escrow(self, work_key: bytes | str) -> Receipt:
+        """releaseEscrow (anyone): an escrow not appealed by its deadline goes to the treasury. Reverts:
+        "WrongEscrowStatus", "AppealWindowOpen"."""
+        return self._send("releaseEscrow", self._f("releaseEscrow", _key32(work_key)))
+
     def claim_rewards(self, node: str, work_keys: list[bytes | str]) -> Receipt:
         keys = [_key32(k) for k in work_keys]
         return self._send("claimRewards", self._f("claimRewards", _address(node), keys))
@@ -347,6 +391,15 @@ class PoolClient(ContractClient):
         r = self._call("getWork", self._f("getWork", key))
         return WorkInfo(key, _address(r[0]), WorkStatus(r[1]), int(r[2]), int(r[3]), int(r[4]))
 
+    def get_escrow(self, work_key: bytes | str) -> EscrowInfo:
+        """The escrow of `work_key`'s slash (status NONE when the key was never hard-invalidated)."""
+        key = _key32(work_key)
+        r = self._call("getEscrow", self._f("getEscrow", key))
+        return EscrowInfo(key, _address(r[0]), EscrowStatus(r[1]), int(r[2]), int(r[3]))
+
+    def total_escrow(self) -> int:
+        return int(self._call("totalEscrow", self._f("totalEscrow")))
+
     def is_active(self, node: str) -> bool:
         return bool(self._call("isActive", self._f("isActive", _address(node))))
 
@@ -366,6 +419,7 @@ class PoolClient(ContractClient):
             reward_lock_period=int(self._call("rewardLockPeriod", self._f("rewardLockPeriod"))),
             reward_per_unit=int(self._call("rewardPerUnit", self._f("rewardPerUnit"))),
             slash_penalty=int(self._call("slashPenalty", self._f("slashPenalty"))),
+            appeal_window=int(self._call("appealWindow", self._f("appealWindow"))),
         )
 
     def reward_budget(self) -> int:

@@ -15,6 +15,10 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 /// invalidation removes the work, slashes a penalty from the node's stake to the treasury (never to
 /// the slasher) and ejects the node; a soft invalidation only removes the work. Each accepted work unit
 /// earns a reward that stays locked (and removable by invalidation) for a period, then is claimable.
+/// Slashed stake is held in escrow for `appealWindow`: within it the node's operator (or the node key) may
+/// appeal, and a validator other than the slasher resolves the appeal. Won: the stake returns to the node,
+/// the work is accepted again with its reward reserved, and the ejection is undone if no other hard verdict
+/// stands. Lost, or not appealed in time: the escrow goes to the treasury (never to any validator).
 /// Every period (invalidation window, reward lock, unbonding) runs on the pool clock, `poolTime()`,
 /// which stands still while the pool is paused: nobody can act during a pause, so a pause must not use
 /// up a window (a verdict could no longer land, yet the reward would unlock).
@@ -41,6 +45,16 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         HardInvalidated
     }
 
+    /// What became of the stake one hard invalidation took (kept per work key).
+    enum EscrowStatus {
+        None, // no hard invalidation under this key
+        Held, // in escrow; the node may appeal until `appealDeadline`
+        Appealed, // appeal filed; a validator other than the slasher resolves it
+        Upheld, // the appeal lost: paid to the treasury
+        Overturned, // the appeal won: back in the node's stake, the work restored
+        Released // not appealed in time: paid to the treasury
+    }
+
     struct Node {
         address operator;
         NodeStatus status;
@@ -61,10 +75,26 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         uint256 reward;
     }
 
+    /// The slash of one hard invalidation, held until the appeal window closes or an appeal is resolved.
+    struct Escrow {
+        address slasher; // the validator that invalidated: it may never resolve the appeal
+        EscrowStatus status;
+        uint40 appealDeadline; // pool clock: an appeal must be filed before this moment
+        uint256 amount; // stake taken (may be 0: the node had none left; the verdict is still appealable)
+    }
+
+    /// Per node: hard verdicts that stand, and what an overturned ejection restores.
+    struct Ejection {
+        NodeStatus priorStatus; // status before the ejection; None when there is nothing to restore
+        uint64 priorUnbondingEnd;
+        uint32 standing; // hard invalidations of this node not overturned
+    }
+
     IERC20 public immutable token;
     uint64 public immutable unbondingPeriod;
     uint64 public immutable invalidationWindow;
     uint64 public immutable rewardLockPeriod;
+    uint64 public immutable appealWindow;
 
     address public treasury;
     uint256 public minStake;
@@ -75,8 +105,10 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     uint256 public rewardBudget;
     /// Reward tokens promised to accepted, unclaimed work.
     uint256 public rewardsReserved;
-    /// Stake held for all nodes (so the two pots never mix).
+    /// Stake held for all nodes (so the pots never mix).
     uint256 public totalStake;
+    /// Slashed stake held in escrow until its appeal window closes or its appeal is resolved.
+    uint256 public totalEscrow;
 
     uint64 public policyVersion;
     bytes32 public policyManifestHash;
@@ -87,6 +119,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
 
     mapping(address node => Node) private _nodes;
     mapping(bytes32 workKey => Work) private _work;
+    mapping(bytes32 workKey => Escrow) private _escrows;
+    mapping(address node => Ejection) private _ejections;
 
     // ---- events (OZ adds RoleGranted/RoleRevoked/RoleAdminChanged, Paused/Unpaused) ----
     event NodeRegistered(address indexed node, address indexed operator, uint256 stake, uint256 nonce);
@@ -109,6 +143,21 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     event WorkSkipped(address indexed node, bytes32 indexed workKey, address indexed validator, WorkStatus status);
     event StakeSlashed(address indexed node, bytes32 indexed workKey, address indexed treasury, uint256 amount);
     event NodeEjected(address indexed node, bytes32 indexed workKey, uint64 unbondingEnd);
+    /// The slash of `workKey` is held in escrow; the node may appeal until `appealDeadline` (pool clock).
+    event SlashEscrowed(address indexed node, bytes32 indexed workKey, uint256 amount, uint64 appealDeadline);
+    event AppealFiled(address indexed node, bytes32 indexed workKey, address indexed appellant);
+    /// `upheld`: the hard verdict stands; else it is overturned. `evidenceHash`: the resolver's re-check record.
+    event AppealResolved(
+        address indexed node, bytes32 indexed workKey, address indexed validator, bool upheld, bytes32 evidenceHash
+    );
+    /// An escrow paid to the treasury (appeal lost, or none filed in time).
+    event EscrowReleased(address indexed node, bytes32 indexed workKey, address indexed treasury, uint256 amount);
+    /// An overturned slash: `amount` back in the node's stake.
+    event SlashReversed(address indexed node, bytes32 indexed workKey, uint256 amount, uint256 stake);
+    /// Overturned work accepted again, its reward reserved.
+    event WorkRestored(address indexed node, bytes32 indexed workKey, uint48 units, uint256 reward);
+    /// The last standing hard verdict of an ejected node was overturned: its status before the ejection.
+    event NodeReinstated(address indexed node, bytes32 indexed workKey, NodeStatus status, uint64 unbondingEnd);
     event RewardsClaimed(address indexed node, address indexed operator, uint256 amount, uint256 workCount);
     event RewardsFunded(address indexed from, uint256 amount, uint256 budget);
     event RewardsDefunded(address indexed to, uint256 amount, uint256 budget);
@@ -143,6 +192,12 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     error PolicyVersionNotIncreasing(uint64 current, uint64 proposed);
     error ZeroManifestHash();
     error ZeroEvidenceHash();
+    error NotSlashed(bytes32 workKey);
+    error WrongEscrowStatus(bytes32 workKey, EscrowStatus status);
+    error AppealWindowClosed(bytes32 workKey, uint64 closedAt);
+    error AppealWindowOpen(bytes32 workKey, uint64 closesAt);
+    error ResolverIsSlasher(bytes32 workKey, address validator);
+    error WorkCleared(bytes32 workKey);
 
     constructor(
         IERC20 token_,
@@ -153,7 +208,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         uint64 invalidationWindow_,
         uint64 rewardLockPeriod_,
         uint256 rewardPerUnit_,
-        uint256 slashPenalty_
+        uint256 slashPenalty_,
+        uint64 appealWindow_
     ) EIP712("PrimeComputePool", "1") {
         if (address(token_) == address(0) || admin == address(0) || treasury_ == address(0)) revert ZeroAddress();
         // A reward must stay locked, and stake bonded, for as long as the work behind it can be invalidated:
@@ -167,6 +223,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         unbondingPeriod = unbondingPeriod_;
         invalidationWindow = invalidationWindow_;
         rewardLockPeriod = rewardLockPeriod_;
+        appealWindow = appealWindow_;
         rewardPerUnit = rewardPerUnit_;
         slashPenalty = slashPenalty_;
         _grantRole(DEFAULT_ADMIN_ROLE, admin);
@@ -238,6 +295,9 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         // The key may register again (with a fresh signature: the nonce moved on). The operator stays so it
         // can still claim rewards that unlock later.
         if (n.status == NodeStatus.Leaving) n.status = NodeStatus.None;
+        // An ejected node that took its stake and went has nothing to be reinstated to; a later won appeal
+        // still returns its escrow (withdrawable at once).
+        else _ejections[node].priorStatus = NodeStatus.None;
         emit StakeWithdrawn(node, msg.sender, amount);
         token.safeTransfer(msg.sender, amount);
     }
@@ -285,7 +345,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     /// returned to the budget; if it was never recorded (it failed its checks) the key is marked invalidated
     /// for `node`, so it can never be recorded or paid. Either way `slashPenalty` (at most the remaining
     /// stake) goes to the treasury, never to the slasher, and an active or leaving node is ejected (its stake
-    /// starts unbonding; the key is banned from this pool).
+    /// starts unbonding; the key is banned from this pool). The penalty is held in escrow for `appealWindow`
+    /// (see `appeal`), then goes to the treasury (`releaseEscrow`).
     function invalidateHard(address node, bytes32 workKey, uint16 reasonCode, bytes32 evidenceHash)
         external
         onlyRole(VALIDATOR_ROLE)
@@ -297,19 +358,118 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         emit WorkInvalidated(node, workKey, msg.sender, true, reasonCode, evidenceHash);
 
         Node storage n = _nodes[node];
+        Ejection storage j = _ejections[node];
         uint256 penalty = slashPenalty < n.stake ? slashPenalty : n.stake;
         n.stake -= penalty;
         totalStake -= penalty;
+        totalEscrow += penalty;
+        j.standing += 1;
+        uint64 now_ = _now();
         if (n.status == NodeStatus.Active || n.status == NodeStatus.Leaving) {
-            uint64 end = _now() + unbondingPeriod;
+            j.priorStatus = n.status;
+            j.priorUnbondingEnd = n.unbondingEnd;
+            uint64 end = now_ + unbondingPeriod;
             n.status = NodeStatus.Ejected;
             n.unbondingEnd = end;
             emit NodeEjected(node, workKey, end);
         }
-        if (penalty > 0) {
-            emit StakeSlashed(node, workKey, treasury, penalty);
-            token.safeTransfer(treasury, penalty);
+        uint64 deadline = now_ + appealWindow;
+        _escrows[workKey] = Escrow({
+            slasher: msg.sender,
+            status: EscrowStatus.Held,
+            appealDeadline: uint40(deadline),
+            amount: penalty
+        });
+        if (penalty > 0) emit StakeSlashed(node, workKey, treasury, penalty);
+        emit SlashEscrowed(node, workKey, penalty, deadline);
+    }
+
+    // ------------------------------------------------------------------ appeals
+
+    /// @notice Appeal the hard invalidation of `workKey`, by its node's operator or the node key itself, while
+    /// `poolTime() < appealDeadline`. The escrow then stays held until a validator other than the slasher
+    /// resolves the appeal (`resolveAppeal`).
+    function appeal(bytes32 workKey) external whenNotPaused nonReentrant {
+        Escrow storage e = _escrows[workKey];
+        EscrowStatus status = e.status;
+        if (status == EscrowStatus.None) revert NotSlashed(workKey);
+        address node = _work[workKey].node;
+        if (msg.sender != node && msg.sender != _nodes[node].operator) revert NotOperator(node, msg.sender);
+        if (status != EscrowStatus.Held) revert WrongEscrowStatus(workKey, status);
+        uint64 closedAt = uint64(e.appealDeadline);
+        if (_now() >= closedAt) revert AppealWindowClosed(workKey, closedAt);
+        e.status = EscrowStatus.Appealed;
+        emit AppealFiled(node, workKey, msg.sender);
+    }
+
+    /// @notice Resolve the appeal of `workKey` (any validator but the slasher), with the hash of the re-check's
+    /// record. `upheld`: the verdict stands and the escrow goes to the treasury. Otherwise the escrow returns to
+    /// the node's stake, the work is accepted again with its reward reserved from the budget (recorded work keeps
+    /// its units, reward and recording time; a key never recorded is recorded now with `units`), it can never be
+    /// invalidated again, and an ejected node whose hard verdicts are all overturned gets its old status back
+    /// (unless it has withdrawn its stake since).
+    function resolveAppeal(bytes32 workKey, bool upheld, uint48 units, bytes32 evidenceHash)
+        external
+        onlyRole(VALIDATOR_ROLE)
+        whenNotPaused
+        nonReentrant
+    {
+        if (evidenceHash == bytes32(0)) revert ZeroEvidenceHash();
+        Escrow storage e = _escrows[workKey];
+        if (e.status != EscrowStatus.Appealed) revert WrongEscrowStatus(workKey, e.status);
+        if (e.slasher == msg.sender) revert ResolverIsSlasher(workKey, msg.sender);
+        Work storage w = _work[workKey];
+        address node = w.node;
+        uint256 amount = e.amount;
+        emit AppealResolved(node, workKey, msg.sender, upheld, evidenceHash);
+        if (upheld) {
+            e.status = EscrowStatus.Upheld;
+            _payTreasury(node, workKey, amount);
+            return;
         }
+        e.status = EscrowStatus.Overturned;
+        totalEscrow -= amount;
+        Node storage n = _nodes[node];
+        n.stake += amount;
+        totalStake += amount;
+        emit SlashReversed(node, workKey, amount, n.stake);
+
+        uint256 reward = w.reward;
+        if (w.units == 0) {
+            // Rejected before it was ever recorded: record it now, with the units the resolver measured.
+            if (units == 0) revert ZeroUnits();
+            reward = uint256(units) * rewardPerUnit;
+            w.units = units;
+            w.recordedAt = uint40(_now());
+            w.reward = reward;
+        }
+        uint256 budget = rewardBudget;
+        if (reward > budget) revert InsufficientRewardBudget(reward, budget);
+        rewardBudget = budget - reward;
+        rewardsReserved += reward;
+        w.status = WorkStatus.Accepted;
+        n.acceptedUnits += w.units;
+        emit WorkRestored(node, workKey, w.units, reward);
+
+        Ejection storage j = _ejections[node];
+        j.standing -= 1;
+        if (j.standing == 0 && n.status == NodeStatus.Ejected && j.priorStatus != NodeStatus.None) {
+            n.status = j.priorStatus;
+            n.unbondingEnd = j.priorUnbondingEnd;
+            j.priorStatus = NodeStatus.None;
+            emit NodeReinstated(node, workKey, n.status, n.unbondingEnd);
+        }
+    }
+
+    /// @notice Pay the escrow of `workKey` to the treasury once its appeal window has closed unappealed
+    /// (anyone may call).
+    function releaseEscrow(bytes32 workKey) external whenNotPaused nonReentrant {
+        Escrow storage e = _escrows[workKey];
+        if (e.status != EscrowStatus.Held) revert WrongEscrowStatus(workKey, e.status);
+        uint64 closesAt = uint64(e.appealDeadline);
+        if (_now() < closesAt) revert AppealWindowOpen(workKey, closesAt);
+        e.status = EscrowStatus.Released;
+        _payTreasury(_work[workKey].node, workKey, e.amount);
     }
 
     /// @notice Soft invalidation of `node`'s submission `workKey` (honest but unusable: stale, not assigned
@@ -430,6 +590,14 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         return _work[workKey];
     }
 
+    function getEscrow(bytes32 workKey) external view returns (Escrow memory) {
+        return _escrows[workKey];
+    }
+
+    function getEjection(address node) external view returns (Ejection memory) {
+        return _ejections[node];
+    }
+
     function isActive(address node) external view returns (bool) {
         return _nodes[node].status == NodeStatus.Active;
     }
@@ -461,6 +629,14 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     function _onlyOperator(address node) private view returns (Node storage n) {
         n = _nodes[node];
         if (n.operator != msg.sender) revert NotOperator(node, msg.sender);
+    }
+
+    /// Pay an escrow to the treasury (checks and effects done by the caller).
+    function _payTreasury(address node, bytes32 workKey, uint256 amount) private {
+        totalEscrow -= amount;
+        address to = treasury;
+        emit EscrowReleased(node, workKey, to, amount);
+        if (amount > 0) token.safeTransfer(to, amount);
     }
 
     /// Record `node`'s work under `workKey`, which the caller checked is unknown.
@@ -498,6 +674,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         }
         if (w.node != node) revert WorkOfOtherNode(workKey, w.node);
         if (current != WorkStatus.Accepted) revert WorkNotAccepted(workKey, current);
+        // Work an appeal cleared was checked twice; it is not taken away again.
+        if (_escrows[workKey].status == EscrowStatus.Overturned) revert WorkCleared(workKey);
         // Open while now < recordedAt + window; a reward unlocks at recordedAt + lock >= that moment, so no
         // second exists in which work can be both invalidated and paid.
         uint64 closedAt = uint64(w.recordedAt) + invalidationWindow;

@@ -23,11 +23,13 @@ SETTINGS = PoolSettings(
     reward_lock_period=200,
     reward_per_unit=10**15,
     slash_penalty=4 * TOKEN,
+    appeal_window=150,
 )
 BUDGET = 1000 * TOKEN
 
 # PUBLIC anvil dev accounts by role (indices into the well-known test mnemonic).
-ADMIN, VALIDATOR, TRAINER, OPERATOR, OPERATOR2, STRANGER, ATTACKER_EOA, TREASURY = 0, 1, 2, 3, 4, 5, 6, 9
+ADMIN, VALIDATOR, TRAINER, OPERATOR, OPERATOR2, STRANGER, ATTACKER_EOA, VALIDATOR2, TREASURY = 0, 1, 2, 3, 4, 5, 6, 7, 9
+# VALIDATOR2 holds no role at deploy time: a test that needs a second validator (appeals) grants it.
 
 
 @pytest.fixture(scope="session")

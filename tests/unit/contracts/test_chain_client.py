@@ -277,10 +277,10 @@ def test_bad_pool_parameters_are_refused_by_the_constructor(pools: Pools) -> Non
     # A reward lock shorter than the invalidation window would let cheaters claim before the verdict.
     with pytest.raises(ChainError) as exc:
         tx.deploy("pool", art.abi, art.bytecode, pools.deployment.token, admin, admin,
-                  SETTINGS.min_stake, 300, 100, 99, 1, 1)
+                  SETTINGS.min_stake, 300, 100, 99, 1, 1, 150)
     assert exc.value.reason == "BadParameters"
     with pytest.raises(ChainError) as exc:
-        tx.deploy("pool", art.abi, art.bytecode, "0x" + "00" * 20, admin, admin, 1, 300, 100, 200, 1, 1)
+        tx.deploy("pool", art.abi, art.bytecode, "0x" + "00" * 20, admin, admin, 1, 300, 100, 200, 1, 1, 150)
     assert exc.value.reason == "ZeroAddress"
 
 

@@ -26,6 +26,11 @@ def test_hard_invalidation_of_a_key_never_recorded_slashes_and_consumes_it(pools
 
     receipt = pools.validator.invalidate_hard(node.address, key, 21, EVIDENCE)
 
+    invalidated_at = pools.admin.pool_time()
+    assert token.balance_of(treasury) == treasury_before  # in escrow for the appeal window (test_pool_appeals)
+    assert pools.admin.total_escrow() == SETTINGS.slash_penalty
+    pools.chain.advance_time(SETTINGS.appeal_window)
+    pools.stranger.release_escrow(key)
     assert token.balance_of(treasury) == treasury_before + SETTINGS.slash_penalty
     assert token.balance_of(validator) == validator_before  # the slasher earns nothing
     info = pools.admin.get_node(node.address)
@@ -35,7 +40,7 @@ def test_hard_invalidation_of_a_key_never_recorded_slashes_and_consumes_it(pools
     work = pools.admin.get_work(key)
     assert (work.node, work.status, work.units, work.reward) == (node.address, WorkStatus.HARD_INVALIDATED, 0, 0)
     assert work.known and work.invalidated and not work.was_recorded
-    assert work.recorded_at == pools.admin.pool_time()  # when it was invalidated (same block, never paused)
+    assert work.recorded_at == invalidated_at  # when it was invalidated (same block, never paused)
     events = {e.name: e.args for e in pools.admin.events(receipt.block_number)}
     assert events["WorkInvalidated"] == {"node": node.address, "workKey": key, "validator": validator,
                                          "hard": True, "reasonCode": 21, "evidenceHash": EVIDENCE}
@@ -87,7 +92,8 @@ def test_the_slash_follows_the_nodes_state(pools: Pools) -> None:
     key = work_key()
     total = pools.admin.total_stake()
     receipt = pools.validator.invalidate_hard(stranger, key, 1, EVIDENCE)
-    assert [e.name for e in pools.admin.events(receipt.block_number)] == ["WorkInvalidated"]
+    assert [e.name for e in pools.admin.events(receipt.block_number)] == ["WorkInvalidated", "SlashEscrowed"]
+    assert pools.admin.get_escrow(key).amount == 0  # nothing to take; the verdict is still appealable
     assert pools.admin.get_node(stranger).status is NodeStatus.NONE and pools.admin.total_stake() == total
     assert pools.admin.get_work(key).node == stranger
 

@@ -70,7 +70,8 @@ def test_hard_invalidation_slashes_to_treasury_and_ejects(pools: Pools) -> None:
 
     receipt = pools.validator.invalidate_hard(node.address, bad, 17, EVIDENCE)
 
-    assert token.balance_of(treasury) == treasury_before + SETTINGS.slash_penalty
+    assert token.balance_of(treasury) == treasury_before  # in escrow until the appeal window closes
+    assert pools.admin.get_escrow(bad).amount == SETTINGS.slash_penalty
     assert token.balance_of(validator) == validator_before  # the slasher earns nothing
     info = pools.admin.get_node(node.address)
     assert info.status is NodeStatus.EJECTED
@@ -279,6 +280,6 @@ def test_zero_penalty_still_ejects_without_a_transfer(pools: Pools) -> None:
     pools.validator.record_work(node.address, key, 1)
     receipt = pools.validator.invalidate_hard(node.address, key, 4, EVIDENCE)
     names = [e.name for e in pools.admin.events(receipt.block_number)]
-    assert names == ["WorkInvalidated", "NodeEjected"]
+    assert names == ["WorkInvalidated", "NodeEjected", "SlashEscrowed"]
     info = pools.admin.get_node(node.address)
     assert info.status is NodeStatus.EJECTED and info.stake == SETTINGS.min_stake
