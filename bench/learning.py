@@ -1,7 +1,7 @@
 """Learning through the network vs local mode: the same GRPO recipe and sample budget, per sample.
 
     python bench/learning.py --quick --json out.json      # ~6 min on 2 CPU cores (15 steps each)
-    python bench/learning.py --json out.json              # ~12 min (40 steps each, 3 nodes)
+    python bench/learning.py --json out.json              # ~12 min (40 steps each)
 
 Anchor: `prime-trainer` in local mode (`data.type = "local"`: it generates its own on-policy rollouts,
 staleness 0) with the tiny model on `lowercase`. Measured: `prime-devnet up` with the same model, task,
@@ -98,13 +98,16 @@ def smooth(xs: list[float], w: int = 3) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="15 steps, 2 nodes")
+    ap.add_argument("--quick", action="store_true", help="15 steps")
     ap.add_argument("--steps", type=int, help="trainer steps of each run (default 40, 15 with --quick)")
-    ap.add_argument("--nodes", type=int, help="devnet nodes (default 3, 2 with --quick)")
+    ap.add_argument("--nodes", type=int, default=2,
+                    help="devnet nodes (default 2: with 4 groups per step each node makes one submission per "
+                         "version; more nodes than that over-supply the trainer, whose backlog then makes every "
+                         "step train on older work)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     steps = args.steps or (15 if args.quick else 40)
-    nodes = args.nodes or (2 if args.quick else 3)
+    nodes = args.nodes
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         work = Path(tmp)
