@@ -2,11 +2,13 @@
 
     prime-node join [--cpu | --gpu N] --deployment deployment.json --keystore node.json [flags]
     prime-node status | claim | leave | withdraw [flags]
+    prime-node appeal [--work-key 0x...] [flags]
     prime-node protection export PATH | import PATH [flags]
 
 Flags are the `NodeConfig` fields (`prime-node join --help`); `--cpu`, `--gpu N`, `--deployment`,
-`--rpc-url`, `--pool`, `--keystore` and `--force` are short for `--engine.device cpu|cuda:N`,
-`--chain.deployment`, `--chain.rpc-url`, `--chain.pool`, `--key.keystore` and `--preflight.force`.
+`--rpc-url`, `--pool`, `--keystore`, `--work-key` and `--force` are short for `--engine.device cpu|cuda:N`,
+`--chain.deployment`, `--chain.rpc-url`, `--chain.pool`, `--key.keystore`, `--appeal.work-key` and
+`--preflight.force`.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ COMMANDS = {
     "claim": "claim every unlocked reward (operator key)",
     "leave": "start leaving the pool (unbonding; operator key)",
     "withdraw": "withdraw the stake once unbonded (operator key)",
+    "appeal": "appeal hard verdicts inside the appeal window: file on chain (operator key), ask another validator",
     "protection": "export PATH | import PATH: the slashing-protection record in its interchange format",
 }
 ALIASES = {"--deployment": "--chain.deployment", "--rpc-url": "--chain.rpc-url", "--pool": "--chain.pool",
-           "--keystore": "--key.keystore"}
+           "--keystore": "--key.keystore", "--work-key": "--appeal.work-key"}
 
 
 def _usage() -> str:
@@ -121,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             from node.commands import protection
 
             return protection(cfg, str(action), str(path))
+        if command == "appeal":
+            from node.appeal import appeal
+
+            return appeal(cfg)
         from node import commands
 
         return int(getattr(commands, command)(cfg))

@@ -109,6 +109,30 @@ def build_app(service: Service) -> FastAPI:
             service.wake()
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
+    @app.post("/v1/appeals", summary="Appeal another validator's hard verdict (a signed Appeal envelope, raw bytes)")
+    async def appeal(request: Request) -> Response:
+        limit = cfg.appeals.max_appeal_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isascii() or not declared.isdigit() or int(declared) > limit):
+            return JSONResponse({"error": "oversize", "detail": f"Content-Length {declared[:32]!r}, limit {limit}"},
+                                status_code=413, headers={"Connection": "close"})
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return JSONResponse({"error": "oversize", "detail": f"body over {limit} bytes"}, status_code=413,
+                                    headers={"Connection": "close"})
+            chunks.append(chunk)
+        answer = await run_in_threadpool(service.appeals.handle, b"".join(chunks))
+        return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+
+    @app.get("/v1/appeals/{work_key}", summary="This validator's decision on the appeal of one work key")
+    def appeal_status(work_key: str) -> dict[str, Any]:
+        row = service.ledger.appeal(_key(work_key))
+        if row is None:
+            raise HTTPException(404, "no appeal decided here for this work key")
+        return service.appeals.status(row)
+
     @app.get("/v1/submissions/{work_key}", summary="State, verdict, reason and raw measurements of one assignment")
     def submission(work_key: str) -> dict[str, Any]:
         row = service.ledger.get(_key(work_key))

@@ -18,7 +18,8 @@ from protocol.identity import checksum
 
 log = logging.getLogger(__name__)
 
-_NODE_EVENTS = {"NodeRegistered", "StakeAdded", "LeaveStarted", "StakeWithdrawn", "StakeSlashed", "NodeEjected"}
+_NODE_EVENTS = {"NodeRegistered", "StakeAdded", "LeaveStarted", "StakeWithdrawn", "StakeSlashed", "NodeEjected",
+                "SlashReversed", "NodeReinstated"}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from protocol.nonce import NonceCounter
 from protocol.replay import ReplayGuard
 from protocol.rollout import FeedItem, submission_domain
 from protocol.rollout_files import feed_groups, write_rollouts
+from validator.appeals import AppealDesk
 from validator.chainview import ChainView
 from validator.config import ValidatorConfig
 from validator.ledger import Ledger
@@ -66,6 +67,9 @@ class Service:
         self.peers = PeerWatch(cfg.peers, me=self.identity.address, failover_after_s=cfg.failover_after_s)
         self.pipeline = Pipeline(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
                                  replay_guard=self.replay, nonces=self.nonces, peers=self.peers)
+        self.appeals = AppealDesk(cfg, self.identity, self.ledger, self.chain,
+                                  self.pool if cfg.reporter.enabled else None, self.pipeline, self.weights,
+                                  domain=self.domain, replay_guard=self.replay, nonces=self.nonces)
         self.reporter = Reporter(self.ledger, self.pool if cfg.reporter.enabled else None,
                                  batch=cfg.reporter.batch, hold_hard_s=cfg.systemic.window_s)
         self.feed_files = 0
@@ -136,6 +140,8 @@ class Service:
         self._loop("checker", 0.5, self._check_step, self._wake)
         self._loop("reporter", self.cfg.reporter.interval_s, self.reporter.drain)  # without a pool: ledger only
         self._loop("feed", 0.5, self.write_feed)
+        if self.cfg.appeals.enabled and self.cfg.reporter.enabled:
+            self._loop("appeals", self.cfg.reporter.interval_s * 5, self.appeals.resolve_pending)
         if self.cfg.peers:
             self._loop("peers", min(5.0, self.cfg.failover_after_s / 3), self.peers.probe)
 

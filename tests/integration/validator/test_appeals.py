@@ -1,0 +1,155 @@
+"""Appeals against a real anvil pool and real validators on 127.0.0.1 with the tiny model: a cheater's appeal is
+upheld (the escrow goes to the treasury), a late appeal and one by someone else are refused by the contract and by
+the validator, and a validator that cannot re-check says so without resolving anything. (A won appeal, through
+`prime-node appeal`, is tests/integration/node/test_node_appeal.py.)"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from chainfixtures import SETTINGS, TREASURY, VALIDATOR2, Pools
+from validator_harness import SimNode, tiny
+
+from contracts.pool import EscrowStatus, NodeStatus, WorkStatus
+from protocol.appeal import Appeal
+from protocol.envelope import Envelope, seal
+from protocol.errors import ChainError
+from protocol.identity import Identity
+from protocol.nonce import random_nonce
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _slashed(v: Any, node: SimNode, **build: Any) -> tuple[str, str, bytes]:
+    """(work key, the signed verdict, the submission envelope) of a submission `v` rejected hard and slashed."""
+    _, data = node.build(**build)
+    with v.client() as c:
+        r = c.post("/v1/submissions", content=data)
+        assert r.status_code in (200, 202), r.text
+        key = str(r.json()["work_key"])
+    row = v.wait_reported(key)
+    assert row["outcome"] == "rejected_hard", row
+    return key, str(row["verdict"]), data
+
+
+def _appeal(signer: Identity, node: SimNode, key: str, verdict: str, submission: bytes) -> bytes:
+    body = Appeal(run_id=node.run.run_id, node=node.identity.address, work_key=bytes.fromhex(key[2:]),
+                  verdict=verdict, submission=submission.decode())
+    return seal(signer, body, domain=node.domain, nonce=random_nonce()).to_bytes()
+
+
+def _post(v: Any, data: bytes) -> tuple[int, dict[str, Any]]:
+    with v.client() as c:
+        r = c.post("/v1/appeals", content=data)
+        return r.status_code, dict(r.json())
+
+
+def _chain_reason(call: Any) -> str:
+    with pytest.raises(ChainError) as exc:
+        call()
+    return str(exc.value.reason)
+
+
+@pytest.fixture
+def second_validator(published: Pools) -> int:
+    published.admin.grant_role("validator", published.chain.account(VALIDATOR2).address)
+    return VALIDATOR2
+
+
+def test_a_cheaters_appeal_is_upheld_and_the_escrow_goes_to_the_treasury(
+        make_validator: Any, make_node: Any, published: Pools, second_validator: int) -> None:
+    node = make_node()
+    slasher = make_validator("a")
+    checker = make_validator("b", account=second_validator)
+    key, verdict, submission = _slashed(slasher, node, cheat="other_weights", model=tiny(1))  # a swapped model
+    token = published.token()
+    treasury = published.chain.account(TREASURY).address
+    before = token.balance_of(treasury)
+    assert published.admin.get_escrow(key).status is EscrowStatus.HELD
+
+    published.operator.appeal(key)
+    status, answer = _post(checker, _appeal(node.identity, node, key, verdict, submission))
+
+    assert status == 200, answer
+    assert (answer["outcome"], answer["reason"], answer["original_reason"]) == ("upheld", "proof_mismatch",
+                                                                              "proof_mismatch")
+    assert answer["resolved"] and answer["chain_tx"]
+    worst = max(ch[0] for s in answer["measurements"]["samples"] for ch in s["toploc"])
+    assert worst > checker.service.cfg.appeals.max_exp_mismatches  # far outside even the looser limit
+    decision = Envelope.model_validate_json(answer["decision"])
+    assert decision.signer == checker.service.identity.address and decision.body["outcome"] == "upheld"
+    assert published.admin.get_escrow(key).status is EscrowStatus.UPHELD
+    assert token.balance_of(treasury) == before + SETTINGS.slash_penalty
+    info = published.admin.get_node(node.identity.address)
+    assert info.status is NodeStatus.EJECTED and info.stake == SETTINGS.min_stake - SETTINGS.slash_penalty
+    assert published.admin.get_work(key).status is WorkStatus.HARD_INVALIDATED
+    with checker.client() as c:  # the re-check's record is served; its hash is the one on chain
+        import hashlib
+
+        evidence = c.get(f"/v1/evidence/{answer['evidence_hash']}")
+        assert "0x" + hashlib.sha256(evidence.content).hexdigest() == answer["evidence_hash"]
+        assert c.get(f"/v1/appeals/{key}").json()["outcome"] == "upheld"
+    # decided once: asking again returns the same decision, resolving nothing twice
+    status, again = _post(checker, _appeal(node.identity, node, key, verdict, submission))
+    assert status == 200 and again["evidence_hash"] == answer["evidence_hash"]
+
+
+def test_late_appeals_and_appeals_by_someone_else_are_refused(
+        make_validator: Any, make_node: Any, published: Pools, second_validator: int) -> None:
+    node = make_node()
+    slasher = make_validator("a")
+    checker = make_validator("b", account=second_validator)
+    key, verdict, submission = _slashed(slasher, node, cheat="inflate_reward")
+    stranger = Identity.create()
+
+    # someone else: refused by the validator (signature of neither the node nor its operator) and the contract
+    status, answer = _post(checker, _appeal(stranger, node, key, verdict, submission))
+    assert (status, answer["error"]) == (403, "not_appellant")
+    assert _chain_reason(lambda: published.stranger.appeal(key)) == "NotOperator"
+    # the slasher never judges its own verdict; an appeal not filed on chain is not taken
+    status, answer = _post(slasher, _appeal(node.identity, node, key, verdict, submission))
+    assert (status, answer["error"]) == (409, "own_verdict")
+    status, answer = _post(checker, _appeal(node.identity, node, key, verdict, submission))
+    assert (status, answer["error"]) == (409, "not_filed")
+    # a verdict that is not the one slashed, or a submission it did not judge
+    status, answer = _post(checker, _appeal(node.identity, node, key, verdict, node.build()[1]))
+    assert (status, answer["error"]) == (400, "bad_submission")
+
+    # late: the window closed, the contract refuses to file and the validator refuses to judge
+    published.chain.advance_time(SETTINGS.appeal_window + 1)
+    assert _chain_reason(lambda: published.operator.appeal(key)) == "AppealWindowClosed"
+    late = _appeal(node.identity, node, key, verdict, submission)
+    status, answer = _post(checker, late)
+    assert (status, answer["error"]) == (410, "appeal_window_closed")
+    status, answer = _post(checker, late)  # the same signed appeal again is a replay
+    assert (status, answer["error"]) == (409, "replay")
+    assert published.admin.get_escrow(key).status is EscrowStatus.HELD
+    token = published.token()
+    treasury = published.chain.account(TREASURY).address
+    before = token.balance_of(treasury)
+    published.stranger.release_escrow(key)  # anyone releases it to the treasury once the window is over
+    assert token.balance_of(treasury) == before + SETTINGS.slash_penalty
+    assert published.admin.get_escrow(key).status is EscrowStatus.RELEASED
+
+
+@pytest.mark.slow  # ~5 s; the default tier keeps the won, lost, late and someone-else appeals
+def test_a_validator_that_cannot_recheck_says_so_and_resolves_nothing(
+        make_validator: Any, make_node: Any, published: Pools, second_validator: int) -> None:
+    node = make_node()
+    slasher = make_validator("a")
+    with socket.socket() as s:  # a relay nobody runs: this validator never gets the weights of v1
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    trainer = published.trainer.identity.address
+    blind = make_validator("b", account=second_validator,
+                           weights={"type": "shardcast", "relays": [dead], "trainer": trainer})
+    key, verdict, submission = _slashed(slasher, node, cheat="inflate_reward")
+    published.operator.appeal(key)
+    status, answer = _post(blind, _appeal(node.identity, node, key, verdict, submission))
+    assert (status, answer["error"]) == (503, "cannot_check"), answer
+    assert "policy version 1" in answer["detail"]
+    assert published.admin.get_escrow(key).status is EscrowStatus.APPEALED  # still open for another validator
+    with blind.client() as c:
+        assert c.get(f"/v1/appeals/{key}").status_code == 404

@@ -1,0 +1,349 @@
+"""Appeals: re-checking another validator's hard verdict when the slashed node asks (`POST /v1/appeals`).
+
+The node sends a signed `protocol.appeal.Appeal` carrying the hard `Verdict` envelope it received and its
+own `Submission` envelope as it sent it. Checks, cheapest first, each with its own answer:
+
+1. size (413), the appeal envelope (400 malformed/expired/wrong domain, 401 signature), its signer is the
+   node key or the node's operator on chain (403 `not_appellant`), its nonce is new (409 `replay`);
+2. the carried envelopes: the verdict is signed, of this run and domain, about this node and work key
+   (400 `bad_verdict`), hard (409 `not_hard`) and not ours (409 `own_verdict`: a validator never judges
+   its own verdict); the submission is signed by the node and hashes to the verdict's `submission_hash`
+   (400 `bad_submission`);
+3. the chain: the key is hard-invalidated for this node by the verdict's signer, and the node filed its
+   appeal inside the window (409 `not_filed`, 410 `appeal_window_closed` when the window is over,
+   409 `already_resolved`);
+4. the re-check, with `appeals.*` thresholds (looser than intake's): cheap checks (less the async window:
+   the work was inside it when it was submitted), rewards recomputed, one prefill for TOPLOC, the seeded
+   sampling replay, termination and logprobs.
+
+Our failures are never the node's: when the re-check cannot run (weights of that version not here, our
+chain view lacks the version, the grader or the model failing, a verdict that rests on evidence the
+appeal cannot carry, such as equivocation's second payload) the answer is 503 `cannot_check` and nothing
+is resolved, so another validator can take it. A decision is signed (`AppealDecision`), stored with its
+evidence in the ledger (one per work key: the first stands), then resolved on chain (`resolveAppeal`);
+a failed transaction is retried by `resolve_pending`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from contracts.pool import EscrowStatus, PoolClient, WorkStatus
+from protocol.appeal import Appeal, AppealDecision, AppealOutcome
+from protocol.canonical import canonical_bytes
+from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
+from protocol.errors import ChainError, ModelError, PrimeError, ProtocolError, ReplayError, SignatureError
+from protocol.identity import Identity, checksum
+from protocol.nonce import NonceCounter
+from protocol.rollout import Outcome, Reason, Submission, Verdict, submission_hash
+from protocol.seeds import work_key
+from validator.chainview import ChainView
+from validator.ledger import AppealRow, Ledger
+from validator.pipeline import SOFTWARE, Answer, Pipeline
+from validator.weights import WeightStore, WeightsUnavailable
+
+if TYPE_CHECKING:
+    from validator.config import ValidatorConfig
+
+log = logging.getLogger(__name__)
+
+_STORED_AGE_S = 10 * 365 * 24 * 3600.0
+"""Carried envelopes were sealed long ago; their age is not the point (the chain's appeal window is)."""
+
+
+class NotAppellantError(ProtocolError):
+    """The appeal is signed by neither the node key nor the node's operator."""
+
+    code = "not_appellant"
+
+
+class _AnyNonce:
+    """Replay guard for the *carried* envelopes: they were accepted once already (by the slasher); what must
+    not be replayed is the appeal itself, checked by the real guard. One decision per work key besides."""
+
+    def check_and_record(
+        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
+    ) -> None:
+        return None
+
+
+class _AppellantGate:
+    """Before the appeal's nonce is consumed: its (authenticated) signer must be the node or its operator."""
+
+    def __init__(self, inner: NonceGuard, pool: PoolClient | None, node: str) -> None:
+        self.inner, self.pool, self.node = inner, pool, node
+        self.signer = ""
+
+    def check_and_record(
+        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
+    ) -> None:
+        if signer != self.node:
+            operator = None
+            if self.pool is not None:
+                try:
+                    operator = self.pool.get_node(self.node).operator
+                except ChainError as exc:
+                    raise _CannotCheck(f"cannot read the node's operator on chain: {exc}") from exc
+            if signer != operator:
+                raise NotAppellantError(f"{signer} is neither node {self.node} nor its operator")
+        self.signer = signer
+        self.inner.check_and_record(domain, signer, nonce, sent_at=sent_at, expires_at=expires_at, now=now)
+
+
+class _CannotCheck(PrimeError):
+    """The re-check cannot run here; never resolved against the node."""
+
+    code = "cannot_check"
+
+
+def _hex(data: bytes) -> str:
+    return "0x" + data.hex()
+
+
+def _address(value: object) -> str:
+    """The checksum form of a claimed address, or "" (the body check then refuses it)."""
+    try:
+        return checksum(value) if isinstance(value, str) else ""
+    except PrimeError:
+        return ""
+
+
+class AppealDesk:
+    """Answers appeals and resolves them on chain (see the module docstring)."""
+
+    def __init__(self, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView,
+                 pool: PoolClient | None, pipeline: Pipeline, weights: WeightStore, *, domain: str,
+                 replay_guard: NonceGuard, nonces: NonceCounter) -> None:
+        from toploc.thresholds import ToplocThresholds
+
+        self.cfg, self.identity, self.ledger, self.chain, self.pool = cfg, identity, ledger, chain, pool
+        self.pipeline, self.weights, self.domain = pipeline, weights, domain
+        self.replay_guard, self.nonces = replay_guard, nonces
+        a = cfg.appeals
+        self.thresholds = ToplocThresholds(
+            max_exp_mismatches=a.max_exp_mismatches, max_mant_err_mean=a.max_mant_err_mean,
+            max_mant_err_median=a.max_mant_err_median, sampling_margin_tolerance=a.sampling_margin_tolerance,
+            max_sampling_mismatches=a.max_sampling_mismatches)
+        self._lock = threading.Lock()  # one re-check at a time (appeals are rare; the checker has the model)
+        self._resolve_lock = threading.Lock()
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    def handle(self, data: bytes) -> Answer:
+        """One posted appeal envelope; see the module docstring for every answer."""
+        self.pipeline.count("appeals_received")
+        try:
+            return self._handle(data)
+        except _CannotCheck as exc:
+            self.pipeline.count("appeals_cannot_check")
+            log.warning("appeal: cannot check here: %s", exc)
+            return Answer(503, {"error": "cannot_check", "detail": str(exc)}, {"Retry-After": "30"})
+
+    def _refuse(self, status: int, error: str, detail: str) -> Answer:
+        self.pipeline.count(f"appeals_refused_{error}")
+        return Answer(status, {"error": error, "detail": detail})
+
+    def _handle(self, data: bytes) -> Answer:
+        if not self.cfg.appeals.enabled:
+            return self._refuse(503, "appeals_disabled", "this validator does not take appeals")
+        limit = self.cfg.appeals.max_appeal_bytes
+        if len(data) > limit:
+            return self._refuse(413, "oversize", f"{len(data)} bytes, limit {limit}")
+        try:
+            envelope = Envelope.from_bytes(data, max_bytes=limit)
+            gate = _AppellantGate(self.replay_guard, self.pool, _address(envelope.body.get("node")))
+            body = open_envelope(envelope, domain=self.domain, replay_guard=gate, body_types=[Appeal],
+                                 max_age_s=self.cfg.max_age_s)
+        except SignatureError as exc:
+            return self._refuse(401, exc.code, str(exc))
+        except NotAppellantError as exc:
+            return self._refuse(403, exc.code, str(exc))
+        except ReplayError as exc:
+            return self._refuse(409, exc.code, str(exc))
+        except PrimeError as exc:  # malformed, expired, wrong domain or kind, a bad address
+            if isinstance(exc, _CannotCheck):
+                raise
+            return self._refuse(400, getattr(exc, "code", "malformed"), str(exc))
+        assert isinstance(body, Appeal)
+        if body.run_id != self.cfg.run.run_id:
+            return self._refuse(400, "wrong_run", f"run {body.run_id!r}, this is {self.cfg.run.run_id!r}")
+        key = _hex(body.work_key)
+
+        # the carried verdict and submission
+        try:
+            v_env = Envelope.from_bytes(body.verdict.encode(), max_bytes=self.cfg.max_submission_bytes)
+            verdict = open_envelope(v_env, domain=self.domain, replay_guard=_AnyNonce(), body_types=[Verdict],
+                                    max_age_s=_STORED_AGE_S)
+        except PrimeError as exc:
+            return self._refuse(400, "bad_verdict", f"the carried verdict: {exc}")
+        assert isinstance(verdict, Verdict)
+        slasher = v_env.signer
+        if (verdict.node, verdict.work_key, verdict.run_id) != (body.node, body.work_key, body.run_id):
+            return self._refuse(400, "bad_verdict", "the verdict is about another node, work key or run")
+        if verdict.outcome is not Outcome.REJECTED_HARD:
+            return self._refuse(409, "not_hard", f"the verdict is {verdict.outcome.value}: nothing was slashed")
+        if slasher == self.identity.address:
+            return self._refuse(409, "own_verdict", "this validator gave that verdict; appeal to another one")
+        try:
+            s_bytes = body.submission.encode()
+            s_env = Envelope.from_bytes(s_bytes, max_bytes=self.cfg.max_submission_bytes)
+            sub = open_envelope(s_env, domain=self.domain, replay_guard=_AnyNonce(), body_types=[Submission],
+                                expected_signer=body.node, max_age_s=_STORED_AGE_S)
+        except PrimeError as exc:
+            return self._refuse(400, "bad_submission", f"the carried submission: {exc}")
+        assert isinstance(sub, Submission)
+        if submission_hash(s_bytes) != verdict.submission_hash:
+            return self._refuse(400, "bad_submission", "the submission's hash is not the one the verdict judged")
+        if work_key(self.cfg.run.run_id, sub.node, sub.policy_version, sub.counter) != body.work_key:
+            return self._refuse(400, "bad_submission", "the submission is for another assignment")
+
+        done = self.ledger.appeal(key)
+        if done is not None:  # decided before (a resent appeal): the first decision stands
+            return Answer(200, self.status(done))
+
+        refusal = self._chain_state(key, body.node, slasher)
+        if refusal is not None:
+            return refusal
+        with self._lock:
+            done = self.ledger.appeal(key)
+            if done is not None:
+                return Answer(200, self.status(done))
+            row = self._recheck(data, gate.signer, slasher, verdict, sub)
+        self.resolve(row)
+        row = self.ledger.appeal(key) or row
+        return Answer(200, self.status(row))
+
+    def _chain_state(self, key: str, node: str, slasher: str) -> Answer | None:
+        """None when the chain holds an appeal to decide; else the refusal."""
+        if self.pool is None:
+            raise _CannotCheck("this validator does not report to the chain (reporter disabled): it cannot resolve")
+        try:
+            work = self.pool.get_work(key)
+            escrow = self.pool.get_escrow(key)
+            now = self.pool.pool_time()
+        except ChainError as exc:
+            raise _CannotCheck(f"cannot read the chain: {exc}") from exc
+        if work.status is not WorkStatus.HARD_INVALIDATED or work.node != node or escrow.status is EscrowStatus.NONE:
+            return self._refuse(409, "not_slashed", f"the pool holds {work.status.name} for this key, not a hard "
+                                "invalidation of this node")
+        if escrow.slasher != slasher:
+            return self._refuse(400, "bad_verdict", f"the key was slashed on chain by {escrow.slasher}, the verdict "
+                                f"is signed by {slasher}")
+        if escrow.status is EscrowStatus.HELD:
+            if now >= escrow.appeal_deadline:
+                return self._refuse(410, "appeal_window_closed", f"the appeal window closed at pool time "
+                                    f"{escrow.appeal_deadline} (now {now})")
+            return self._refuse(409, "not_filed", "file the appeal on chain first (ComputePool.appeal(workKey), "
+                                f"before pool time {escrow.appeal_deadline}; `prime-node appeal` does both)")
+        if escrow.status is EscrowStatus.RELEASED:
+            return self._refuse(410, "appeal_window_closed", "the appeal window closed and the escrow went to the "
+                                "treasury")
+        if escrow.status is not EscrowStatus.APPEALED:
+            return self._refuse(409, "already_resolved", f"the appeal was resolved on chain: {escrow.status.name}")
+        return None
+
+    # -- the re-check -------------------------------------------------------------------------------
+
+    def _recheck(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: Submission) -> AppealRow:
+        p = self.pipeline
+        if verdict.reason is Reason.EQUIVOCATION:
+            raise _CannotCheck("an equivocation verdict rests on a second signed payload that an appeal does not "
+                               "carry; its evidence is at the slashing validator's /v1/evidence")
+        if self.chain.manifest_hash(sub.policy_version) is None:
+            raise _CannotCheck(f"v{sub.policy_version} is not in this validator's chain view (yet)")
+        measurements: dict[str, Any] = {}
+        failure = p.cheap_problem(sub, version_window=False)
+        if failure is None:
+            try:
+                loaded = self.weights.get(sub.policy_version)
+            except WeightsUnavailable as exc:
+                raise _CannotCheck(str(exc)) from exc
+            tasks = p.tasks(sub.node, sub.policy_version, sub.counter)
+            try:
+                rewards = p.rewards(loaded, sub, tasks)
+            except Exception as exc:  # noqa: BLE001 - our grader failing is ours, whatever it raised
+                raise _CannotCheck(f"grader: {type(exc).__name__}: {exc}") from exc
+            measurements["rewards"] = rewards
+            bad = p.reward_mismatch(sub, rewards)
+            if bad is not None:
+                failure = (Reason.REWARD_MISMATCH, bad)
+            else:
+                try:
+                    (reports,) = p.measure(loaded, [(sub, tasks)], self.thresholds)
+                except (ModelError, RuntimeError, MemoryError) as exc:
+                    raise _CannotCheck(f"model stage: {exc}") from exc
+                failure, per_sample = p.judge(sub, reports, self.thresholds, self.cfg.appeals.logprob_tolerance)
+                measurements["samples"] = per_sample
+        outcome = AppealOutcome.UPHELD if failure is not None else AppealOutcome.OVERTURNED
+        reason, detail = failure if failure is not None else (Reason.ACCEPTED, f"passes the appeal thresholds "
+                                                              f"({sub.n_samples()} samples, {sub.n_tokens()} tokens)")
+        key = _hex(verdict.work_key)
+        evidence = canonical_bytes({
+            "software": SOFTWARE, "kind": "appeal", "work_key": key, "appeal": data.decode(), "slasher": slasher,
+            "original_reason": verdict.reason.value, "outcome": outcome.value, "reason": reason.value,
+            "detail": detail, "measurements": measurements, "thresholds": self.cfg.appeals.model_dump(mode="json"),
+            "run": self.cfg.run.model_dump(mode="json")})
+        evidence_hash = _hex(hashlib.sha256(evidence).digest())
+        decision = AppealDecision(
+            run_id=self.cfg.run.run_id, work_key=verdict.work_key, node=sub.node, slasher=slasher,
+            original_reason=verdict.reason.value, outcome=outcome, reason=reason.value,
+            evidence_hash=bytes.fromhex(evidence_hash[2:]))
+        signed = seal(self.identity, decision, domain=self.domain, nonce=self.nonces.next(self.domain)).to_bytes()
+        row = AppealRow(
+            work_key=key, node=sub.node, slasher=slasher, appellant=appellant, received_at=time.time(), appeal=data,
+            original_reason=verdict.reason.value, outcome=outcome.value, reason=reason.value, detail=detail,
+            measurements=json.dumps(measurements), units=p.units(sub), evidence_hash=evidence_hash, decision=signed,
+            resolved_at=None, chain_tx=None)
+        self.ledger.record_appeal(row, evidence)
+        p.count(f"appeals_{outcome.value}")
+        log.info("appeal of %s (node %s, slashed by %s for %s): %s (%s: %s) evidence %s", key, sub.node, slasher,
+                 verdict.reason.value, outcome.value, reason.value, detail, evidence_hash)
+        return self.ledger.appeal(key) or row
+
+    # -- the chain ----------------------------------------------------------------------------------
+
+    def resolve(self, row: AppealRow) -> bool:
+        """`resolveAppeal` for one decided appeal; True once the chain shows it resolved."""
+        if self.pool is None or row.resolved_at is not None:
+            return row.resolved_at is not None
+        with self._resolve_lock:
+            upheld = row.outcome == AppealOutcome.UPHELD.value
+            try:
+                receipt = self.pool.resolve_appeal(row.work_key, upheld, row.units, row.evidence_hash)
+            except ChainError as exc:
+                try:
+                    status = self.pool.get_escrow(row.work_key).status
+                except ChainError:
+                    status = None
+                if status in (EscrowStatus.UPHELD, EscrowStatus.OVERTURNED):  # landed, or another resolver did
+                    self.ledger.mark_appeal_resolved(row.work_key, None)
+                    if status is not (EscrowStatus.UPHELD if upheld else EscrowStatus.OVERTURNED):
+                        log.warning("appeal of %s: resolved on chain as %s by someone else (we decided %s)",
+                                    row.work_key, status.name, row.outcome)
+                    return True
+                log.warning("resolveAppeal %s failed (will retry): %s", row.work_key, exc)
+                return False
+            self.ledger.mark_appeal_resolved(row.work_key, receipt.tx_hash)
+            log.info("appeal of %s resolved on chain: %s (tx %s)", row.work_key, row.outcome, receipt.tx_hash)
+            return True
+
+    def resolve_pending(self) -> int:
+        """Resolve decided appeals whose transaction failed before; returns how many were resolved."""
+        return sum(self.resolve(row) for row in self.ledger.unresolved_appeals(32))
+
+    # -- views ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def status(row: AppealRow) -> dict[str, Any]:
+        return {
+            "work_key": row.work_key, "node": row.node, "slasher": row.slasher, "appellant": row.appellant,
+            "original_reason": row.original_reason, "outcome": row.outcome, "reason": row.reason,
+            "detail": row.detail, "measurements": json.loads(row.measurements) if row.measurements else None,
+            "units": row.units, "evidence_hash": row.evidence_hash, "resolved": row.resolved_at is not None,
+            "chain_tx": row.chain_tx, "decision": row.decision.decode(),
+        }
