@@ -440,3 +440,26 @@ def test_a_lost_connection_is_opened_again(pg_dsn: str) -> None:
         assert ledger.decide("k1", accepted("k1"))
     finally:
         ledger.close()
+
+
+def test_an_appeal_is_decided_once_with_its_evidence_and_resolved_once(ledger: Ledger) -> None:
+    from validator.ledger import AppealRow
+
+    def row(outcome: str, evidence_hash: str) -> AppealRow:
+        return AppealRow(work_key="0xk1", node="0xa", slasher="0xv1", appellant="0xa", received_at=T0,
+                         appeal=b"{}", original_reason="logprob_mismatch", outcome=outcome, reason="accepted",
+                         detail="passes", measurements=json.dumps({"samples": []}), units=40,
+                         evidence_hash=evidence_hash, decision=b"signed", resolved_at=None, chain_tx=None)
+
+    assert ledger.appeal("0xk1") is None
+    assert ledger.record_appeal(row("overturned", "0xe1"), b"re-check record") is True
+    assert ledger.record_appeal(row("upheld", "0xe2"), b"another") is False  # the first decision stands
+    stored = ledger.appeal("0xk1")
+    assert stored is not None and (stored.outcome, stored.units, stored.evidence_hash) == ("overturned", 40, "0xe1")
+    assert ledger.evidence("0xe1") == b"re-check record" and ledger.evidence("0xe2") is None
+    assert [r.work_key for r in ledger.unresolved_appeals(10)] == ["0xk1"]
+    ledger.mark_appeal_resolved("0xk1", "0xtx", now=T0 + 1)
+    ledger.mark_appeal_resolved("0xk1", "0xother", now=T0 + 2)  # once
+    stored = ledger.appeal("0xk1")
+    assert stored is not None and (stored.resolved_at, stored.chain_tx) == (T0 + 1, "0xtx")
+    assert ledger.unresolved_appeals(10) == []
