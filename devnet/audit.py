@@ -8,8 +8,8 @@ The accounting lives in the roles; this module only reads it and compares:
   its feed cursors and what it still holds queued;
 - nodes, `GET /health` `records`: the slashing-protection record (posted = submitted + decided; signed
   but not yet taken by any validator = `signed`);
-- the chain: `WorkRecorded`, `WorkInvalidated`, `StakeSlashed`, `RewardsClaimed` events, `rewardsReserved`,
-  `rewardPerUnit`.
+- the chain: `WorkRecorded`, `WorkInvalidated`, `StakeSlashed`, `WorkRestored` (an overturned appeal),
+  `RewardsClaimed` events, `rewardsReserved`, `rewardPerUnit`.
 
 Checks (each one row of the table; any failing row makes the exit status 1):
 
@@ -19,7 +19,8 @@ Checks (each one row of the table; any failing row makes the exit status 1):
    counted), or still queued (held by the trainer, or past its cursor in that validator's feed); the
    trainer trained nothing no validator accepted;
 4. work recorded on chain (and not invalidated since) = accepted work the validators reported;
-5. rewards reserved on chain = recorded units x rate - claimed, and = the validators' accepted units x rate;
+5. rewards reserved on chain = recorded units x rate - claimed, and = the validators' accepted units x rate
+   (work restored by an overturned appeal counts with its restored reward: no validator lists it as accepted);
 6. every slash has evidence: each hard invalidation carries a non-zero evidence hash that a validator
    serves, whose SHA-256 matches; each `StakeSlashed` follows a hard invalidation of the same work.
 """
@@ -156,6 +157,7 @@ def reconcile(inp: Inputs) -> list[Row]:
     claimed = 0
     hard: dict[str, str] = {}
     slashed: list[str] = []
+    restored: dict[str, int] = {}
     for e in inp.chain_events:
         args = e["args"]
         if e["name"] == "WorkRecorded":
@@ -168,6 +170,8 @@ def reconcile(inp: Inputs) -> list[Row]:
             claimed += int(args["amount"])
         elif e["name"] == "StakeSlashed":
             slashed.append(_key(args["workKey"]))
+        elif e["name"] == "WorkRestored":  # an appeal overturned its hard invalidation (contracts/README.md)
+            restored[_key(args["workKey"])] = int(args["reward"])
     on_chain = {k for k in recorded if k not in invalidated}
     reported = {k for k, a in accepted.items() if a.get("reported") and not str(a.get("chain_tx") or "").startswith(
         "refused:")}
@@ -184,12 +188,17 @@ def reconcile(inp: Inputs) -> list[Row]:
 
     # 5. rewards
     rate = inp.reward_per_unit
-    expected_chain = sum(r for k, r in recorded.items() if k not in invalidated) - claimed
+    expected_chain = sum(r for k, r in recorded.items() if k not in invalidated) + sum(restored.values()) - claimed
     rows.append(Row("rewards reserved = recorded rewards - claimed", expected_chain, inp.rewards_reserved,
                     expected_chain == inp.rewards_reserved))
     units = sum(int(accepted[k]["units"]) for k in on_chain if k in accepted)
-    rows.append(Row("rewards reserved + claimed = accepted units x rate", f"{units} x {rate} = {units * rate}",
-                    inp.rewards_reserved + claimed, units * rate == inp.rewards_reserved + claimed))
+    back = sum(restored.values())
+    rows.append(Row("rewards reserved + claimed = accepted units x rate",  # + rewards restored by appeals
+                    f"{units} x {rate} + {back} = {units * rate + back}" if back else f"{units} x {rate} = {units * rate}",
+                    inp.rewards_reserved + claimed,
+                    units * rate + back == inp.rewards_reserved + claimed))
+    if restored:
+        rows.append(Row("work restored by overturned appeals", "-", len(restored), True))
 
     # 6. slashes have evidence
     bad = []

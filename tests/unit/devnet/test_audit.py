@@ -115,3 +115,17 @@ def test_a_slash_without_matching_evidence_is_caught() -> None:
     inp = consistent()
     inp.chain_events = [e for e in inp.chain_events if e["name"] != "WorkInvalidated"]
     assert failing(reconcile(inp)) == ["slashes following a hard invalidation"]
+
+
+def test_work_restored_by_an_overturned_appeal_reconciles() -> None:
+    """An appeal overturned the hard verdict on k(5): the pool accepted the work again with its reward (no
+    validator lists it as accepted: the slasher's ledger keeps its hard row, the resolver keeps an appeal)."""
+    inp = consistent()
+    inp.chain_events.append({"name": "WorkRestored", "args": {"workKey": bytes.fromhex(k(5)[2:]), "units": 7,
+                                                               "reward": 7 * RATE}})
+    assert failing(reconcile(inp)) == ["rewards reserved = recorded rewards - claimed",
+                                       "rewards reserved + claimed = accepted units x rate"]
+    inp.rewards_reserved += 7 * RATE  # what the pool holds after the restore
+    rows = reconcile(inp)
+    assert failing(rows) == []
+    assert next(r for r in rows if r.check == "work restored by overturned appeals").actual == 1
