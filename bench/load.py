@@ -451,7 +451,7 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
                 stop.wait(0.1)
 
         sampler = threading.Thread(target=sample, daemon=True)
-        t_start = time.perf_counter()
+        t_start, t_mono = time.perf_counter(), time.monotonic()
         sampler.start()
         traffic_s = run_traffic(served.url, senders, spec)
         keys = {i.work_key for s in senders for i in [s.first, *s.items] if i.kind == "honest" and i.work_key}
@@ -484,6 +484,11 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
         if st not in EXPECTED["honest"]:
             unexpected[f"honest:{st}"] += c
     requests = sum(len(s.log) for s in senders)
+    answered = sorted(t1 - t_mono for s in senders for _, _, t1, _, _ in s.log)
+    latency: dict[str, list[float]] = defaultdict(list)
+    for s in senders:
+        for kind, t0, t1, _, _ in s.log:
+            latency[kind].append(t1 - t0)
     rss = [kib for _, kib in samples]
     tenth = [kib for t, kib in samples if t - t_start >= traffic_s * 0.1]
     peak = max(rss + [rss_after["VmRSS"]])
@@ -493,6 +498,10 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
         "planned_requests": sum(mix.values()), "mix": dict(sorted(mix.items())),
         "requests_sent": requests, "honest_retries": requests - sum(mix.values()),
         "traffic_s": traffic_s, "per_s": requests / traffic_s, "anchor_single_sender": anchor,
+        "answered_by_s": {q: round(answered[min(len(answered) - 1, int(q / 100 * len(answered)))], 2)
+                          for q in (50, 90, 99)} if answered else {},
+        "latency_s": {k: {"median": round(statistics.median(v), 3), "max": round(max(v), 3)}
+                      for k, v in sorted(latency.items())},
         "per_s_over_single_sender": requests / traffic_s / anchor["per_s"],
         "statuses": {k: {str(s): c for s, c in sorted(v.items(), key=str)} for k, v in sorted(statuses.items())},
         "error_codes": {k: dict(v) for k, v in sorted(errors.items())},
@@ -684,6 +693,8 @@ def report(res: dict[str, Any]) -> None:
         print(f"{'kind':<18}{'planned':>8}  answers")
         for kind, n in v["mix"].items():
             print(f"{kind:<18}{n:>8}  {v['statuses'].get(kind, {})}")
+        print(f"answers in by (s): {v['answered_by_s']} (50/90/99% of them); latency median/max by kind: "
+              + ", ".join(f"{k} {x['median']}/{x['max']}" for k, x in v["latency_s"].items()))
         print(f"rate: {v['per_s']:.0f} requests/s; one sender alone {v['anchor_single_sender']['per_s']:.0f}/s "
               f"(ratio {v['per_s_over_single_sender']:.2f})")
         h = v["honest"]
