@@ -21,6 +21,7 @@ role that names a model names the same one (nodes may take it from the validator
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
@@ -102,6 +103,16 @@ def parse_role_command(argv: list[str], env: dict[str, str]) -> Any:
         if program == "anvil":
             return _anvil(args)
     raise ValueError(f"{program!r} is not a role this image runs")
+
+
+@functools.lru_cache(maxsize=256)
+def _refusal(argv: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> str | None:
+    """Why the role's parser refuses `argv` under `env` (None: it accepts); remembered per command."""
+    try:
+        parse_role_command(list(argv), dict(env))
+    except Exception as exc:  # noqa: BLE001 - any parser failure is this service's problem, reported
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _anvil(args: list[str]) -> list[str]:
@@ -270,10 +281,9 @@ def check(path: Path = COMPOSE, compose: dict[str, Any] | None = None) -> list[s
         if not argv:
             problems.append(f"{name}: no command")
             continue
-        try:
-            parse_role_command(argv, env)
-        except Exception as exc:  # noqa: BLE001 - any parser failure is this service's problem, reported
-            problems.append(f"{name}: {argv[0]} refuses its command: {type(exc).__name__}: {exc}")
+        refused = _refusal(tuple(argv), tuple(sorted(env.items())))
+        if refused:
+            problems.append(f"{name}: {argv[0]} refuses its command: {refused}")
         for flag in KEY_FLAGS:
             for var in _flag_values(argv, flag):
                 if var not in env:
