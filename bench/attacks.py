@@ -798,12 +798,16 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if missed and not set(missed) <= UNDETECTABLE.get(args.model, set()) or h["false_positives"] else 0
 
 
-UNDETECTABLE: dict[str, set[str]] = {"tiny": {"weight_noise", "bf16_weights", "fp8_weights"}}
-"""Attacks not caught by design on a model: on the tiny random model, 3% weight noise and weights rounded
-to bf16 or fp8 move the TOPLOC measurements (exp mismatches ~3-20, mantissa mean ~0.3-7) to well inside
-the thresholds (38 / 10 / 8), which must leave room for honest nodes on other hardware and dtypes, and its
-near-flat logits let the seeded sampler pick the same tokens. The table shows the margins; the rows are
-run on SmolLM2 too (bench/README.md)."""
+UNDETECTABLE: dict[str, set[str]] = {"tiny": {"weight_noise", "bf16_weights", "fp8_weights", "cheap_tokens"},
+                                     "smollm2": {"bf16_weights"}}
+"""Attacks not caught (in every trial) by design on a model (measured; the README's attack table shows
+the margins). On the tiny random model, 3% weight noise and weights rounded to bf16 or fp8 leave the
+TOPLOC measurements (worst chunk: exp mismatches <= ~20, mantissa mean <= ~7) inside the thresholds
+(38 / 10 / 8), which must leave room for honest nodes on other hardware and dtypes; and its near-flat
+logits let another model sampling with the same seeded Gumbel noise pick the same tokens, or tokens
+within the sampling check's 0.5 tolerance (a cheaper model's tokens passed in ~1 trial of 20). On
+SmolLM2, 3% noise, fp8 weights and a cheaper model's tokens are caught; bf16-rounded weights (a
+relative change <= 2**-9) stay inside the drift an honest bf16 node makes."""
 
 
 if __name__ == "__main__":
