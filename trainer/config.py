@@ -180,6 +180,13 @@ class LocalPublish(Section):
     """Directory each finished checkpoint is copied into (`step-<n>/`), off the training thread."""
 
 
+class PublishChain(Section):
+    deployment: Path
+    """deployment.json written by `prime-chain` (pool address, chain id)."""
+    rpc_url: str = "http://127.0.0.1:8545"
+    """JSON-RPC URL of the chain."""
+
+
 class ShardcastPublish(Section):
     type: Literal["shardcast"] = "shardcast"
     store: Path = Path("origin")
@@ -208,13 +215,6 @@ class ShardcastPublish(Section):
     """Origin/relay URLs named in the policy announcement (discovery)."""
     discovery: DiscoveryConfig = DiscoveryConfig()
     """libp2p discovery (off unless enabled or bootstrapped): announce each version recorded on chain."""
-
-
-class PublishChain(Section):
-    deployment: Path
-    """deployment.json written by `prime-chain` (pool address, chain id)."""
-    rpc_url: str = "http://127.0.0.1:8545"
-    """JSON-RPC URL of the chain."""
 
 
 class CheckpointSettings(Section):
