@@ -1,6 +1,6 @@
 """devnet/dashboard: the collector's pure parts, the node metric it reads (from a real node Monitor), and the
 page rendered by a real headless Chromium from a file (offline: no network, no script), hostile strings
-escaped. The page against a running devnet is tests/e2e/test_dashboard.py (slow tier)."""
+escaped. The page against a running devnet is tests/e2e/test_devnet.py."""
 
 from __future__ import annotations
 
