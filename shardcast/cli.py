@@ -74,20 +74,26 @@ def _parser() -> argparse.ArgumentParser:
     relay.add_argument("--run-id", help="training run id (default: the first manifest's)")
     relay.add_argument("--concurrency", type=int, default=4, help="shards fetched from upstream at once")
     bans(relay, "an upstream")
-    disc = relay.add_argument_group("discovery", "announce this relay and the versions it holds over libp2p "
-                                    "gossipsub (off unless --discovery or --discovery-bootstrap is given)")
-    disc.add_argument("--discovery", action="store_true", help="turn discovery on (also implied by a bootstrap peer)")
-    disc.add_argument("--discovery-bootstrap", nargs="+", action="extend", default=[], metavar="MULTIADDR",
-                      help="peers to join through, .../p2p/<peer id> (a validator's /v1/info lists its own)")
-    disc.add_argument("--discovery-listen", nargs="+", action="extend", default=[], metavar="MULTIADDR",
-                      help="libp2p listen addresses (default /ip4/127.0.0.1/tcp/0)")
-    disc.add_argument("--discovery-domain", metavar="DOMAIN",
-                      help="the run's envelope domain, prime/<chain id>/<pool>/<run id> (a validator's /v1/info "
-                           "shows it); required with discovery")
-    disc.add_argument("--public-url", help="URL readers reach this relay at (default: the bound http://host:port)")
-    disc.add_argument("--announce-key-env", metavar="VAR",
-                      help="env var holding the raw key that signs the announcements (it holds no stake); "
-                           "default: a fresh key per run")
+    def discovery(p: argparse.ArgumentParser, what: str) -> None:
+        disc = p.add_argument_group("discovery", f"announce this {what} and the versions it holds over libp2p "
+                                    "gossipsub, and serve the announcements it believes at GET /v1/announcements "
+                                    "(off unless --discovery or --discovery-bootstrap is given)")
+        disc.add_argument("--discovery", action="store_true", help="turn discovery on (also implied by a bootstrap peer)")
+        disc.add_argument("--discovery-bootstrap", nargs="+", action="extend", default=[], metavar="MULTIADDR",
+                          help="peers to join through, .../p2p/<peer id> (a validator's /v1/info lists its own)")
+        disc.add_argument("--discovery-listen", nargs="+", action="extend", default=[], metavar="MULTIADDR",
+                          help="libp2p listen addresses (default /ip4/127.0.0.1/tcp/0)")
+        disc.add_argument("--discovery-domain", metavar="DOMAIN",
+                          help="the run's envelope domain, prime/<chain id>/<pool>/<run id> (a validator's /v1/info "
+                               "shows it); required with discovery")
+        disc.add_argument("--public-url", help=f"URL readers reach this {what} at (default: the bound http://host:port)")
+        disc.add_argument("--announce-key-env", metavar="VAR",
+                          help="env var holding the raw key that signs the announcements (it holds no stake); "
+                               "default: a fresh key per run")
+
+    discovery(relay, "relay")
+    origin.add_argument("--trainer", help="with discovery: the trainer address whose policy announcements are believed")
+    discovery(origin, "origin")
 
     pull = sub.add_parser("pull", help="download, verify and install a version")
     pull.add_argument("--from", dest="sources", nargs="+", action="extend", required=True, metavar="URL", help="relay URLs")
@@ -152,7 +158,7 @@ async def _serve(server: Any, beside: Callable[[], Coroutine[Any, Any, None]] | 
 
 
 def _relay_announcer(args: argparse.Namespace, relay: Any) -> Callable[[], Coroutine[Any, Any, None]]:
-    """Discovery beside a relay: announce (URL, complete versions) whenever the store changes.
+    """Discovery beside a relay (or the origin): announce (URL, complete versions) whenever the store changes.
 
     Composed here, in the entry point, so that the shardcast library itself imports only `protocol`.
     The relay takes part in the policy and relays topics only: without a chain it cannot judge
@@ -175,6 +181,7 @@ def _relay_announcer(args: argparse.Namespace, relay: Any) -> Callable[[], Corou
                              listen=args.discovery_listen or ["/ip4/127.0.0.1/tcp/0"])
     disc = Discovery(config, identity=identity, domain=args.discovery_domain, trust=Trust(trainer=args.trainer),
                      state_dir=Path(args.store), topics=[Topic.POLICY, Topic.RELAYS], name="relay-discovery")
+    relay.server.documents["/v1/announcements"] = disc.board.to_json  # the HTTP fallback for peers without libp2p
 
     async def announce() -> None:
         await asyncio.to_thread(disc.start)
@@ -246,9 +253,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "origin":
         from shardcast.origin import Origin
 
+        origin = Origin(args.store, run_id=args.run_id, host=args.host, port=args.port, retention=args.retention,
+                        limits=_limits(args))
+        if (args.discovery or args.discovery_bootstrap) and not args.trainer:
+            raise SystemExit("prime-relay: origin --trainer is required with discovery")
+        beside = _relay_announcer(args, origin) if args.discovery or args.discovery_bootstrap else None
         _freeze_heap()
-        asyncio.run(_serve(Origin(args.store, run_id=args.run_id, host=args.host, port=args.port, retention=args.retention,
-                                  limits=_limits(args))))
+        asyncio.run(_serve(origin, beside))
         return 0
     if args.command == "publish":
         from pathlib import Path

@@ -24,6 +24,7 @@ import asyncio
 import ipaddress
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -212,6 +213,9 @@ class ShardServer:
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self._gate: _PeerGate | None = None
+        self.documents: dict[str, Callable[[], bytes]] = {}
+        """Extra read-only JSON documents, path -> body maker (set before `start`), e.g. the entry point's
+        `/v1/announcements` when discovery runs beside this server; the library itself knows none."""
 
     @property
     def url(self) -> str:
@@ -225,7 +229,15 @@ class ShardServer:
         app.router.add_get("/versions", self._versions, name="versions")
         app.router.add_get(r"/v/{version:\d{1,12}}/manifest", self._manifest, name="manifest")
         app.router.add_get(r"/v/{version:\d{1,12}}/shards/{index:\d{1,9}}", self._shard, name="shard")
+        for path, make in self.documents.items():
+            app.router.add_get(path, self._document(make))
         return app
+
+    @staticmethod
+    def _document(make: Callable[[], bytes]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def serve(_request: web.Request) -> web.Response:
+            return web.Response(body=make(), content_type="application/json")
+        return serve
 
     async def start(self) -> None:
         # aiohttp's keep-alive timer closes a connection that has no complete request `keepalive_timeout`

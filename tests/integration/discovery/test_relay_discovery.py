@@ -1,5 +1,6 @@
-"""`prime-relay relay` with discovery on: it announces its URL and the versions it holds completely,
-and stops cleanly on SIGTERM."""
+"""`prime-relay relay` and `prime-relay origin` with discovery on: each announces its URL and the versions it
+holds completely, serves the announcements it believes at `GET /v1/announcements` (the HTTP fallback: a reader
+without libp2p learns the origin from the relay), and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,15 +8,20 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from discovery_harness import DOMAIN, LOOPBACK, ROOT, wait_until
 from netfixtures import free_port
 
-from discovery.admission import Trust
+from discovery.admission import Admission, Trust
+from discovery.board import AnnouncementBoard
 from discovery.config import DiscoveryConfig
+from discovery.http import fetch_announcements
 from discovery.service import Discovery
 from protocol.identity import Identity
 from shardcast.publisher import publish_blocking
@@ -53,28 +59,61 @@ def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
     (ckpt / "model.bin").write_bytes(os.urandom(200_000))
     publish_blocking(ckpt, tmp_path / "origin", identity=trainer, run_id="run-a", shard_size=64 << 10)
     origin_port, relay_port = free_port(), free_port()
-    processes.append(_start("origin", "--store", str(tmp_path / "origin"), "--run-id", "run-a",
-                            "--port", str(origin_port)))
-
     reader = Discovery(DiscoveryConfig(enabled=True, listen=[LOOPBACK], target_peers=0), identity=Identity.create(),
                        domain=DOMAIN, trust=Trust(trainer=trainer.address), state_dir=tmp_path / "reader")
     reader.start()
     try:
+        processes.append(_start("origin", "--store", str(tmp_path / "origin"), "--run-id", "run-a",
+                                "--port", str(origin_port), "--trainer", trainer.address,
+                                "--discovery-bootstrap", reader.addrs[0], "--discovery-domain", DOMAIN))
         relay = _start("relay", "--store", str(tmp_path / "relay"), "--upstream", f"http://127.0.0.1:{origin_port}",
                        "--trainer", trainer.address, "--run-id", "run-a", "--port", str(relay_port),
                        "--discovery-bootstrap", reader.addrs[0], "--discovery-domain", DOMAIN)
         processes.append(relay)
-        wait_until(lambda: len(reader.board.relays(1)) == 1, "the relay's announcement of v1", timeout=60)
-        [ann] = reader.board.relays(1)
-        assert ann.body.http_url == f"http://127.0.0.1:{relay_port}"  # type: ignore[union-attr]
-        assert ann.body.versions == (1,)  # type: ignore[union-attr]
+        mine = f"http://127.0.0.1:{relay_port}"
+
+        def relay_announcements() -> list[Any]:
+            return [a for a in reader.board.relays(1) if a.body.http_url == mine]  # type: ignore[union-attr]
+
+        wait_until(relay_announcements, "the relay's announcement of v1", timeout=60)
+        [ann] = relay_announcements()
+        assert ann.body.versions == (1,)
         assert ann.body.peer_id in reader.peers()
+
+        # HTTP fallback: a reader with no libp2p learns the origin and the relay from the relay's
+        # /v1/announcements, every envelope checked as on gossip
+        origin_url, relay_url = f"http://127.0.0.1:{origin_port}", f"http://127.0.0.1:{relay_port}"
+        wait_until(lambda: {a.body.http_url for a in reader.board.relays(1)} == {origin_url, relay_url},  # type: ignore[union-attr]
+                   "the origin's announcement", timeout=60)
+        board = AnnouncementBoard()
+        deadline = time.monotonic() + 30
+        while {a.body.http_url for a in board.relays(1)} != {origin_url, relay_url}:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, [a.body for a in board.relays(1)]
+            fetch_announcements(relay_url, Admission(domain=DOMAIN, trust=Trust(trainer=trainer.address)), board)
+            time.sleep(0.2)
+        assert httpx.get(origin_url + "/v1/announcements", timeout=10).json()  # the origin serves its own view
+
         relay.send_signal(signal.SIGTERM)
         assert relay.wait(30) == 0
         # Its libp2p identity stays with its store.
         assert (tmp_path / "relay" / "libp2p.key").stat().st_mode & 0o777 == 0o600
+        assert (tmp_path / "origin" / "libp2p.key").stat().st_mode & 0o777 == 0o600
     finally:
         reader.stop()
+
+
+def test_without_discovery_there_are_no_announcements(tmp_path: Path,
+                                                       processes: list[subprocess.Popen[str]]) -> None:
+    port = free_port()
+    processes.append(_start("origin", "--store", str(tmp_path / "origin"), "--run-id", "run-a", "--port", str(port)))
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/announcements", timeout=10).status_code == 404
+
+
+def test_origin_with_discovery_needs_the_trainer(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "shardcast.cli", "origin", "--store", str(tmp_path / "o"),
+                           "--run-id", "run-a", "--discovery", "--discovery-domain", DOMAIN],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode != 0 and "--trainer" in proc.stderr
 
 
 def test_relay_without_a_domain_refuses_discovery(tmp_path: Path) -> None:
