@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer", action="append", default=[], help="grant TRAINER_ROLE (repeatable)")
     p.add_argument("--mint", action="append", default=[], metavar="ADDR=AMOUNT",
                    help="mint dev tokens (dev PoolToken only; repeatable)")
+    p.add_argument("--bootstrap-peer", action="append", default=[], metavar="MULTIADDR",
+                   help="record a discovery bootstrap peer (.../p2p/<peer id>) in the pool (repeatable, at most 16)")
     p.add_argument("--fund-rewards", type=int, default=0, help="reward budget to fund (token base units)")
     p.add_argument("--settings", help="JSON object of PoolSettings fields (min_stake, unbonding_period, ...)")
     p.add_argument("--port", type=int, default=8545, help="anvil port with --devnet")
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         deployment = deploy_pool(
             tx, treasury=args.treasury or identity.address, settings=settings, token=args.token,
             validators=args.validator, trainers=args.trainer, mint=mint, fund_rewards=args.fund_rewards,
+            bootstrap_peers=args.bootstrap_peer,
         )
         deployment.save(args.out)
         print(f"pool {deployment.pool} token {deployment.token} chain {deployment.chain_id} -> {args.out}")

@@ -93,10 +93,11 @@ def deploy_pool(
     trainers: list[str] = [],  # noqa: B006 - never mutated
     mint: dict[str, int] | None = None,
     fund_rewards: int = 0,
+    bootstrap_peers: list[str] = [],  # noqa: B006 - never mutated
 ) -> Deployment:
     """Deploy (a dev PoolToken unless `token` is given and) a ComputePool administered by `tx`'s key.
 
-    Grants the roles, mints dev tokens (`mint`, PoolToken only) and funds the reward budget (with a dev
+    Grants the roles, records the discovery bootstrap peers (`bootstrap_peers`), mints dev tokens (`mint`, PoolToken only) and funds the reward budget (with a dev
     token the deployer is minted what it lacks; with a real token it must hold the budget).
     """
     settings = settings or PoolSettings()
@@ -125,6 +126,8 @@ def deploy_pool(
         if dev_token and token_client.balance_of(tx.address) < fund_rewards:
             token_client.mint(tx.address, fund_rewards)  # a dev token: the budget is minted for the run
         pool.fund_rewards(fund_rewards)
+    if bootstrap_peers:
+        pool.set_bootstrap_peers(bootstrap_peers)
     deployment = Deployment(
         chain_id=tx.chain_id(), pool=checksum(pool_address), token=token, start_block=start_block,
         deployer=tx.address, treasury=checksum(treasury), validators=[checksum(v) for v in validators],

@@ -373,6 +373,10 @@ class PoolClient(ContractClient):
     def set_slash_penalty(self, amount: int) -> Receipt:
         return self._send("setSlashPenalty", self._f("setSlashPenalty", amount))
 
+    def set_bootstrap_peers(self, peers: list[str]) -> Receipt:
+        """Replace the run's discovery bootstrap list (admin; at most 16 entries of at most 256 bytes)."""
+        return self._send("setBootstrapPeers", self._f("setBootstrapPeers", list(peers)))
+
     def pause(self) -> Receipt:
         return self._send("pause", self._f("pause"))
 
@@ -436,6 +440,10 @@ class PoolClient(ContractClient):
         version = int(self._call("policyVersion", self._f("policyVersion")))
         manifest = bytes(self._call("policyManifestHash", self._f("policyManifestHash")))
         return version, manifest
+
+    def bootstrap_peers(self) -> list[str]:
+        """The discovery bootstrap multiaddrs the admin recorded: untrusted hints (check each before dialing)."""
+        return [str(p) for p in self._call("bootstrapPeers", self._f("bootstrapPeers"))]
 
     def domain_separator(self) -> bytes:
         return bytes(self._call("domainSeparator", self._f("domainSeparator")))

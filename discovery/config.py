@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -9,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from discovery.admission import Limits
+
+log = logging.getLogger(__name__)
 
 Multiaddr = Annotated[str, Field(pattern=r"^(/[A-Za-z0-9._:\-]+)+$", max_length=256)]
 """A libp2p multiaddr as text (`/ip4/10.0.0.5/tcp/4001`); parsed only when dialled. Defined here, not
@@ -69,6 +74,26 @@ class DiscoveryConfig(BaseModel):
     max_per_topic: int = Field(4096, ge=1)
     """Signers remembered per topic on the board."""
 
+    def with_chain_bootstrap(self, read: Callable[[], Sequence[str]], *, source: str = "the pool") -> DiscoveryConfig:
+        """This config, with the bootstrap peers recorded on chain when none are configured (`read` is e.g.
+        `PoolClient.bootstrap_peers`). Entries are untrusted: each must be a multiaddr naming its peer
+        (`.../p2p/<id>`), at most `MAX_CHAIN_BOOTSTRAP` are kept, the rest are logged and skipped; a chain that
+        cannot be read leaves the config as it is (discovery still starts, and the HTTP fallback remains)."""
+        if self.bootstrap or not self.enabled:
+            return self
+        try:
+            entries = list(read())
+        except Exception as exc:  # an RPC failure must not stop the role: discovery is a hint
+            log.warning("discovery: could not read the bootstrap peers from %s: %s", source, exc)
+            return self
+        good, bad = usable_bootstrap(entries)
+        for entry in bad:
+            log.warning("discovery: skipping bootstrap entry %r from %s (not a multiaddr with /p2p/<id>)",
+                        str(entry)[:80], source)
+        if good:
+            log.info("discovery: %d bootstrap peer(s) from %s", len(good), source)
+        return self.model_copy(update={"bootstrap": good})
+
     @property
     def active(self) -> bool:
         """Whether the role should start discovery at all."""
@@ -88,3 +113,22 @@ class DiscoveryConfig(BaseModel):
             signer_rate=self.signer_rate,
             signer_burst=self.signer_burst,
         )
+
+
+MAX_CHAIN_BOOTSTRAP = 16
+_MULTIADDR = re.compile(r"^(/[A-Za-z0-9._:\-]+)+$")
+
+
+def usable_bootstrap(entries: Sequence[object]) -> tuple[list[str], list[object]]:
+    """Split untrusted bootstrap entries into usable multiaddrs (deduplicated, at most `MAX_CHAIN_BOOTSTRAP`)
+    and the rejected rest."""
+    good: list[str] = []
+    bad: list[object] = []
+    for entry in entries:
+        ok = (isinstance(entry, str) and len(entry) <= 256 and _MULTIADDR.match(entry) is not None
+              and "/p2p/" in entry and len(good) < MAX_CHAIN_BOOTSTRAP)
+        if ok and entry not in good:
+            good.append(str(entry))
+        elif not ok:
+            bad.append(entry)
+    return good, bad

@@ -38,7 +38,8 @@ class NodeGossip:
         self._fallback_at = 0.0
         self.seeds: list[str] = list(cfg.validators)
         """URLs whose `/v1/announcements` are read when gossip brings nothing (the configured validators)."""
-        self.discovery = Discovery(cfg.discovery, identity=None, domain=domain, state_dir=cfg.state_dir,
+        config = cfg.discovery.with_chain_bootstrap(pool.bootstrap_peers)  # none configured: the pool's record
+        self.discovery = Discovery(config, identity=None, domain=domain, state_dir=cfg.state_dir,
                                    trust=Trust(trainer=trainer, is_validator=self.is_validator,
                                                policy_check=self.on_chain), name="node-discovery")
 

@@ -56,7 +56,8 @@ class Announcer:
         self._roles: dict[str, tuple[bool, float]] = {}
         self._lock = threading.Lock()
         trust = Trust(trainer=run_trainer(service), is_validator=self.is_validator, policy_check=self.on_chain)
-        self.discovery = Discovery(service.cfg.discovery, identity=service.identity, domain=service.domain,
+        config = service.cfg.discovery.with_chain_bootstrap(service.pool.bootstrap_peers)  # else: the pool's record
+        self.discovery = Discovery(config, identity=service.identity, domain=service.domain,
                                    trust=trust, state_dir=service.cfg.state_dir, name="validator-discovery")
 
     def is_validator(self, address: str) -> bool:

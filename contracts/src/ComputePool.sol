@@ -109,6 +109,11 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     uint256 public totalStake;
     /// Slashed stake held in escrow until its appeal window closes or its appeal is resolved.
     uint256 public totalEscrow;
+    /// @notice libp2p multiaddrs new peers of this run bootstrap discovery from (set by the admin; untrusted
+    /// hints for readers, who check every entry and every announcement they then receive).
+    string[] private _bootstrapPeers;
+    uint256 public constant MAX_BOOTSTRAP_PEERS = 16;
+    uint256 public constant MAX_BOOTSTRAP_PEER_BYTES = 256;
 
     uint64 public policyVersion;
     bytes32 public policyManifestHash;
@@ -166,6 +171,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     event MinStakeChanged(uint256 minStake);
     event RewardPerUnitChanged(uint256 rewardPerUnit);
     event SlashPenaltyChanged(uint256 slashPenalty);
+    event BootstrapPeersSet(uint256 count);
 
     // ---- errors ----
     error ZeroAddress();
@@ -566,6 +572,22 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     function setSlashPenalty(uint256 slashPenalty_) external onlyRole(DEFAULT_ADMIN_ROLE) {
         slashPenalty = slashPenalty_;
         emit SlashPenaltyChanged(slashPenalty_);
+    }
+
+    /// @notice Replace the run's discovery bootstrap list (at most 16 multiaddrs of at most 256 bytes each).
+    function setBootstrapPeers(string[] calldata peers) external onlyRole(DEFAULT_ADMIN_ROLE) {
+        if (peers.length > MAX_BOOTSTRAP_PEERS) revert BadParameters();
+        delete _bootstrapPeers;
+        for (uint256 i = 0; i < peers.length; i++) {
+            uint256 size = bytes(peers[i]).length;
+            if (size == 0 || size > MAX_BOOTSTRAP_PEER_BYTES) revert BadParameters();
+            _bootstrapPeers.push(peers[i]);
+        }
+        emit BootstrapPeersSet(peers.length);
+    }
+
+    function bootstrapPeers() external view returns (string[] memory) {
+        return _bootstrapPeers;
     }
 
     /// @notice Stop every state change except admin configuration, and stop the pool clock.

@@ -1,5 +1,6 @@
 """A node configured with no validator URL learns the run's validator from its libp2p announcement (believed
-because the announcing address holds VALIDATOR_ROLE on chain), submits there and is accepted."""
+because the announcing address holds VALIDATOR_ROLE on chain), submits there and is accepted; its bootstrap
+peers come from its config, or (none configured) from the pool's on-chain record, whose junk entries it skips."""
 
 from __future__ import annotations
 
@@ -21,15 +22,22 @@ from protocol.seeds import work_key
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.parametrize("bootstrap_from", ["config", "chain"])
 def test_a_node_finds_its_validator_over_gossip(published: Pools, deployment_file: Path, make_validator: Any,
-                                                 tmp_path: Path) -> None:
+                                                 tmp_path: Path, bootstrap_from: str) -> None:
     port = free_port()
     served = make_validator(port=port, public_url=f"http://127.0.0.1:{port}",
                             discovery={"enabled": True, "reannounce_s": 1.0})
     bootstrap = httpx.get(f"{served.url}/v1/info", timeout=10).json()["discovery"]["addrs"]
     node = published.new_node()
+    discovery: dict[str, Any] = {"enabled": True, "reannounce_s": 1.0, "target_peers": 0}
+    if bootstrap_from == "config":
+        discovery["bootstrap"] = bootstrap
+    else:  # the pool admin records the run's bootstrap peers (untrusted entries: junk among them is skipped)
+        published.admin.set_bootstrap_peers(["not a multiaddr", "/ip4/127.0.0.1/tcp/1", *bootstrap])
+        assert published.admin.bootstrap_peers()[2:] == bootstrap
     cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [], run=RUN, model=TINY, max_batches=1,
-                      discovery={"enabled": True, "bootstrap": bootstrap, "reannounce_s": 1.0, "target_peers": 0})
+                      discovery=discovery)
     chain = commands.open_chain(cfg)
     failure: list[BaseException] = []
 

@@ -88,6 +88,25 @@ def test_parameter_setters(pools: Pools) -> None:
     assert exc.value.reason == "AccessControlUnauthorizedAccount"
 
 
+def test_bootstrap_peers_are_set_by_the_admin_within_caps(pools: Pools) -> None:
+    assert pools.stranger.bootstrap_peers() == []
+    peers = ["/ip4/10.0.0.5/tcp/4001/p2p/12D3KooWA", "/dns4/boot.example/tcp/4001/p2p/12D3KooWB"]
+    receipt = pools.admin.set_bootstrap_peers(peers)
+    (event,) = pools.admin.events(receipt.block_number)
+    assert event.name == "BootstrapPeersSet" and event.args["count"] == 2
+    assert pools.stranger.bootstrap_peers() == peers
+    pools.admin.set_bootstrap_peers(peers[1:])  # replaced, not appended
+    assert pools.stranger.bootstrap_peers() == peers[1:]
+    for bad in (["/x"] * 17, [""], ["/" + "a" * 256]):
+        with pytest.raises(ChainError) as exc:
+            pools.admin.set_bootstrap_peers(bad)
+        assert exc.value.reason == "BadParameters"
+    with pytest.raises(ChainError) as exc:
+        pools.validator.set_bootstrap_peers(peers)
+    assert exc.value.reason == "AccessControlUnauthorizedAccount"
+    assert pools.stranger.bootstrap_peers() == peers[1:]
+
+
 def test_publish_policy(pools: Pools) -> None:
     receipt = pools.trainer.publish_policy(1, MANIFEST)
     assert pools.admin.policy() == (1, MANIFEST)

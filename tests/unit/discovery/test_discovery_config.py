@@ -26,3 +26,25 @@ def test_typos_and_bad_values_are_errors() -> None:
         DiscoveryConfig(listen=["127.0.0.1:4001"])
     with pytest.raises(ValidationError):
         DiscoveryConfig(reannounce_s=0)
+
+
+def test_bootstrap_from_chain_only_when_enabled_and_none_configured() -> None:
+    from discovery.config import MAX_CHAIN_BOOTSTRAP, usable_bootstrap
+
+    good = "/ip4/10.0.0.5/tcp/4001/p2p/12D3KooWA"
+    record = ["not a multiaddr", "/ip4/10.0.0.5/tcp/4001", good, good, 7, "/" + "a" * 300]
+    assert usable_bootstrap(record) == ([good], ["not a multiaddr", "/ip4/10.0.0.5/tcp/4001", 7, "/" + "a" * 300])
+    many = [f"/ip4/10.0.0.{i}/tcp/1/p2p/X{i}" for i in range(40)]
+    assert len(usable_bootstrap(many)[0]) == MAX_CHAIN_BOOTSTRAP
+
+    enabled = DiscoveryConfig(enabled=True)
+    assert enabled.with_chain_bootstrap(lambda: record).bootstrap == [good]
+    configured = DiscoveryConfig(enabled=True, bootstrap=["/ip4/127.0.0.1/tcp/9/p2p/Y"])
+    assert configured.with_chain_bootstrap(lambda: [good]) is configured  # config wins
+    off = DiscoveryConfig()
+    assert off.with_chain_bootstrap(lambda: [good]) is off  # discovery off: nothing is read
+
+    def unreachable() -> list[str]:
+        raise ConnectionError("rpc down")
+
+    assert enabled.with_chain_bootstrap(unreachable) is enabled  # a chain it cannot read is not fatal
