@@ -189,6 +189,7 @@ def _relay_announcer(args: argparse.Namespace, relay: Any) -> Callable[[], Corou
         url = args.public_url or relay.url
         if not args.public_url and args.host in ("0.0.0.0", "::"):
             log.warning("discovery: announcing %s; give --public-url for an address others can reach", url)
+        learner = asyncio.create_task(learn()) if hasattr(relay, "add_upstream") else None
         held: list[int] | None = None
         try:
             while True:
@@ -203,7 +204,25 @@ def _relay_announcer(args: argparse.Namespace, relay: Any) -> Callable[[], Corou
                     continue  # the store may have changed while we announced: look again before waiting
                 await relay.store.wait_change(60.0)  # no await between the look and this wait: no lost wake-up
         finally:
+            if learner is not None:
+                learner.cancel()
             await asyncio.to_thread(disc.stop)
+
+    async def learn() -> None:
+        """A relay follows the other relays and origins announced for the run as extra upstreams (capped by
+        `Relay.add_upstream`; what they serve is verified like anything else)."""
+        sub = disc.subscribe([Topic.RELAYS, Topic.POLICY])
+        try:
+            while True:
+                ann = await sub.aget()
+                if ann is None or ann.body.peer_id == disc.peer_id:
+                    continue
+                urls = getattr(ann.body, "urls", None) or [getattr(ann.body, "http_url", "")]
+                for url in urls:
+                    if url and url.rstrip("/") != (args.public_url or relay.url).rstrip("/"):
+                        relay.add_upstream(str(url))
+        finally:
+            sub.close()
 
     return announce
 

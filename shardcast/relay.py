@@ -36,7 +36,7 @@ from shardcast.bans import DEFAULT_BAN_S, BanList
 from shardcast.errors import ManifestError, RelayConfigError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.server import ServeLimits, ShardServer
-from shardcast.sources import SourceBoard
+from shardcast.sources import SourceBoard, SourceStats
 from shardcast.store import Store, VersionState
 from shardcast.transfer import Downloader, fetch_index, new_session, verified_manifest
 from shardcast.wire import parse_source
@@ -116,6 +116,9 @@ class Relay:
         self._follower: asyncio.Task[None] | None = None
         self._download: asyncio.Task[None] | None = None
         self._downloading: int | None = None
+        self._watching: tuple[aiohttp.ClientSession, asyncio.TaskGroup] | None = None
+        self.configured = len(self.upstreams)
+        """How many upstreams came from the configuration (the rest were learned: `add_upstream`)."""
 
     @property
     def url(self) -> str:
@@ -126,6 +129,31 @@ class Relay:
         self.bans.forget()
         for source in self.board.sources.values():
             source.banned, source.ban_reason = False, None
+
+    def add_upstream(self, url: str, *, max_learned: int = 16) -> bool:
+        """Follow one more upstream (learned, e.g. from a discovery announcement); call on the relay's event loop.
+
+        The URL is untrusted: it is parsed like a configured one, never our own, and at most `max_learned` are
+        added, so announcements cannot make the relay poll without bound. Everything it serves is checked as
+        from any upstream (signed manifest, shard hashes; bans). Returns whether it was added."""
+        url = url.rstrip("/")
+        if url in self.upstreams or url == self.url or len(self.upstreams) - self.configured >= max_learned:
+            return False
+        try:
+            parse_source(url)
+        except Exception as exc:  # noqa: BLE001 - an unusable learned URL is skipped, never fatal
+            log.warning("not following learned upstream %r: %s", url[:120], exc)
+            return False
+        self.upstreams.append(url)
+        self.board.sources[url] = SourceStats(url)
+        self.bans.apply(self.board)
+        self.announced[url] = None
+        self.polls[url] = 0
+        if self._watching is not None:
+            session, group = self._watching
+            group.create_task(self._watch(session, url))
+        log.info("following learned upstream %s", url)
+        return True
 
     def _check(self, signed: SignedManifest) -> Manifest:
         return signed.verify(self.trainer, run_id=self.run_id or self.store.run_id)
@@ -165,6 +193,7 @@ class Relay:
             async with asyncio.TaskGroup() as group:
                 for url in self.upstreams:
                     group.create_task(self._watch(session, url))
+                self._watching = (session, group)
 
     async def _watch(self, session: aiohttp.ClientSession, url: str) -> None:
         """Follow one upstream's version index for as long as the relay runs."""

@@ -93,6 +93,20 @@ def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
             time.sleep(0.2)
         assert httpx.get(origin_url + "/v1/announcements", timeout=10).json()  # the origin serves its own view
 
+        # a relay whose only configured upstream is dead learns the origin and the relay from announcements and
+        # installs v1 from them (verified as from any upstream)
+        late_port = free_port()
+        processes.append(_start("relay", "--store", str(tmp_path / "late"), "--upstream",
+                                f"http://127.0.0.1:{free_port()}", "--trainer", trainer.address, "--run-id", "run-a",
+                                "--port", str(late_port), "--discovery-bootstrap", reader.addrs[0],
+                                "--discovery-domain", DOMAIN))
+
+        def late_has_v1() -> bool:
+            index = httpx.get(f"http://127.0.0.1:{late_port}/versions", timeout=10).json()
+            return any(v["version"] == 1 and v["complete"] for v in index["versions"])
+
+        wait_until(late_has_v1, "v1 on the relay that learned its upstreams", timeout=60)
+
         relay.send_signal(signal.SIGTERM)
         assert relay.wait(30) == 0
         # Its libp2p identity stays with its store.
