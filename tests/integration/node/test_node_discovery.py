@@ -5,6 +5,7 @@ peers come from its config, or (none configured) from the pool's on-chain record
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,40 @@ def test_a_node_finds_its_validator_over_gossip(published: Pools, deployment_fil
     assert row["outcome"] == "accepted", row
     thread.join(timeout=120)
     assert not thread.is_alive() and not failure, failure
+
+
+def test_a_node_learns_the_run_s_relays_over_gossip(published: Pools, deployment_file: Path, tmp_path: Path) -> None:
+    """Relays are found the same way: a relay's signed announcement (anyone may announce a relay; what it serves
+    is verified against the trainer's signature and the chain) reaches a node that has only a bootstrap peer."""
+    from contracts.policy import PolicyHistory
+    from discovery.admission import Trust
+    from discovery.config import DiscoveryConfig
+    from discovery.messages import Topic
+    from discovery.service import Discovery
+    from node.gossip import NodeGossip
+    from protocol.identity import Identity
+    from protocol.rollout import submission_domain
+
+    domain = submission_domain(published.deployment.chain_id, published.deployment.pool, RUN.run_id)
+    relay = Discovery(DiscoveryConfig(enabled=True, listen=["/ip4/127.0.0.1/tcp/0"], target_peers=0, reannounce_s=1.0),
+                      identity=Identity.create(), domain=domain, trust=Trust(trainer=None),
+                      state_dir=tmp_path / "relay", topics=[Topic.POLICY, Topic.RELAYS])
+    relay.start()
+    gossip = None
+    try:
+        relay.announce_relay("http://127.0.0.1:8601", versions=[1])
+        node = published.new_node()
+        cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [], run=RUN, model=TINY,
+                          discovery={"enabled": True, "bootstrap": relay.addrs, "reannounce_s": 1.0, "target_peers": 0})
+        chain = commands.open_chain(cfg)
+        pool = chain.client(node)
+        gossip = NodeGossip(cfg, pool=pool, history=PolicyHistory(pool, chain.start_block), domain=domain, trainer=None)
+        gossip.start()
+        deadline = time.monotonic() + 30
+        while gossip.relay_urls() != ["http://127.0.0.1:8601"]:
+            assert time.monotonic() < deadline, "the relay's announcement did not reach the node"
+            time.sleep(0.1)
+    finally:
+        if gossip is not None:
+            gossip.stop()
+        relay.stop()
