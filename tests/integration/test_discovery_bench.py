@@ -13,6 +13,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# slow tier (`make test-slow`): keeps the bench program from rotting; the behaviour it checks is covered in the
+# default tier by the validator, shardcast and discovery integration tests, and CI's 15 minutes are nearly spent
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
