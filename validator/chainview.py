@@ -2,7 +2,9 @@
 
 Read once from the pool's events since its deployment block, then kept fresh by polling new events
 (`refresh`, called by a background thread every `poll_s`). A node's record is re-read only when an
-event names it, so a submission never costs an RPC. The chain is authoritative for policy versions:
+event names it, so a submission never costs an RPC of its own: a signer we do not (yet) see as active
+makes us catch up with the chain's events, at most once per `CATCHUP_S` (`node_active_fresh`), so a node
+that registered just before its first submission is not refused for our poll's timing. The chain is authoritative for policy versions:
 `PolicyPublished(version, manifestHash)` is what a submission's manifest hash must match.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from contracts.pool import NodeStatus, PoolClient
@@ -17,6 +20,9 @@ from protocol.errors import ChainError
 from protocol.identity import checksum
 
 log = logging.getLogger(__name__)
+
+CATCHUP_S = 0.5
+"""The shortest time between two catch-ups that signers we do not see as active can cause."""
 
 _NODE_EVENTS = {"NodeRegistered", "StakeAdded", "LeaveStarted", "StakeWithdrawn", "StakeSlashed", "NodeEjected",
                 "SlashReversed", "NodeReinstated"}
@@ -39,6 +45,13 @@ class ChainView:
         self._lock = threading.Lock()
         self.min_stake = 0
         self.last_error: str | None = None
+        self.refreshed_at = -float("inf")
+        """time.monotonic() of the last successful refresh."""
+        self._refresh_lock = threading.Lock()
+        self._catchup_lock = threading.Lock()
+        self._catchup_at = -float("inf")
+        self.catchups = 0
+        """How many times an unknown signer made us read the chain before the poll (bounded by the interval)."""
 
     def refresh(self) -> int:
         """Read events since the last refresh; returns how many were applied. `ChainError` if unreachable."""
@@ -66,11 +79,14 @@ class ChainView:
         if events:
             log.info("chain: %d events up to block %d (%d nodes refreshed, versions %s)", len(events), latest,
                      len(fresh), sorted(manifests) or "-")
+        self.refreshed_at = time.monotonic()
         return len(events)
 
     def try_refresh(self) -> None:
+        """`refresh`, one at a time (the poll thread and intake's catch-up), logging a failure instead of raising."""
         try:
-            self.refresh()
+            with self._refresh_lock:
+                self.refresh()
             self.last_error = None
         except ChainError as exc:
             self.last_error = str(exc)
@@ -81,6 +97,22 @@ class ChainView:
         with self._lock:
             view = self._nodes.get(checksum(node))
             return view is not None and view.status == NodeStatus.ACTIVE and view.stake >= self.min_stake
+
+    def node_active_fresh(self, node: str, min_interval_s: float) -> bool:
+        """`node_active`, but when the answer is no, first catch up with the chain's new events (a node that
+        registered a moment ago must not be refused because our poll had not come round yet). Catch-ups are one
+        event read whoever asks, at most one per `min_interval_s`, so unknown signers cannot turn submissions
+        into RPC calls; a chain that does not answer leaves the old view."""
+        if self.node_active(node):
+            return True
+        if time.monotonic() - self._catchup_at < min_interval_s:
+            return False
+        with self._catchup_lock:  # one catch-up at a time; the others see its result
+            if time.monotonic() - self._catchup_at >= min_interval_s:
+                self._catchup_at = time.monotonic()  # also when it fails: a dead chain is not asked per request
+                self.catchups += 1
+                self.try_refresh()
+        return self.node_active(node)
 
     def known(self, node: str) -> bool:
         """Ever registered in this pool (whatever its state now)."""

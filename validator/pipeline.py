@@ -55,7 +55,7 @@ from protocol.rollout import (
     submission_hash,
 )
 from protocol.seeds import sampling_seed, task_seed, validator_ranking, work_key
-from validator.chainview import ChainView
+from validator.chainview import CATCHUP_S, ChainView
 from validator.ledger import Decision, Ledger, Row
 from validator.peers import PeerWatch
 from validator.weights import WeightStore, WeightsUnavailable
@@ -116,7 +116,7 @@ class _SenderGate:
     def check_and_record(
         self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
     ) -> None:
-        if not self.chain.node_active(signer):
+        if not self.chain.node_active_fresh(signer, CATCHUP_S):
             raise NodeInactiveError(f"{signer} is not an active, staked node of this pool")
         now = time.monotonic()
         with self._lock:

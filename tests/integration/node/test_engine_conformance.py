@@ -42,9 +42,22 @@ def test_every_engine_here_produces_work_the_validator_accepts(
     chain = commands.open_chain(cfg)
     with httpx.Client(timeout=30) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
         worker = make_worker(cfg, node, chain, db, http, [served.url], run=run, model=model)
-        thread = threading.Thread(target=worker.run_loop, daemon=True)
+        failures: list[BaseException] = []
+
+        def loop() -> None:
+            try:
+                worker.run_loop()
+            except BaseException as exc:  # the test says why the node's loop ended, not "not decided in 600 s"
+                failures.append(exc)
+                raise
+
+        thread = threading.Thread(target=loop, daemon=True)
         thread.start()
-        row = served.wait_decided(to_hex(work_key(run.run_id, node.address, 1, 0)), timeout=600)
+        try:
+            row = served.wait_decided(to_hex(work_key(run.run_id, node.address, 1, 0)), timeout=600,
+                                      alive=thread.is_alive)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the node's loop: {failures or worker.tally}") from None
         thread.join(timeout=120)
     assert row["outcome"] == "accepted", row
 

@@ -14,6 +14,7 @@ from protocol.envelope import Envelope, open_envelope
 from protocol.replay import ReplayGuard
 from protocol.rollout import FeedItem, Verdict
 from protocol.rollout_files import feed_groups, read_rollouts
+from validator.chainview import CATCHUP_S
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -158,3 +159,25 @@ def test_two_payloads_for_one_assignment_at_once_are_equivocation_whoever_wins(m
         row = v.wait_decided(key)
         assert (row["outcome"], row["reason"]) == ("rejected_hard", "equivocation")
     assert _count_rows(v) == 1
+
+
+def test_a_node_registered_after_the_last_poll_is_not_refused(make_validator, make_node, published,
+                                                               deployment_file):
+    """The validator's chain poll is slow here (30 s): a node that registers and submits at once is seen by the
+    intake's own catch-up, not refused 403 (that race stopped nodes whose first batch beat the poll, and hung
+    tests/integration/node/test_engine_conformance.py under load). A signer that is not registered is still
+    refused, and costs at most one catch-up per CATCHUP_S."""
+    v = make_validator(chain={"deployment": deployment_file, "rpc_url": published.chain.rpc_url, "poll_s": 30.0})
+    node: SimNode = make_node()  # registered after the validator's last read of the chain
+    stranger: SimNode = make_node(register=False)
+    _, data = node.build()
+    with v.client() as c:
+        r = c.post("/v1/submissions", content=data)
+        assert r.status_code == 202, r.text
+        assert v.wait_decided(r.json()["work_key"])["outcome"] == "accepted"
+        chain, began = v.service.chain, time.monotonic()
+        before = chain.catchups
+        for _ in range(5):
+            assert c.post("/v1/submissions", content=stranger.build()[1]).status_code == 403
+        # one catch-up per CATCHUP_S at most, however many refused requests
+        assert chain.catchups - before <= 1 + (time.monotonic() - began) / CATCHUP_S

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,13 +62,20 @@ class Served:
         self.thread.join(timeout=30)
         self.service.stop()
 
-    def wait_decided(self, work_key: str, timeout: float = 60.0) -> dict[str, Any]:
+    def wait_decided(self, work_key: str, timeout: float = 60.0,
+                     alive: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """The row once decided; AssertionError after `timeout`, or at once when `alive()` (the sender, e.g. a
+        node's loop in a thread) says the sender has ended without it being decided."""
         with self.client() as c:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
+                ended = alive is not None and not alive()
                 r = c.get(f"/v1/submissions/{work_key}")
                 if r.status_code == 200 and r.json()["state"] != "received":
                     return dict(r.json())
+                if ended and r.status_code != 200:
+                    raise AssertionError(f"{work_key}: the sender ended and the validator has no row "
+                                         f"(HTTP {r.status_code})")
                 time.sleep(0.1)
         raise AssertionError(f"{work_key} not decided within {timeout} s")
 
