@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TYPED := protocol models toploc shardcast contracts environments trainer validator node discovery devnet
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup test test-slow lint contracts clean devnet
+.PHONY: setup test test-slow lint contracts docs clean devnet
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -32,6 +32,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(TYPED)
 	$(PY) -m contracts.build --check
+	PYTHONPATH=. $(PY) docs/generate.py --check
 	# Docker: no daemon here, so the images are checked statically (docker/README.md)
 	$(VENV)/bin/hadolint docker/Dockerfile docker/Dockerfile.gpu
 	$(PY) docker/compose_check.py
@@ -43,6 +44,10 @@ devnet: setup
 # Recompile the Solidity sources into contracts/artifacts/ (committed; a test proves they reproduce).
 contracts: setup
 	$(PY) -m contracts.build
+
+# Rewrite docs/reference/ from the code (config trees, reason codes, messages, ABI events, OpenAPI).
+docs: setup
+	PYTHONPATH=. $(PY) docs/generate.py
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache
