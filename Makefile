@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TYPED := protocol models toploc shardcast contracts environments trainer validator node discovery devnet
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup test test-slow lint contracts docs clean devnet
+.PHONY: setup test test-slow lint contracts clean devnet
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -46,6 +46,7 @@ contracts: setup
 	$(PY) -m contracts.build
 
 # Rewrite docs/reference/ from the code (config trees, reason codes, messages, ABI events, OpenAPI).
+.PHONY: docs
 docs: setup
 	PYTHONPATH=. $(PY) docs/generate.py
 
