@@ -228,6 +228,8 @@ def _config_rows(model: type[BaseModel], path: tuple[str, ...], when: str) -> It
             continue
         if name == "type" and when:  # the discriminator itself is listed on the section's row
             continue
+        if field.annotation is bool:
+            flag += f"` / `--no-{flag[2:]}"
         type_text = _field_type(field)
         limits = _constraints(field)
         doc_text = _cell(doc)

@@ -73,6 +73,19 @@ def test_reference_covers_every_reason_message_and_event(rendered: tuple[ModuleT
     for event in (e for e in abi if e["type"] == "event"):
         assert f"| `{event['name']}` |" in files["contract-events.md"]
     assert "`--weights.trainer` · `PRIME_WEIGHTS__TRAINER`" in files["config-node.md"]
+    from devnet.config import DevnetConfig
+    from node.config import NodeConfig
+    from protocol.config import build_parser
+    from trainer.config import TrainerConfig
+    from validator.config import ValidatorConfig
+
+    for page, config in (("config-node.md", NodeConfig), ("config-validator.md", ValidatorConfig),
+                         ("config-trainer.md", TrainerConfig), ("config-devnet.md", DevnetConfig)):
+        known = set(build_parser(config).root_parser._option_string_actions)
+        section = files[page].split("## `prime-trainer sft`")[0]  # the trainer page's first tree is GRPO's
+        shown = {flag for pair in re.findall(r"<br>`(--[a-z0-9.-]+)`(?: / `(--[a-z0-9.-]+)`)?", section)
+                 for flag in pair if flag}
+        assert len(shown) > 10 and shown <= known, sorted(shown - known)
     assert "| GET | `/v1/feed` |" in files["validator-api.md"]
 
 
