@@ -89,6 +89,18 @@ def test_reference_covers_every_reason_message_and_event(rendered: tuple[ModuleT
     assert "| GET | `/v1/feed` |" in files["validator-api.md"]
 
 
+def test_readme_layout_lists_every_top_level_folder() -> None:
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    folders = {line.split("/")[0] for line in tracked.splitlines() if "/" in line and not line.startswith(".")}
+    if not folders:
+        pytest.skip("not a git checkout")
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([^`/]+)/` \|", layout, re.MULTILINE))
+    assert folders <= listed, f"add to the README's layout table: {sorted(folders - listed)}"
+
+
 # ---------------------------------------------------------------- links
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
