@@ -101,6 +101,12 @@ def test_readme_layout_lists_every_top_level_folder() -> None:
     assert folders <= listed, f"add to the README's layout table: {sorted(folders - listed)}"
 
 
+def test_bench_readme_names_every_benchmark_program() -> None:
+    text = (ROOT / "bench" / "README.md").read_text()
+    programs = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+    assert programs and [p for p in programs if f"`bench/{p}`" not in text] == []
+
+
 # ---------------------------------------------------------------- links
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
