@@ -32,6 +32,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(TYPED)
 	$(PY) -m contracts.build --check
+	PYTHONPATH=. $(PY) docs/generate.py --check
 	# Docker: no daemon here, so the images are checked statically (docker/README.md)
 	$(VENV)/bin/hadolint docker/Dockerfile docker/Dockerfile.gpu
 	$(PY) docker/compose_check.py
@@ -43,6 +44,11 @@ devnet: setup
 # Recompile the Solidity sources into contracts/artifacts/ (committed; a test proves they reproduce).
 contracts: setup
 	$(PY) -m contracts.build
+
+# Rewrite docs/reference/ from the code (config trees, reason codes, messages, ABI events, OpenAPI).
+.PHONY: docs
+docs: setup
+	PYTHONPATH=. $(PY) docs/generate.py
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache

@@ -800,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
 
 UNDETECTABLE: dict[str, set[str]] = {"tiny": {"weight_noise", "bf16_weights", "fp8_weights", "cheap_tokens"},
                                      "smollm2": {"bf16_weights"}}
-"""Attacks not caught (in every trial) by design on a model (measured; the README's attack table shows
+"""Attacks not caught (in every trial) by design on a model (measured; bench/README.md's attack table shows
 the margins). On the tiny random model, 3% weight noise and weights rounded to bf16 or fp8 leave the
 TOPLOC measurements (worst chunk: exp mismatches <= ~20, mantissa mean <= ~7) inside the thresholds
 (38 / 10 / 8), which must leave room for honest nodes on other hardware and dtypes; and its near-flat
