@@ -48,7 +48,8 @@ def up(argv: list[str]) -> int:
     from devnet.audit import audit
     from devnet.network import DevnetError, Layout, Network, free_port
     from devnet.observer import Observer, summary_line
-    from devnet.server import Server, View, build_app
+    from devnet.server import Server, build_app
+    from devnet.view import View
 
     log = logging.getLogger("prime-devnet")
     signal.signal(signal.SIGTERM, _terminate)

@@ -19,42 +19,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from devnet.network import Layout
+from devnet.view import View
 
 log = logging.getLogger(__name__)
-
-
-class View:
-    """What routes read: the layout, the latest snapshot (refreshed by `up`'s summary loop) and the audit."""
-
-    def __init__(self, layout: Layout, snapshot: Callable[[], dict[str, Any]],
-                 audit: Callable[[], dict[str, Any]]) -> None:
-        self.layout = layout
-        self._snapshot = snapshot
-        self._audit = audit
-        self._latest: dict[str, Any] | None = None
-        self._lock = threading.Lock()
-
-    def refresh(self) -> dict[str, Any]:
-        snap = self._snapshot()
-        with self._lock:
-            self._latest = snap
-        return snap
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            latest = self._latest
-        return latest if latest is not None else self.refresh()
-
-    def audit(self) -> dict[str, Any]:
-        return self._audit()
 
 
 Extension = Callable[[FastAPI, View], None]
 
 
 def _dashboard(app: FastAPI, view: View) -> None:
-    from devnet.dashboard import install  # imported here: devnet.dashboard imports View from this module
+    from devnet.dashboard import install  # imported when the server is built: it pulls in the page renderers
 
     install(app, view)
 

@@ -25,7 +25,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from models.checkpoint import verify_checkpoint
+from models.safetensors_files import verify_checkpoint
 from models.sampling import uniforms
 from models.tiny_tokenizer import build_tiny_tokenizer
 from protocol.errors import ModelError

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 
 from devnet.dashboard.collector import Collector
 from devnet.dashboard.page import render
-from devnet.server import View
+from devnet.view import View
 
 log = logging.getLogger(__name__)
 

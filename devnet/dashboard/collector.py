@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from devnet.network import Layout
-from devnet.server import View
+from devnet.view import View
 
 log = logging.getLogger(__name__)
 
