@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
+from discovery.config import DiscoveryConfig
 from discovery.errors import NotBelievedError, PeerMismatchError, RateLimitedError
 from discovery.messages import TOPIC_BODY, AnnouncedBody, PolicyAnnounced, Topic
 from discovery.ratelimit import Buckets
@@ -85,6 +86,14 @@ class Limits:
     """Announcements per second one Ethereum signer may make."""
     signer_burst: float = 10.0
     """Bucket size of the signer limit."""
+
+    @classmethod
+    def from_config(cls, config: DiscoveryConfig) -> Limits:
+        """The limits a role's `discovery` config section sets."""
+        return cls(max_bytes=config.max_message_bytes, ttl_s=config.ttl_s, max_skew_s=config.max_skew_s,
+                   forwarder_rate=config.forwarder_rate, forwarder_burst=config.forwarder_burst,
+                   origin_rate=config.origin_rate, origin_burst=config.origin_burst,
+                   signer_rate=config.signer_rate, signer_burst=config.signer_burst)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,9 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from discovery.admission import Limits
 
 log = logging.getLogger(__name__)
 
@@ -98,21 +95,6 @@ class DiscoveryConfig(BaseModel):
     def active(self) -> bool:
         """Whether the role should start discovery at all."""
         return self.enabled or bool(self.bootstrap)
-
-    def limits(self) -> Limits:
-        from discovery.admission import Limits
-
-        return Limits(
-            max_bytes=self.max_message_bytes,
-            ttl_s=self.ttl_s,
-            max_skew_s=self.max_skew_s,
-            forwarder_rate=self.forwarder_rate,
-            forwarder_burst=self.forwarder_burst,
-            origin_rate=self.origin_rate,
-            origin_burst=self.origin_burst,
-            signer_rate=self.signer_rate,
-            signer_burst=self.signer_burst,
-        )
 
 
 MAX_CHAIN_BOOTSTRAP = 16

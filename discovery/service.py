@@ -31,7 +31,7 @@ from types import TracebackType
 
 import trio
 
-from discovery.admission import Admission, Announcement, Trust
+from discovery.admission import Admission, Announcement, Limits, Trust
 from discovery.board import AnnouncementBoard, Outcome, Subscription, admit_to_board
 from discovery.config import DiscoveryConfig
 from discovery.errors import DiscoveryError
@@ -83,7 +83,7 @@ class Discovery:
         self.domain = domain
         self.clock = clock
         self.admission = Admission(
-            domain=domain, trust=trust, limits=config.limits(), replay_guard=replay_guard, clock=clock
+            domain=domain, trust=trust, limits=Limits.from_config(config), replay_guard=replay_guard, clock=clock
         )
         self.board = board or AnnouncementBoard(max_per_topic=config.max_per_topic, clock=clock)
         key_file = config.key_file or Path(state_dir) / KEY_FILE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from discovery.admission import Limits
 from discovery.config import DiscoveryConfig
 
 
@@ -15,7 +16,7 @@ def test_off_unless_enabled_or_bootstrapped() -> None:
 
 
 def test_limits_follow_config() -> None:
-    lim = DiscoveryConfig(ttl_s=90, max_message_bytes=4096, signer_burst=3).limits()
+    lim = Limits.from_config(DiscoveryConfig(ttl_s=90, max_message_bytes=4096, signer_burst=3))
     assert (lim.ttl_s, lim.max_bytes, lim.signer_burst) == (90, 4096, 3)
 
 
