@@ -22,8 +22,11 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# The default tier in a random order (modules shuffled, and the tests inside each): a test that leans on
+# another's leftovers fails here, not on someone else's machine. The header prints the seed; rerun an
+# order with `.venv/bin/pytest --random-order-seed=N`, or keep file order with `-p no:random_order`.
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest --random-order
 
 test-slow: setup
 	$(PY) -m pytest -m "slow and not gpu"
