@@ -11,7 +11,9 @@ that proxy a real relay and alter what it serves.
 Each attack runs `--trials` times, each trial with a fresh node key (so fresh tasks and sampling
 seeds) and fresh perturbation seeds. A trial is *detected* when the work is not paid: a hard or
 soft verdict, or a refusal (HTTP 4xx without a paid row); for relay attacks, when the client ends
-with the genuine bytes (or refuses to install anything) and the lying relay was seen serving. The
+with the genuine bytes (or refuses to install anything) and the lying relay was seen serving; for
+work that is honest but lies inside a tolerance (steered logprobs), when it is accepted and what the
+trainer reads from the validator's feed is the validator's own replay, not the node's claim. The
 table shows the verdict classes and reason codes seen, the expected class, and for the proof-based
 attacks the measurements next to the thresholds (the closest call over the trials).
 
@@ -76,7 +78,7 @@ class Attack:
     name: str
     label: str
     expect: str
-    """The class this attack should get (hard, soft or refused)."""
+    """The class this attack should get (hard, soft, refused, or accepted where the work itself is honest)."""
     run: Callable[[Any, int], Trial]
     tiny_only: bool = False
 
@@ -365,6 +367,55 @@ def forged_signature(net: Any, trial: int) -> Trial:
     return net.outcome(served, status, body)
 
 
+def steered_logprobs(net: Any, trial: int) -> Trial:
+    """Honest work whose claimed sampling logprobs are moved 0.49 nats (inside the 0.5 tolerance) against
+    the sign of each sample's advantage, so that a trainer using them would clip every token away. The work
+    is honest, so it is accepted and paid; detected = what the trainer reads from the validator's signed
+    feed (the same `open_envelope` + `feed_groups` path as trainer/validator_feed.py) are the logprobs of
+    the validator's own replay (`Pipeline.measure`), not the node's claims."""
+    from validator_harness import STEER
+
+    from protocol.envelope import Envelope, open_envelope
+    from protocol.rollout import FeedItem
+    from protocol.rollout_files import feed_groups
+
+    node = net.node()
+    sub, data = node.build(version=VERSION, cheat="steer_logprobs")
+    served, _ = net.assigned(node)
+    status, body = net.post(served, data)
+    t = net.outcome(served, status, body)
+    if t.klass != "accepted":
+        return Trial(t.klass, t.reason, False, t.margins, note="honest tokens not accepted")
+    key = body["work_key"]
+    with served.client() as c:
+        listed = [i for i in c.get("/v1/feed", params={"after": 0, "limit": 1024}).json()["items"]
+                  if i["work_key"] == key]
+    if not listed:
+        return Trial("accepted", "not in the feed", False)
+    svc = served.service
+    item = open_envelope(Envelope.from_bytes(listed[0]["envelope"].encode(), max_bytes=net.max_bytes), domain=svc.domain,
+                         replay_guard=_AnyNonce(), expected_signer=svc.identity.address, body_types=[FeedItem])
+    assert isinstance(item, FeedItem)
+    fed = [tuple(lp for lp, m in zip(s.sampling_logprobs, s.loss_mask, strict=True) if m)
+           for g in feed_groups(item) for s in g]
+    loaded = svc.weights.get(VERSION)
+    tasks = svc.pipeline.tasks(sub.node, sub.policy_version, sub.counter)
+    (reports,) = svc.pipeline.measure(loaded, [(sub, tasks)])
+    claimed = [s.logprobs for tr in sub.tasks for s in tr.samples]
+    to_replay = max(abs(a - b) for f, r in zip(fed, reports, strict=True) for a, b in zip(f, r.logprobs, strict=True))
+    to_claim = max(abs(a - b) for f, c in zip(fed, claimed, strict=True) for a, b in zip(f, c, strict=True))
+    detected = to_replay < 1e-5 and to_claim > STEER - 0.01
+    return Trial("accepted", "trainer gets the replay" if detected else "trainer gets the claim", detected,
+                 t.margins, note=f"fed vs replay {to_replay:.1e}, fed vs claim {to_claim:.2f}")
+
+
+class _AnyNonce:
+    """The trainer's replay guard for feed items (it de-duplicates by work key instead)."""
+
+    def check_and_record(self, *args: Any, **kw: Any) -> None:
+        return None
+
+
 def _with_proofs(sub: Any, change: Callable[[int, list[bytes], random.Random], list[bytes]], rng: random.Random) -> Any:
     tasks, j = [], 0
     for tr in sub.tasks:
@@ -574,6 +625,7 @@ ATTACKS = [
     Attack("replay", "replayed envelope (same bytes)", "refused", replayed_envelope),
     Attack("forged_signature", "forged signature / altered signed body", "refused", forged_signature),
     Attack("stale_version", "stale policy version", "soft", stale),
+    Attack("steered_logprobs", "logprobs steered 0.49 by advantage (trainer input)", "accepted", steered_logprobs),
     Attack("malformed_proofs", "malformed or crashing proofs", "hard", malformed_proofs),
     Attack("oversized", "oversized payload", "refused", oversized),
     Attack("relay_flip", "relay flips bytes in a shard", "refused", relay_attack("relay_flip")),

@@ -192,7 +192,7 @@ class FeedSample(BaseModel):
     tokens: tuple[TOKEN_ID, ...] = Field(min_length=1, max_length=MAX_TOKENS)
     """Completion token ids."""
     logprobs: tuple[float, ...] = Field(max_length=MAX_TOKENS)
-    """Sampling logprob of each completion token (checked against the validator's replay)."""
+    """Sampling logprob of each completion token, from the validator's own replay (never the node's claim)."""
     reward: float
     """The reward the validator recomputed."""
 
@@ -209,10 +209,13 @@ class FeedGroup(BaseModel):
 
 
 class FeedItem(Body):
-    """One accepted submission, signed by the validator that accepted it, for a trainer to train on."""
+    """One accepted submission, signed by the validator that accepted it, for a trainer to train on.
+
+    Version 2: every number in it is the validator's (tokens replayed exactly, rewards recomputed, sampling
+    logprobs from its replay). Version 1 carried the node's claimed logprobs; a trainer no longer opens it."""
 
     kind = "feed-item"
-    version = 1
+    version = 2
 
     run_id: str = Field(min_length=1, max_length=128)
     work_key: HexBytes

@@ -154,8 +154,8 @@ def read_rollouts(path: str | Path, vocab_size: int | None = None) -> list[Sampl
 def feed_groups(item: FeedItem) -> list[list[Sample]]:
     """A validator's accepted submission as trainer samples: one GRPO group per task.
 
-    The prompt comes from the validator (rebuilt from the task), the completion and its sampling
-    logprobs from the node (checked by the validator), the reward is the validator's recomputation.
+    Every number is the validator's: the prompt rebuilt from the task, the completion the node sampled
+    (replayed exactly), its sampling logprobs from the validator's replay and the recomputed reward.
     """
     groups = []
     for t, g in enumerate(item.groups):

@@ -516,14 +516,24 @@ class Pipeline:
                         "units": self.units(sub)}
         if failure is not None:
             return self._reject(sub, row.envelope, *failure, measurements)
-        feed = FeedItem(
-            run_id=self.run.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=sub.node,
+        return self._decision(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
+                              f"{sub.n_samples()} samples, {sub.n_tokens()} tokens", measurements,
+                              feed=self.feed_item(loaded, bytes.fromhex(row.work_key[2:]), sub, tasks, rewards, reports))
+
+    def feed_item(self, loaded: LoadedModel, key: bytes, sub: Submission, tasks: list[Task],
+                  rewards: list[list[float]], reports: list[Any]) -> FeedItem:
+        """What the trainer learns from accepted (or restored) work: the node's tokens (replayed exactly),
+        the rewards we recomputed and the sampling logprobs of *our* replay (`reports`, one per sample in
+        order). The node's claimed logprobs passed `logprob_tolerance` and are never used: a node could
+        move them anywhere inside it to steer the trainer's importance ratios."""
+        replayed = iter(reports)
+        return FeedItem(
+            run_id=self.run.run_id, work_key=key, node=sub.node,
             policy_version=sub.policy_version, env=sub.env, env_version=sub.env_version,
             groups=tuple(FeedGroup(task_id=task.task_id, prompt_tokens=tuple(prompt_tokens(loaded, task)), samples=tuple(
-                FeedSample(tokens=s.tokens, logprobs=s.logprobs, reward=r) for s, r in zip(tr.samples, rs, strict=True)))
+                FeedSample(tokens=s.tokens, logprobs=tuple(next(replayed).logprobs), reward=r)
+                for s, r in zip(tr.samples, rs, strict=True)))
                 for task, tr, rs in zip(tasks, sub.tasks, rewards, strict=True)))
-        return self._decision(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
-                              f"{sub.n_samples()} samples, {sub.n_tokens()} tokens", measurements, feed=feed)
 
     def judge(self, sub: Submission, reports: list[Any], th: ToplocThresholds, tol: float
               ) -> tuple[tuple[Reason, str] | None, list[dict[str, Any]]]:

@@ -134,12 +134,15 @@ class SimNode:
         """One assignment's submission and its sealed bytes; `cheat` names a way to cheat: `other_weights`
         (generate with `model`), `other_prompt` (another system prompt), `edit_token`, `cheap_tokens`
         (`model`'s tokens, proved and scored by an honest prefill), `other_seed`, `early_stop`,
-        `inflate_reward`, `unassigned_task` (bench/attacks.py runs each of them)."""
+        `inflate_reward`, `unassigned_task`, `steer_logprobs` (honest work whose claimed logprobs are moved
+        inside the tolerance, see `steer_logprobs`) (bench/attacks.py runs each of them)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
-        if cheat is None:  # honest work is exactly what prime-node builds
+        if cheat in (None, "steer_logprobs"):  # honest work is exactly what prime-node builds
             sub = build_submission(ModelsEngine(model or self.loaded), self.run, self.identity.address, version,
                                    counter, self.manifest_hash)
+            if cheat == "steer_logprobs":
+                sub = steer_logprobs(sub)
             return sub, self.seal(sub)
         run, env = self.run, get_environment(self.run.env, self.run.env_version)
         gen_model = model or self.loaded
@@ -199,6 +202,25 @@ class SimNode:
         data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
         self.sealed.append(data)
         return data
+
+
+STEER = 0.49
+"""How far `steer_logprobs` moves a claimed logprob: just inside the validator's 0.5-nat tolerance."""
+
+
+def steer_logprobs(sub: Submission, shift: float = STEER) -> Submission:
+    """`sub` with each sample's claimed logprobs moved by -shift x sign(its advantage in its group) (-shift
+    where the advantage is 0): the importance ratios of positive-advantage tokens land above 1 + eps_high and
+    those of negative ones below 1 - eps_low, so a trainer using the claims gives the work zero gradient."""
+    tasks = []
+    for tr in sub.tasks:
+        mean = sum(s.reward for s in tr.samples) / len(tr.samples)
+        samples = []
+        for s in tr.samples:
+            d = shift if s.reward < mean else -shift
+            samples.append(s.model_copy(update={"logprobs": tuple(min(0.0, x + d) for x in s.logprobs)}))
+        tasks.append(tr.model_copy(update={"samples": tuple(samples)}))
+    return sub.model_copy(update={"tasks": tuple(tasks)})
 
 
 def _last_ranked(loaded: LoadedModel, hidden: Any, params: SamplingParams, seed: int, step: int) -> int:
