@@ -224,3 +224,34 @@ class FeedItem(Body):
     env: str
     env_version: str
     groups: tuple[FeedGroup, ...] = Field(min_length=1, max_length=MAX_TASKS)
+
+
+class FeedEntry(BaseModel):
+    """One line of a feed listing: the position a validator gave an item, and which item it is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: int = Field(ge=1, lt=2**63)
+    work_key: HexBytes
+    item_hash: HexBytes
+    """SHA-256 of the listed `FeedItem` envelope's bytes."""
+
+
+class FeedPage(Body):
+    """A validator's signature over one page of its trainer feed (`GET /v1/feed?after=`): which items sit at
+    which positions after `after`. A trainer moves its cursor only to positions a page it verified lists,
+    so whoever answers in the validator's place (a proxy, a forged or replayed listing) cannot push the
+    cursor past real work; it can only withhold pages, which the trainer sees as an unreachable feed."""
+
+    kind = "feed-page"
+    version = 1
+
+    after: int = Field(ge=0, lt=2**63)
+    """The cursor the page answers (a page is valid only for the request it answers)."""
+    entries: tuple[FeedEntry, ...] = Field(max_length=1024)
+    """The listed items in increasing `seq`."""
+
+
+def feed_item_hash(envelope_bytes: bytes) -> bytes:
+    """The identity of a listed feed item: SHA-256 of its envelope's canonical bytes."""
+    return hashlib.sha256(envelope_bytes).digest()

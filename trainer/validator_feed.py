@@ -10,6 +10,13 @@ wrong shape, items out of order) is counted the same way and asked for again at 
 unreachable validator is logged and polled again. None of these stops the trainer: only a step
 that waits `wait_timeout_s` without enough fresh groups does (`DataStarvedError`).
 
+Positions: a page carries `listing`, a `FeedPage` envelope in which the validator signs the `after` it
+answers and each listed item's (seq, work key, SHA-256 of its envelope). A page whose listing does not
+verify (missing, another signer, signed for another `after`, other items or positions than served) is
+refused whole, so the cursor only ever moves to seqs the validator itself gave: a forged or edited
+listing cannot push it past real work (issue 23 item 11). With `accepted` (no address per URL), the
+first verified listing pins its signer for that URL.
+
 Bounds: a response is read up to `max_response_bytes` (Content-Length checked first, then counted
 while reading, uncompressed bytes only) and within `request_timeout_s`; a page holds at most the
 `limit` asked for. A page refused as too large halves that validator's `limit` (down to 1).
@@ -40,7 +47,7 @@ from protocol.canonical import parse_json, to_hex
 from protocol.envelope import Envelope, open_envelope
 from protocol.errors import OversizeError, PrimeError, ProtocolError, SignatureError
 from protocol.identity import checksum
-from protocol.rollout import FeedItem
+from protocol.rollout import FeedItem, FeedPage, feed_item_hash
 from protocol.rollout_files import feed_groups
 from trainer.config import ValidatorsData
 from trainer.source import Batch, DataStarvedError, Group, RolloutSource, window_verdict
@@ -92,6 +99,8 @@ class _Page(BaseModel):
     domain: str = Field(max_length=256)
     items: list[_Entry]
     next: int = Field(ge=0)
+    listing: str
+    """A `FeedPage` envelope: the validator's signature over `after` and each item's (seq, work key, hash)."""
 
 
 @dataclass
@@ -110,6 +119,7 @@ class _Feed:
     url: str
     signer: str | None  # the expected signer; None: any of the source's accepted addresses
     limit: int
+    lister: str | None = None  # who signs this URL's listings (pinned from the first verified page)
     cursor: int = 0  # committed: every item with seq <= cursor is done
     fetched: int = 0  # the next request's `after`
     skip: dict[int, int] = field(default_factory=dict)  # after a resume: seq -> leading groups already done
@@ -314,7 +324,29 @@ class ValidatorFeedSource(RolloutSource):
         seqs = [e.seq for e in page.items]
         if any(b <= a for a, b in zip([after, *seqs], seqs, strict=False)):
             raise FeedError(f"item seqs {seqs[:8]} not increasing after {after}")
+        self._check_listing(feed, page, after)
         return page
+
+    def _check_listing(self, feed: _Feed, page: _Page, after: int) -> None:
+        """The page must be exactly what its validator signed for this request: the cursor moves to listed
+        seqs, so an unsigned position (a forged entry, a proxy's edit, a page replayed for another `after`)
+        would let whoever answers skip real work for good."""
+        envelope = Envelope.from_bytes(page.listing.encode(), max_bytes=self.max_response_bytes)
+        signer = feed.signer or feed.lister
+        body = open_envelope(envelope, domain=self.domain, replay_guard=self._guard, expected_signer=signer,
+                             body_types=[FeedPage], max_age_s=self.max_item_age_s)
+        assert isinstance(body, FeedPage)
+        if signer is None:
+            if envelope.signer not in self.accepted:
+                raise SignatureError(f"listing signed by {envelope.signer}, not an accepted validator")
+            feed.lister = envelope.signer  # one URL, one validator's seq space
+        if body.after != after:
+            raise FeedError(f"listing signed for after={body.after}, asked after={after}")
+        listed = [(e.seq, to_hex(e.work_key), to_hex(e.item_hash)) for e in body.entries]
+        served = [(e.seq, e.work_key, to_hex(feed_item_hash(e.envelope.encode()))) for e in page.items]
+        if listed != served:
+            raise FeedError(f"the items served are not the signed listing ({len(served)} served, {len(listed)} "
+                            "signed)")
 
     def _get(self, url: str, params: dict[str, int]) -> bytes:
         """The response body, refused unread past `max_response_bytes` or `request_timeout_s`."""

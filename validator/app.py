@@ -16,7 +16,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 
+from protocol.envelope import seal
 from protocol.identity import checksum
+from protocol.nonce import random_nonce
+from protocol.rollout import FeedEntry, FeedPage, feed_item_hash
 from validator.service import Service
 
 if TYPE_CHECKING:
@@ -189,11 +192,16 @@ def build_app(service: Service) -> FastAPI:
         return Response(data, media_type="application/json")
 
     @app.get("/v1/feed", summary="Accepted submissions after a cursor, each a validator-signed FeedItem envelope")
-    def feed(after: int = Query(0, ge=0), limit: int = Query(64, ge=1, le=1024)) -> dict[str, Any]:
+    def feed(after: int = Query(0, ge=0, lt=2**63), limit: int = Query(64, ge=1, le=1024)) -> dict[str, Any]:
         items = service.ledger.feed(after, limit)
+        # The listing is signed too (`FeedPage`): the positions are what a trainer's cursor moves to.
+        page = FeedPage(after=after, entries=tuple(
+            FeedEntry(seq=seq, work_key=bytes.fromhex(key[2:]), item_hash=feed_item_hash(item))
+            for seq, key, item in items))
+        listing = seal(service.identity, page, domain=service.domain, nonce=random_nonce()).to_bytes().decode()
         return {"validator": service.identity.address, "domain": service.domain,
                 "items": [{"seq": seq, "work_key": key, "envelope": item.decode()} for seq, key, item in items],
-                "next": items[-1][0] if items else after}
+                "next": items[-1][0] if items else after, "listing": listing}
 
     @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
                                   "hard with evidence), for reconciliation with the chain and the trainer")

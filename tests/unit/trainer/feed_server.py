@@ -1,7 +1,7 @@
 """A real HTTP server on 127.0.0.1 that serves a validator's trainer feed (`GET /v1/feed`), in a thread.
 
 It serves what a validator serves (validator/app.py): `FeedItem` envelopes sealed with a real key,
-listed after a cursor. Tests add items (good ones, or forged ones built here), and can queue
+listed after a cursor, each page with its signed `FeedPage` listing. Tests add items (good ones, or forged ones built here), and can queue
 misbehaving responses that are answered once each, before the normal listing.
 """
 
@@ -20,7 +20,7 @@ from aiohttp import web
 from protocol.canonical import canonical_bytes, to_hex
 from protocol.envelope import seal
 from protocol.identity import Identity
-from protocol.rollout import FeedGroup, FeedItem, FeedSample, submission_domain
+from protocol.rollout import FeedEntry, FeedGroup, FeedItem, FeedPage, FeedSample, feed_item_hash, submission_domain
 from protocol.seeds import work_key
 
 RUN_ID = "run-feed"
@@ -105,11 +105,22 @@ class FeedServer:
         if self.once:
             return await self.once.pop(0)(request)
         page = [i for i in self.items if i.seq > after][:limit]
-        return web.json_response({
+        return web.json_response(self.page(after, page))
+
+    def page(self, after: int, items: list[Listed], *, signer: Identity | None = None,
+             signed: list[Listed] | None = None, signed_after: int | None = None) -> dict[str, object]:
+        """A listing page as the validator serves it, its `FeedPage` signed by `signer` (default: this server's
+        key) over `signed` (default: `items`) and `signed_after` (default: `after`)."""
+        listing = FeedPage(after=after if signed_after is None else signed_after, entries=tuple(
+            FeedEntry(seq=i.seq, work_key=bytes.fromhex(i.work_key[2:]), item_hash=feed_item_hash(i.envelope.encode()))
+            for i in (items if signed is None else signed)))
+        self._nonce += 1
+        return {
             "validator": self.address, "domain": self.domain,
-            "items": [{"seq": i.seq, "work_key": i.work_key, "envelope": i.envelope} for i in page],
-            "next": page[-1].seq if page else after,
-        })
+            "items": [{"seq": i.seq, "work_key": i.work_key, "envelope": i.envelope} for i in items],
+            "next": items[-1].seq if items else after,
+            "listing": seal(signer or self.identity, listing, domain=self.domain, nonce=self._nonce).to_bytes().decode(),
+        }
 
     async def _start(self) -> None:
         app = web.Application()

@@ -20,6 +20,7 @@ from tests.unit.trainer.feed_server import (
     POOL,
     RUN_ID,
     FeedServer,
+    Listed,
     feed_item,
     oversize_declared,
     oversize_streamed,
@@ -143,15 +144,14 @@ def test_accepted_validators_from_any_url(serve: Serve, make: Make) -> None:
 
 def _unordered_page(v: FeedServer) -> bytes:
     items = [feed_item(0, 20), feed_item(0, 21)]
-    return json.dumps({"validator": v.address, "domain": v.domain, "next": 2, "items": [
-        {"seq": 2, "work_key": to_hex(items[0].work_key), "envelope": v.seal(items[0])},
-        {"seq": 1, "work_key": to_hex(items[1].work_key), "envelope": v.seal(items[1])}]}).encode()
+    listed = [Listed(2, to_hex(items[0].work_key), v.seal(items[0])), Listed(1, to_hex(items[1].work_key),
+                                                                             v.seal(items[1]))]
+    return json.dumps(v.page(0, listed)).encode()  # signed as served: refused for the order alone
 
 
 def _long_page(v: FeedServer) -> bytes:
     items = [feed_item(0, 30 + i) for i in range(3)]
-    return json.dumps({"validator": v.address, "domain": v.domain, "next": 3, "items": [
-        {"seq": i + 1, "work_key": to_hex(it.work_key), "envelope": v.seal(it)} for i, it in enumerate(items)]}).encode()
+    return json.dumps(v.page(0, [Listed(i + 1, to_hex(it.work_key), v.seal(it)) for i, it in enumerate(items)])).encode()
 
 
 @pytest.mark.parametrize("bad", [
@@ -181,6 +181,50 @@ def test_a_refused_response_is_counted_and_the_feed_goes_on(serve: Serve, make: 
     assert v.requests[1][0] == 0  # the refused page moved no cursor
     if "oversize" in bad:
         assert v.requests[1][1] == 1  # asks for fewer items after a page that was too large
+
+
+FAR = 2**62
+
+
+@pytest.mark.parametrize("forgery", ["unsigned", "other-key", "moved-entry", "extra-entry", "other-after"])
+def test_a_forged_listing_cannot_push_the_cursor_past_real_work(serve: Serve, make: Make, forgery: str) -> None:
+    """Issue 23 item 11: whoever answers in the validator's place lists a genuine item far ahead (or adds an
+    entry there); a cursor that followed it would skip every real item for good. The page is refused whole,
+    the cursor stays, and the real items are trained."""
+    v = serve()
+    items = [feed_item(0, c) for c in range(1, 4)]
+    for item in items:
+        v.add(item)
+    first = v.items[0]
+    far = Listed(FAR, first.work_key, first.envelope)  # a genuine, validator-signed item listed at seq 2**62
+    page = {
+        "unsigned": lambda: {k: x for k, x in v.page(0, [far]).items() if k != "listing"},  # the old page shape
+        "other-key": lambda: v.page(0, [far], signer=Identity.create()),
+        "moved-entry": lambda: v.page(0, [far], signed=[first]),  # the validator's real listing, seq edited
+        "extra-entry": lambda: v.page(0, [*v.items, far], signed=list(v.items)),
+        "other-after": lambda: v.page(2, [v.items[2]]),  # a genuine page for after=2, served for after=0
+    }[forgery]()
+    v.once.append(raw(json.dumps(page).encode()))
+    src = make(v)
+    batch = src.next_batch(step=0, n_groups=3, async_level=0)
+    assert batch.groups == _groups(*items)
+    assert src.stats["refused_pages"] == 1 and batch.counts.rejected_files == 1
+    assert [after for after, _ in v.requests[:2]] == [0, 0]  # the forged page moved nothing
+    assert src.cursors() == {v.url: 3}
+
+
+def test_accepted_validators_pin_the_lister_of_each_url(serve: Serve, make: Make) -> None:
+    """Without an address per URL, any accepted validator's listing verifies at first; from then on the URL's
+    seqs are that validator's alone, so another accepted key cannot sign positions for it."""
+    a, b = serve(), serve()
+    a.add(feed_item(0, 1))
+    src = make(a, accepted=[a.address, b.address])
+    assert src.next_batch(0, 1, 0).groups == _groups(feed_item(0, 1))
+    a.add(feed_item(0, 2))
+    a.once.append(raw(json.dumps(a.page(1, [Listed(FAR, a.items[1].work_key, a.items[1].envelope)],
+                                        signer=b.identity)).encode()))
+    assert src.next_batch(0, 1, 0).groups == _groups(feed_item(0, 2))
+    assert src.stats["refused_pages"] == 1 and src.cursors() == {a.url: 2}
 
 
 def test_an_oversized_page_halves_the_request_until_it_fits(serve: Serve, make: Make) -> None:
