@@ -20,7 +20,15 @@ from aiohttp import web
 from protocol.canonical import canonical_bytes, to_hex
 from protocol.envelope import seal
 from protocol.identity import Identity
-from protocol.rollout import FeedEntry, FeedGroup, FeedItem, FeedPage, FeedSample, feed_item_hash, submission_domain
+from protocol.rollout import (
+    FeedEntry,
+    FeedGroup,
+    FeedItem,
+    FeedPage,
+    FeedSample,
+    feed_item_hash,
+    submission_domain,
+)
 from protocol.seeds import work_key
 
 RUN_ID = "run-feed"
