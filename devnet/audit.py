@@ -15,9 +15,10 @@ Checks (each one row of the table; any failing row makes the exit status 1):
 
 1. per validator: received = accepted + rejected_hard + rejected_soft + pending;
 2. per node: the validators hold between `posted` and `posted + signed` rows for it;
-3. every accepted work key is trained in some step, dropped by the trainer's async window (stale,
-   counted), or still queued (held by the trainer, or past its cursor in that validator's feed); the
-   trainer trained nothing no validator accepted;
+3. every accepted work key (and every one a validator restored by overturning a hard verdict on appeal)
+   is trained in some step, dropped by the trainer's async window (stale, counted), or still queued (held
+   by the trainer, or past its cursor in that validator's feed); the trainer trained nothing no validator
+   accepted or restored;
 4. work recorded on chain (and not invalidated since) = accepted work the validators reported;
 5. rewards reserved on chain = recorded units x rate - claimed, and = the validators' accepted units x rate
    (work restored by an overturned appeal counts with its restored reward: no validator lists it as accepted);
@@ -125,6 +126,15 @@ def reconcile(inp: Inputs) -> list[Row]:
         dropped.update(k.lower() for k in line.get("stale", []) + line.get("future", []))
     last = inp.trainer_steps[max(inp.trainer_steps)] if inp.trainer_steps else {}
     queued_keys = {k.lower() for k in last.get("queued", [])}
+    # Work restored by an overturned appeal enters the deciding validator's feed: it must reach the trainer
+    # too. One whose item was withdrawn (the chain settled the appeal the other way) is owed nowhere.
+    restored_keys: set[str] = set()
+    for rep in reports:
+        for a in rep.get("restored", []):
+            key = a["work_key"].lower()
+            restored_keys.add(key)
+            if a.get("feed_seq") is not None or key in trained | dropped | queued_keys:
+                accepted.setdefault(key, {**a, "validator_url": rep.get("url"), "restored": True})
     cursors = {str(u).rstrip("/"): int(c) for u, c in last.get("cursors", {}).items()}
     fates = {"trained": 0, "dropped_stale": 0, "queued": 0, "lost": 0}
     lost = []
@@ -139,10 +149,12 @@ def reconcile(inp: Inputs) -> list[Row]:
         else:
             fates["lost"] += 1
             lost.append(key)
-    rows.append(Row("accepted = trained + dropped (stale) + queued", len(accepted),
+    n_restored = sum(1 for a in accepted.values() if a.get("restored"))
+    rows.append(Row("accepted = trained + dropped (stale) + queued",  # accepted includes work restored by appeal
+                    f"{len(accepted) - n_restored} + {n_restored} restored" if n_restored else len(accepted),
                     f"{fates['trained']} + {fates['dropped_stale']} + {fates['queued']} (lost {fates['lost']})",
                     not lost, ("lost: " + ", ".join(k[:18] for k in lost[:5])) if lost else ""))
-    unknown = sorted((trained | dropped) - set(accepted))
+    unknown = sorted((trained | dropped) - set(accepted) - restored_keys)
     rows.append(Row("trained work that no validator accepted", 0, len(unknown), not unknown,
                     ", ".join(k[:18] for k in unknown[:5])))
 
@@ -173,6 +185,7 @@ def reconcile(inp: Inputs) -> list[Row]:
         elif e["name"] == "WorkRestored":  # an appeal overturned its hard invalidation (contracts/README.md)
             restored[_key(args["workKey"])] = int(args["reward"])
     on_chain = {k for k in recorded if k not in invalidated}
+    accepted = {k: a for k, a in accepted.items() if not a.get("restored")}  # restored: on chain by WorkRestored
     reported = {k for k, a in accepted.items() if a.get("reported") and not str(a.get("chain_tx") or "").startswith(
         "refused:")}
     on_chain_after = on_chain_keys(inp.chain_events_after if inp.chain_events_after is not None

@@ -21,7 +21,10 @@ chain view lacks the version, the grader or the model failing, a verdict that re
 appeal cannot carry, such as equivocation's second payload) the answer is 503 `cannot_check` and nothing
 is resolved, so another validator can take it. A decision is signed (`AppealDecision`), stored with its
 evidence in the ledger (one per work key: the first stands), then resolved on chain (`resolveAppeal`);
-a failed transaction is retried by `resolve_pending`.
+a failed transaction is retried by `resolve_pending`. An overturned verdict restores the work: it enters
+this validator's trainer feed in the same transaction as the decision (a `FeedItem` with our replay's
+logprobs and recomputed rewards, like accepted work), and leaves it again if the chain settles the
+appeal as upheld (another validator resolved it first).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
 from protocol.errors import ChainError, ModelError, PrimeError, ProtocolError, ReplayError, SignatureError
 from protocol.identity import Identity, checksum
 from protocol.nonce import NonceCounter
-from protocol.rollout import Outcome, Reason, Submission, Verdict, submission_hash
+from protocol.rollout import FeedItem, Outcome, Reason, Submission, Verdict, submission_hash
 from protocol.seeds import work_key
 from validator.chainview import ChainView
 from validator.ledger import AppealRow, Ledger
@@ -257,6 +260,7 @@ class AppealDesk:
         if self.chain.manifest_hash(sub.policy_version) is None:
             raise _CannotCheck(f"v{sub.policy_version} is not in this validator's chain view (yet)")
         measurements: dict[str, Any] = {}
+        feed: FeedItem | None = None
         failure = p.cheap_problem(sub, version_window=False)
         if failure is None:
             try:
@@ -279,6 +283,8 @@ class AppealDesk:
                     raise _CannotCheck(f"model stage: {exc}") from exc
                 failure, per_sample = p.judge(sub, reports, self.thresholds, self.cfg.appeals.logprob_tolerance)
                 measurements["samples"] = per_sample
+                if failure is None:  # restored work reaches the trainer like accepted work, with our replay's numbers
+                    feed = p.feed_item(loaded, verdict.work_key, sub, tasks, rewards, reports)
         outcome = AppealOutcome.UPHELD if failure is not None else AppealOutcome.OVERTURNED
         reason, detail = failure if failure is not None else (Reason.ACCEPTED, f"passes the appeal thresholds "
                                                               f"({sub.n_samples()} samples, {sub.n_tokens()} tokens)")
@@ -299,7 +305,10 @@ class AppealDesk:
             original_reason=verdict.reason.value, outcome=outcome.value, reason=reason.value, detail=detail,
             measurements=json.dumps(measurements), units=p.units(sub), evidence_hash=evidence_hash, decision=signed,
             resolved_at=None, chain_tx=None)
-        self.ledger.record_appeal(row, evidence)
+        feed_bytes = None
+        if feed is not None:
+            feed_bytes = seal(self.identity, feed, domain=self.domain, nonce=self.nonces.next(self.domain)).to_bytes()
+        self.ledger.record_appeal(row, evidence, feed_bytes)
         p.count(f"appeals_{outcome.value}")
         log.info("appeal of %s (node %s, slashed by %s for %s): %s (%s: %s) evidence %s", key, sub.node, slasher,
                  verdict.reason.value, outcome.value, reason.value, detail, evidence_hash)
@@ -325,6 +334,8 @@ class AppealDesk:
                     if status is not (EscrowStatus.UPHELD if upheld else EscrowStatus.OVERTURNED):
                         log.warning("appeal of %s: resolved on chain as %s by someone else (we decided %s)",
                                     row.work_key, status.name, row.outcome)
+                        if status is EscrowStatus.UPHELD and self.ledger.withdraw_feed(row.work_key):
+                            log.warning("appeal of %s: its restored work leaves our trainer feed", row.work_key)
                     return True
                 log.warning("resolveAppeal %s failed (will retry): %s", row.work_key, exc)
                 return False

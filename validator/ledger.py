@@ -473,7 +473,8 @@ class Ledger:
         """This validator's side of the audit (`GET /v1/audit`): row counts (received = accepted +
         rejected_hard + rejected_soft + pending), and per row kind the work keys an auditor reconciles
         with the chain and the trainer: accepted (node, units, feed seq, chain tx), hard (reason,
-        evidence hash, whether the evidence is stored) and soft (reason)."""
+        evidence hash, whether the evidence is stored) and soft (reason); and `restored`: work whose hard verdict
+        (another validator's) this validator overturned on appeal, with its feed seq (it is trained too)."""
         rows = self._db.execute("SELECT work_key, node, state, outcome, reason, measurements, evidence_hash, "
                                 "chain_tx FROM submissions ORDER BY received_at, work_key")
         # after the rows: an accepted row entered the feed (and its evidence was stored) in its own transaction
@@ -502,11 +503,17 @@ class Ledger:
             else:
                 soft.append({"work_key": key, "node": node, "reason": reason, "reported": reported,
                              "chain_tx": tx})
+        # work this validator restored by overturning another's hard verdict: fed to the trainer like accepted work
+        restored = [{"work_key": key, "node": node, "units": int(units), "feed_seq": feed.get(key),
+                     "resolved": resolved is not None, "chain_tx": tx}
+                    for key, node, units, resolved, tx in self._db.execute(
+                        "SELECT work_key, node, units, resolved_at, chain_tx FROM appeals WHERE outcome = 'overturned' "
+                        "ORDER BY received_at, work_key")]
         return {
             "counts": {"received": sum(c["received"] for c in per_node.values()), "accepted": len(accepted),
                        "rejected_hard": len(hard), "rejected_soft": len(soft), "pending": pending},
             "nodes": per_node, "accepted": accepted, "rejected_hard": hard, "rejected_soft": soft,
-            "feed_size": len(feed),
+            "restored": restored, "feed_size": len(feed),
         }
 
     def timeline(self, after: float, limit: int) -> list[dict[str, Any]]:
@@ -576,9 +583,10 @@ class Ledger:
         rows = self._db.execute(f"SELECT {_APPEAL_COLUMNS} FROM appeals WHERE work_key = ?", (work_key,))
         return AppealRow(*rows[0]) if rows else None
 
-    def record_appeal(self, row: AppealRow, evidence: bytes) -> bool:
+    def record_appeal(self, row: AppealRow, evidence: bytes, feed_item: bytes | None = None) -> bool:
         """Store a decided appeal and its evidence, atomically. False (nothing written) when the work key's
-        appeal was decided before: the first decision stands."""
+        appeal was decided before: the first decision stands. `feed_item` (an overturned appeal: the work is
+        restored) enters the trainer feed in the same transaction, like an accepted row's."""
         with self._db.transaction() as db:
             done = db.execute(
                 f"INSERT INTO appeals ({_APPEAL_COLUMNS}) VALUES ({', '.join('?' * 16)}) ON CONFLICT DO NOTHING "
@@ -590,7 +598,16 @@ class Ledger:
                 return False
             db.execute("INSERT INTO evidence (hash, data, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                        (row.evidence_hash, evidence, row.received_at))
+            if feed_item is not None:
+                db.lock(_LOCK_FEED)  # feed numbers in commit order (see `_decide`)
+                db.execute("INSERT INTO feed (work_key, created_at, item) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                           (row.work_key, row.received_at, feed_item))
         return True
+
+    def withdraw_feed(self, work_key: str) -> bool:
+        """Take a work key's item out of the feed (a restoration the chain settled the other way); True if it was
+        there. A trainer that fetched it already, or a Parquet file already written, cannot be called back."""
+        return bool(self._db.execute("DELETE FROM feed WHERE work_key = ? RETURNING work_key", (work_key,)))
 
     def unresolved_appeals(self, limit: int) -> list[AppealRow]:
         """Decided appeals not yet resolved on chain, oldest first."""

@@ -153,3 +153,62 @@ def test_a_validator_that_cannot_recheck_says_so_and_resolves_nothing(
     assert published.admin.get_escrow(key).status is EscrowStatus.APPEALED  # still open for another validator
     with blind.client() as c:
         assert c.get(f"/v1/appeals/{key}").status_code == 404
+
+
+def test_work_restored_by_a_won_appeal_reaches_the_trainer(
+        make_validator: Any, make_node: Any, published: Pools, second_validator: int) -> None:
+    """Issue 23 item 13: an honest node slashed by a validator with absurdly strict thresholds (logprob tolerance
+    0: honest decode and prefill differ by ~1e-6) wins its appeal at another validator. The restored work enters
+    that validator's trainer feed (tokens, recomputed rewards, its replay's logprobs), a trainer pulling the feed
+    over HTTP trains it, and the audit reconciles it as restored work that reached the trainer."""
+    from validator_harness import RUN
+
+    from devnet.audit import Inputs, reconcile
+    from protocol.rollout import Submission
+    from trainer.validator_feed import ValidatorFeedSource
+
+    node = make_node()
+    strict = make_validator("a", checks={"logprob_tolerance": 0.0})
+    fair = make_validator("b", account=second_validator)
+    key, verdict, submission = _slashed(strict, node)  # honest work
+    published.operator.appeal(key)
+    status, answer = _post(fair, _appeal(node.identity, node, key, verdict, submission))
+    assert status == 200 and answer["outcome"] == "overturned" and answer["resolved"], answer
+    assert published.admin.get_work(key).status is WorkStatus.ACCEPTED
+
+    with fair.client() as c:
+        audit = c.get("/v1/audit").json()
+    (restored,) = audit["restored"]
+    assert (restored["work_key"], restored["node"], restored["resolved"]) == (key, node.identity.address, True)
+    assert restored["feed_seq"] == 1 and audit["feed_size"] == 1
+
+    sub = Submission.model_validate(Envelope.model_validate_json(submission).body)
+    src = ValidatorFeedSource([fair.url], fair.service.domain, addresses=[fair.service.identity.address],
+                              run_id=RUN.run_id, poll_interval_s=0.05, wait_timeout_s=30)
+    try:
+        batch = src.next_batch(1, len(sub.tasks), RUN.async_level)
+        cursors = src.cursors()
+    finally:
+        src.close()
+    assert batch.work == {"trained": [key]}
+    claims = [s for tr in sub.tasks for s in tr.samples]
+    assert [s.tokens[-len(c.tokens):] for s, c in zip(batch.samples, claims, strict=True)] == [c.tokens for c in claims]
+    assert [s.reward for s in batch.samples] == [c.reward for c in claims]
+    fed = [tuple(lp for lp, m in zip(s.sampling_logprobs, s.loss_mask, strict=True) if m) for s in batch.samples]
+    loaded = fair.service.weights.get(sub.policy_version)
+    (reports,) = fair.service.pipeline.measure(loaded, [(sub, fair.service.pipeline.tasks(
+        sub.node, sub.policy_version, sub.counter))])
+    assert fed == [tuple(r.logprobs) for r in reports]  # the resolver's replay, not the node's claim
+
+    reports_by_name = {}
+    for name, v in (("a", strict), ("b", fair)):
+        with v.client() as c:
+            reports_by_name[name] = {**c.get("/v1/audit").json(), "url": v.url}
+    events = [{"name": "WorkRestored", "args": {"workKey": bytes.fromhex(key[2:]), "reward": 0}}]
+    steps = {1: {"step": 1, "trained": batch.work["trained"], "stale": [], "future": [], "cursors": cursors,
+                 "queued": []}}
+    rows = reconcile(Inputs(validators=reports_by_name, trainer_steps=steps, nodes={}, chain_events=events,
+                            rewards_reserved=0, reward_per_unit=1))
+    fate = next(r for r in rows if r.check.startswith("accepted = trained"))
+    assert fate.ok and fate.expected == "0 + 1 restored", fate
+    assert next(r for r in rows if r.check == "trained work that no validator accepted").ok

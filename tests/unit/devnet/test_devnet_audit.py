@@ -129,3 +129,27 @@ def test_work_restored_by_an_overturned_appeal_reconciles() -> None:
     rows = reconcile(inp)
     assert failing(rows) == []
     assert next(r for r in rows if r.check == "work restored by overturned appeals").actual == 1
+
+
+def test_work_restored_by_an_overturned_appeal_must_reach_the_trainer() -> None:
+    """The resolving validator lists k(5) as restored, with its feed seq (issue 23 item 13): the trainer must
+    train it (or drop it stale, or hold it queued) like accepted work, and training it is not 'unknown' work."""
+    inp = consistent()
+    inp.chain_events.append({"name": "WorkRestored", "args": {"workKey": bytes.fromhex(k(5)[2:]), "units": 7,
+                                                               "reward": 7 * RATE}})
+    inp.rewards_reserved += 7 * RATE
+    resolver = {"url": "http://127.0.0.1:10", "counts": {"received": 0, "accepted": 0, "rejected_hard": 0,
+                                                          "rejected_soft": 0, "pending": 0}, "nodes": {},
+                "accepted": [], "rejected_hard": [], "rejected_soft": [],
+                "restored": [{"work_key": k(5), "node": NODE_B, "units": 7, "feed_seq": 1, "resolved": True}]}
+    inp.validators["validator-1"] = resolver
+    inp.trainer_steps[1]["cursors"]["http://127.0.0.1:10"] = 1  # past it, never trained: lost
+    assert failing(reconcile(inp)) == ["accepted = trained + dropped (stale) + queued"]
+    inp.trainer_steps[1]["trained"].append(k(5))
+    rows = reconcile(inp)
+    assert failing(rows) == []
+    assert next(r for r in rows if r.check.startswith("accepted = trained")).expected == "4 + 1 restored"
+    # withdrawn from the feed (the chain settled the appeal as upheld elsewhere) and never trained: owed nowhere
+    inp.trainer_steps[1]["trained"].remove(k(5))
+    resolver["restored"][0]["feed_seq"] = None
+    assert failing(reconcile(inp)) == []
