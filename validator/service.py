@@ -122,7 +122,14 @@ class Service:
         self.cfg.feed_dir.mkdir(parents=True, exist_ok=True)
         n = 0
         for seq, created_at, _key, item in self.ledger.unwritten_feed(256):
-            body = FeedItem.model_validate(Envelope.model_validate_json(item).body)
+            envelope = Envelope.model_validate_json(item)
+            if (envelope.kind, envelope.version) != (FeedItem.kind, FeedItem.version):
+                # written by an older validator (a v1 item carried the node's claimed logprobs): never a file
+                log.warning("feed item %d is %s v%d, not v%d: no rollout file", seq, envelope.kind, envelope.version,
+                            FeedItem.version)
+                self.ledger.mark_written(seq)
+                continue
+            body = FeedItem.model_validate(envelope.body)
             samples = [s for g in feed_groups(body) for s in g]
             name = f"{int(created_at * 1000):013d}-{self.identity.address}-{seq:010d}.parquet"
             write_rollouts(Path(self.cfg.feed_dir) / name, samples)

@@ -1,20 +1,22 @@
 """What reaches the trainer's GRPO loss is the validator's own computation, never a node's claim inside a
 tolerance (issue 23 item 4): a node that moves its claimed sampling logprobs by 0.49 nats (inside the 0.5
 tolerance) in the direction that pushes every importance ratio out of the clip band is accepted, but the
-trainer's batch, pulled over HTTP from the validator's signed feed, carries the replay's logprobs, and the
-loss's gradient is that of the honest work."""
+trainer's batch, pulled over HTTP from the validator's signed feed (and the Parquet rollout file the validator
+writes for a `directory` trainer), carries the replay's logprobs, and the loss's gradient is that of the honest
+work."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 
 import pytest
 import torch
 from validator_harness import RUN, STEER, SimNode, steer_logprobs
 
 from protocol.rollout import Submission
-from protocol.rollout_files import Sample
+from protocol.rollout_files import Sample, read_rollouts
 from trainer.loss import LossConfig, group_advantages, grpo_token_loss, token_weights
 from trainer.packing import pack, token_logprobs
 from trainer.validator_feed import ValidatorFeedSource
@@ -45,9 +47,10 @@ def _gradient(model: torch.nn.Module, samples: list[Sample]) -> torch.Tensor:
     return grad
 
 
-def test_steered_logprobs_are_accepted_but_the_trainer_learns_the_replay(make_validator, make_node, tiny_model):
+def test_steered_logprobs_are_accepted_but_the_trainer_learns_the_replay(make_validator, make_node, tiny_model,
+                                                                         tmp_path):
     node: SimNode = make_node()
-    v = make_validator()
+    v = make_validator(feed_dir=tmp_path / "feed")
     for counter in range(40):  # an assignment with a learning signal (the tiny model's rewards are mostly equal)
         honest, _ = node.build(counter=counter)
         if any(len({s.reward for s in tr.samples}) > 1 for tr in honest.tasks):
@@ -77,6 +80,13 @@ def test_steered_logprobs_are_accepted_but_the_trainer_learns_the_replay(make_va
     # the replay agrees with the honest claims up to float drift, and is 0.49 away from the steered ones
     assert max(abs(a - b) for a, b in zip(fed, told, strict=True)) < 1e-3
     assert max(abs(a - b) for a, b in zip(fed, lied, strict=True)) > STEER - 0.01
+
+    # the rollout-file path (the trainer's `directory` source) carries the same numbers
+    deadline = time.monotonic() + 30
+    while not (files := sorted((tmp_path / "feed").glob("*.parquet"))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (path,) = files
+    assert [s.sampling_logprobs for s in read_rollouts(path)] == [s.sampling_logprobs for s in batch]
 
     model = copy.deepcopy(tiny_model.model).requires_grad_(True)  # the trainer's policy: the same weights
     got, want, steered_grad = _gradient(model, batch), _gradient(model, _claimed(batch, honest)), \
