@@ -232,7 +232,9 @@ class FeedEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seq: int = Field(ge=1, lt=2**63)
+    """The item's position in this validator's feed (a trainer's cursor is a seq)."""
     work_key: HexBytes
+    """The work the item is about (as listed and as signed inside the item)."""
     item_hash: HexBytes
     """SHA-256 of the listed `FeedItem` envelope's bytes."""
 

@@ -191,7 +191,8 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(404, "no evidence with this hash")
         return Response(data, media_type="application/json")
 
-    @app.get("/v1/feed", summary="Accepted submissions after a cursor, each a validator-signed FeedItem envelope")
+    @app.get("/v1/feed", summary="Accepted (and appeal-restored) submissions after a cursor, each a validator-signed "
+                                 "FeedItem envelope, and the signed FeedPage listing of their positions")
     def feed(after: int = Query(0, ge=0, lt=2**63), limit: int = Query(64, ge=1, le=1024)) -> dict[str, Any]:
         items = service.ledger.feed(after, limit)
         # The listing is signed too (`FeedPage`): the positions are what a trainer's cursor moves to.
@@ -204,7 +205,8 @@ def build_app(service: Service) -> FastAPI:
                 "next": items[-1][0] if items else after, "listing": listing}
 
     @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
-                                  "hard with evidence), for reconciliation with the chain and the trainer")
+                                  "hard with evidence, restored by an appeal with feed seq), for reconciliation "
+                                  "with the chain and the trainer")
     def audit() -> dict[str, Any]:
         report = service.ledger.audit()
         report["validator"] = service.identity.address
