@@ -65,6 +65,7 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
     from contracts.policy import PolicyHistory
     from models.engine import Engine
     from models.sampling import SamplingParams
+    from node.commands import validator_role
     from node.config import NodeConfig
     from node.engines import build_engine
     from node.protection import SlashingProtection
@@ -121,7 +122,8 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
                                 lambda spec: engine, cfg.state_dir / "weights")
         domain = submission_domain(c.chain_id, c.pool, run.run_id)
         with httpx.Client(timeout=60) as http, SlashingProtection(cfg.state_dir / "protection.sqlite") as db:
-            worker = Worker(cfg, node, run, domain, weights, db, ValidatorDirectory([served.url], http))
+            worker = Worker(cfg, node, run, domain, weights, db, ValidatorDirectory([served.url], http,
+                                                                               validator_role(c.client(node))))
             worker.validators.refresh()
             started = time.perf_counter()
             tally = worker.run_loop()

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from node.commands import PROTECTION_DB, node_key, open_chain, operator_key, run_rules
+from node.commands import PROTECTION_DB, node_key, open_chain, operator_key, run_rules, validator_role
 from node.config import NodeConfig
 from node.errors import NodeError
 from node.protection import HardVerdict, SlashingProtection
@@ -47,7 +47,7 @@ def appeal(cfg: NodeConfig) -> int:
     results = []
     with httpx.Client(timeout=cfg.submit.timeout_s) as http:
         run, _model, domain = run_rules(cfg, chain, http)
-        directory = ValidatorDirectory(list(cfg.validators), http)
+        directory = ValidatorDirectory(list(cfg.validators), http, validator_role(pool))
         directory.refresh()
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as db:
             verdicts = db.hard_verdicts(run.run_id, node.address)

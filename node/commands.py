@@ -247,9 +247,12 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
         weights = PolicyWeights(cfg.weights, model, run, history, lambda spec: build_engine(cfg.engine, spec),
                                 cfg.state_dir / "weights", poll_s=cfg.chain.poll_s,
                                 learned_relays=gossip.relay_urls if gossip is not None else None)
+        pool = chain.client(node)
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as protection:
             worker = Worker(cfg, node, run, domain, weights, protection, ValidatorDirectory(
-                list(cfg.validators), http, learned=gossip.validator_urls if gossip is not None else None))
+                list(cfg.validators), http, validator_role(pool),
+                learned=gossip.validator_urls if gossip is not None else None),
+                is_active=lambda: bool(pool.is_active(node.address)))
             monitor = None
             if cfg.monitor.port is not None:
                 monitor = Monitor(lambda: worker.tally, lambda: len(worker.pending()), host=cfg.monitor.host,
@@ -283,6 +286,26 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
     logger.info("stopped: %d batches, %d tokens, %d accepted, rejected %s", tally.batches, tally.tokens,
                 tally.accepted, dict(tally.rejected) or "none")
     return 0
+
+
+def validator_role(pool: Any, ttl_s: float = 30.0) -> Any:
+    """`address -> holds the validator role on chain`, cached for `ttl_s` (a revoked role stops counting
+    within it). What the node's validator directory believes instead of a URL's own word."""
+    import time
+
+    seen: dict[str, tuple[float, bool]] = {}
+
+    def check(address: str) -> bool:
+        now = time.monotonic()
+        hit = seen.get(address)
+        if hit is None or now - hit[0] > ttl_s:
+            hit = (now, bool(pool.has_role("validator", address)))
+            if len(seen) > 4096:
+                seen.clear()
+            seen[address] = hit
+        return hit[1]
+
+    return check
 
 
 def _install_signals(worker: Any) -> dict[int, Any]:

@@ -5,7 +5,9 @@ a key that signs two different payloads for it (`equivocation`). So before the n
 records the assignment with the SHA-256 of the payload's canonical JSON (`payload_hash`); a second,
 different payload for a recorded assignment raises `DoubleSignError` instead of being signed. The
 same payload may be sealed again (a retry with a fresh nonce is not equivocation). The payload itself
-is kept until its verdict arrives, so a restart resubmits work instead of losing it.
+is kept until its verdict arrives, so a restart resubmits work instead of losing it; the worker marks a
+record `decided` (dropping the payload) only for a verdict it verified as its validator's signature
+about one of the envelopes kept in `sent` (`sent_hashes`), never for an answer's say-so.
 
 For appeals the record also keeps every envelope sent (`sent`, until its assignment's verdict is known)
 and each hard verdict as the validator signed it (`hard_verdicts`, with the envelope it judged, for as
@@ -234,6 +236,15 @@ class SlashingProtection:
                     "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (key, *where, reason, validator, digest, verdict, sent[0] if sent else None, time.time()))
             self._db.execute("DELETE FROM sent WHERE run_id=? AND node=? AND policy_version=? AND counter=?", where)
+
+    def sent_hashes(self, run_id: str, node: str, policy_version: int, counter: int) -> set[str]:
+        """The SHA-256 (`0x` hex) of every envelope sent for one assignment still awaiting its verdict: a
+        verdict counts only if it is about one of them."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT submission_hash FROM sent WHERE run_id=? AND node=? AND policy_version=? AND counter=?",
+                (run_id, checksum(node), policy_version, counter)).fetchall()
+        return {str(r[0]) for r in rows}
 
     def hard_verdicts(self, run_id: str, node: str) -> list[HardVerdict]:
         """The hard verdicts kept for `node` in `run_id`, oldest first."""

@@ -7,9 +7,19 @@ counter always comes from that record, so a restart never reuses a counter.
 
 Transient failures (connection refused or reset, timeouts, 5xx, 425 and 429, an unparseable answer)
 are retried with exponential backoff and full jitter (tenacity); when the tries run out the work is
-kept and resent later, and no new work is generated until it is out. Answers that say the node
-itself is wrong (inactive on chain, bad signature, wrong domain, a hard verdict) stop the node with a
-message for the operator.
+kept and resent later, and no new work is generated until it is out.
+
+Nothing a validator says is believed because it answered (issue 23, item 10):
+
+- a URL counts as validator V only if V holds the validator role on chain (`is_validator`), and the
+  first URL that claims V keeps it until it is caught lying (a second claimant is only a stand-by);
+- a verdict is acted on only as the `Verdict` envelope V signed, in this run's domain, about exactly
+  the assignment and one of the envelopes this node sent (`verified_verdict`); an answer that claims
+  an outcome without such a verdict is a lie: the URL is dropped for V and shunned for a while, the
+  work goes back to "signed" (payload kept) and is resent to whoever holds V's role next;
+- an unexpected status is logged and counted (`Tally.peer_errors`), the validator is backed off and
+  the next one tried. The node stops only on what it can check itself: a verified, signed hard
+  verdict (more work would only be slashed again) or the chain saying it is not active.
 """
 
 from __future__ import annotations
@@ -37,11 +47,12 @@ from node.protection import SlashingProtection
 from node.rollouts import build_submission
 from node.weights import PolicyWeights, Waiting
 from protocol.canonical import to_hex
-from protocol.envelope import seal
-from protocol.errors import UngradableError
+from protocol.envelope import Envelope, open_envelope, seal
+from protocol.errors import PrimeError, UngradableError
 from protocol.identity import Identity, checksum
 from protocol.nonce import random_nonce
-from protocol.rollout import Outcome, Reason, RunSpec, Submission
+from protocol.replay import RereadRecords
+from protocol.rollout import Outcome, RunSpec, Submission, Verdict
 from protocol.seeds import validator_ranking, work_key
 
 logger = logging.getLogger(__name__)
@@ -55,46 +66,104 @@ class Transient(Exception):
         self.retry_after = retry_after
 
 
+MAX_VALIDATORS = 64
+"""Validator URLs a node keeps (configured, learned and hinted together)."""
+SHUN_S = 300.0
+"""How long a URL caught lying (a verdict it could not have signed) is not asked again."""
+
+
 @dataclass
 class ValidatorDirectory:
-    """Validator URLs from config, their addresses and the run's announced set, from `/v1/info`."""
+    """Validator URLs (configured, or learned over discovery) and the on-chain validator each one serves.
+
+    A URL's `/v1/info` names the address it claims to be; the claim counts only when that address holds
+    the validator role on chain (`is_validator`, the pool's `hasRole`), and only for the first URL that
+    makes it: a later claimant of an address already served is a stand-by, used once the first one is
+    dropped (`distrust`), which happens when it answers with a verdict that address did not sign. The
+    run's validator set (`announced`, what rendezvous ranks) is the chain-checked addresses the
+    validators name, so a peer cannot add a validator of its own making."""
 
     urls: list[str]
     http: httpx.Client
+    is_validator: Callable[[str], bool]
+    """Whether an address holds the validator role on chain (the only authority on who validates)."""
     learned: Callable[[], list[str]] | None = None
     """More validator URLs (announced over discovery); each counts once its own /v1/info names its address."""
     by_address: dict[str, str] = field(default_factory=dict)
     announced: list[str] = field(default_factory=list)
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shunned: dict[str, float] = field(default_factory=dict)
+    """URL -> time.monotonic() until which it is not asked (caught lying)."""
+    refused: Counter[str] = field(default_factory=Counter)
+    """Claims not believed, by kind (`no_role`, `taken`, `garbled`)."""
+
+    def _add_url(self, url: str) -> None:
+        url = url.rstrip("/")
+        if url not in self.urls and len(self.urls) < MAX_VALIDATORS:
+            self.urls.append(url)
+
+    def _role(self, address: str) -> bool:
+        try:
+            return bool(self.is_validator(address))
+        except Exception as exc:  # noqa: BLE001 - the chain unreadable: believe no one now, ask again later
+            logger.warning("cannot read the validator role of %s on chain (%s)", address, _short(exc))
+            return False
 
     def refresh(self) -> None:
         if self.learned is not None:
             for url in self.learned():
-                if url not in self.urls and len(self.urls) < 64:
-                    self.urls.append(url)
-        for url in self.urls:
+                self._add_url(url)
+        now = time.monotonic()
+        for url in list(self.urls):
+            url = url.rstrip("/")
+            if self.shunned.get(url, 0.0) > now:
+                continue
             try:
-                r = self.http.get(url.rstrip("/") + "/v1/info")
+                r = self.http.get(url + "/v1/info")
                 r.raise_for_status()
                 info = r.json()
                 address = checksum(str(info["validator"]))
-                announced = [checksum(str(v)) for v in info.get("validators") or [address]]
+                claimed = info.get("validators") or [address]
+                if not isinstance(claimed, list) or len(claimed) > MAX_VALIDATORS:
+                    raise ValueError("'validators' is not a list of at most 64 addresses")
+                named = [checksum(str(v)) for v in claimed]
             except Exception as exc:  # noqa: BLE001 - a down or garbled validator is logged, not fatal
                 logger.warning("validator %s: /v1/info unavailable (%s)", url, _short(exc))
                 continue
-            self.by_address[address] = url.rstrip("/")
-            self.infos[address] = info
-            self.announced = sorted(set(self.announced) | set(announced))
-            learned = info.get("validator_urls")
-            if isinstance(learned, dict):  # a hint: a URL counts once its own /v1/info names the address
-                for hint in learned.values():
-                    if isinstance(hint, str) and hint.startswith(("http://", "https://")) and len(hint) < 256 \
-                            and hint.rstrip("/") not in self.urls and len(self.urls) < 64:
-                        self.urls.append(hint.rstrip("/"))
+            if not self._role(address):
+                self.refused["no_role"] += 1
+                logger.warning("validator %s claims to be %s, which holds no validator role on chain: ignored",
+                               url, address)
+                continue
+            holder = self.by_address.get(address)
+            if holder is not None and holder != url:
+                self.refused["taken"] += 1
+                logger.info("validator %s also claims %s, served by %s: kept as a stand-by", url, address, holder)
+            else:
+                self.by_address[address] = url
+                self.infos[address] = info
+            self.announced = sorted(set(self.announced) | {a for a in named if self._role(a)})
+            hints = info.get("validator_urls")
+            if isinstance(hints, dict):  # a hint: a URL counts once its own /v1/info names the address
+                for hint in list(hints.values())[:MAX_VALIDATORS]:
+                    if isinstance(hint, str) and hint.startswith(("http://", "https://")) and len(hint) < 256:
+                        self._add_url(hint)
 
     def url_of(self, address: str) -> str | None:
         return self.by_address.get(address)
 
+    def distrust(self, address: str, url: str, why: str) -> None:
+        """`url` answered for `address` with something `address` did not sign: drop it and shun it a while."""
+        logger.warning("validator URL %s does not speak for %s (%s): dropped for %.0f s", url, address, why, SHUN_S)
+        if self.by_address.get(address) == url:
+            del self.by_address[address]
+        self.shunned[url] = time.monotonic() + SHUN_S
+
+
+MAX_VERDICT_BYTES = 64 << 10
+"""A verdict envelope is a few hundred bytes; anything bigger is not one."""
+VERDICT_AGE_S = 365 * 24 * 3600.0
+"""A verdict is a record polled long after it was signed: its age is not the point (its work key is)."""
 
 VERSIONS_KEPT = 64
 """Versions whose start time the tally keeps (and /metrics exports)."""
@@ -118,6 +187,8 @@ class Tally:
     last_batch_at: float | None = None
     """time.time() of the last batch generated."""
     submit_failures: int = 0
+    peer_errors: Counter[str] = field(default_factory=Counter)
+    """Validator answers not believed or not understood, by kind (unsigned or forged verdicts, odd statuses)."""
     version_started_at: dict[int, float] = field(default_factory=dict)
     """time.time() at which the first batch of each policy version began (the newest VERSIONS_KEPT
     versions): when a version reached this node, for the operator's propagation view."""
@@ -127,9 +198,12 @@ class Worker:
     """One node's loop (see the module docstring); `stop()` ends it after the batch in flight."""
 
     def __init__(self, cfg: NodeConfig, identity: Identity, run: RunSpec, domain: str, weights: PolicyWeights,
-                 protection: SlashingProtection, validators: ValidatorDirectory) -> None:
+                 protection: SlashingProtection, validators: ValidatorDirectory,
+                 is_active: Callable[[], bool] | None = None) -> None:
         self.cfg, self.identity, self.run, self.domain = cfg, identity, run, domain
         self.weights, self.protection, self.validators = weights, protection, validators
+        self.is_active = is_active
+        """The chain's word on whether this node is active (a validator's 403 is only checked against it)."""
         self.node = identity.address
         self.tally = Tally()
         self._stop = threading.Event()
@@ -230,7 +304,7 @@ class Worker:
 
     # -- submitting ----------------------------------------------------------------------------
 
-    def submit(self, sub: Submission) -> dict[str, Any]:
+    def submit(self, sub: Submission, *, resealed: bool = False) -> dict[str, Any]:
         """Record, seal and POST one submission to the validator that takes it; its answer ({} when kept).
 
         The validators are tried in rendezvous order: the assigned one first, the next one when the
@@ -267,7 +341,11 @@ class Worker:
                                "; trying the next one" if address != reachable[-1] else "; the work is kept and resent")
                 continue
             self._down_until.pop(address, None)
-            return self._handle(sub, address, status, body)
+            answer = self._handle(sub, address, url, status, body, resealed=resealed)
+            if answer is not None:
+                return answer
+            # an answer not believed: back off from this validator, try the next; the work stays kept
+            self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
         return {}
 
     def _ranking(self, version: int) -> list[str]:
@@ -304,30 +382,49 @@ class Worker:
             raise Transient(f"HTTP {r.status_code} with an unparseable body: {r.text[:80]!r}") from exc
         return r.status_code, body
 
-    def _handle(self, sub: Submission, validator: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
-        where = f"v{sub.policy_version} #{sub.counter} at validator {validator}"
+    def _handle(self, sub: Submission, validator: str, url: str, status: int, body: dict[str, Any], *,
+                resealed: bool = False) -> dict[str, Any] | None:
+        """Act on one validator's answer; None when it is not believed (the caller backs off and fails over)."""
+        where = f"v{sub.policy_version} #{sub.counter} at validator {validator} ({url})"
         if status in (200, 202):
+            if body.get("outcome") or body.get("verdict"):  # a claimed verdict: believed only as signed
+                verdict = self.verified_verdict(sub.policy_version, sub.counter, body, validator, url)
+                if verdict is None:
+                    return None
+                self.protection.mark(self.run.run_id, self.node, sub.policy_version, sub.counter, "submitted")
+                self._apply(verdict, str(body["verdict"]), str(body.get("detail") or ""))
+                return body
             self.protection.mark(self.run.run_id, self.node, sub.policy_version, sub.counter, "submitted")
-            if body.get("outcome"):
-                self._verdict(sub.policy_version, sub.counter, body)
             return body
-        error, detail = str(body.get("error", "")), str(body.get("detail", ""))
+        error, detail = str(body.get("error", ""))[:64], str(body.get("detail", ""))[:300]
         if status == 421:  # the validator set changed under us: learn it again and resend later
             logger.warning("%s: not assigned there (%s); refreshing the validator set", where, detail)
             self.validators.announced = []
             self.validators.refresh()
             return body
-        if status == 409 and error == "replay":  # our random nonce collided: seal again
-            return self.submit(sub)
+        if status == 409 and error == "replay" and not resealed:  # our random nonce collided: seal again, once
+            return self.submit(sub, resealed=True)
         if status == 409 and error == "duplicate_work":
-            self._verdict(sub.policy_version, sub.counter, body)
-            raise NodeStopped(f"{where}: the validator holds a different payload for this assignment "
-                              f"(equivocation). Another machine is using this key, or the state dir was lost.")
-        if status == 403:
-            raise NodeStopped(f"{where}: the validator says this node is not active on chain ({detail}); "
-                              f"stake and register with `prime-node join`")
-        raise NodeStopped(f"{where}: refused with HTTP {status} {error}: {detail} (check the run, chain and "
-                          f"clock settings against the validator's /v1/info)")
+            verdict = self.verified_verdict(sub.policy_version, sub.counter, body, validator, url)
+            if verdict is None or verdict.outcome is not Outcome.REJECTED_HARD:
+                return None
+            self._apply(verdict, str(body["verdict"]), "the validator holds a different payload for this assignment: "
+                        "another machine is using this key, or the state dir was lost")  # raises NodeStopped
+            return body  # pragma: no cover - _apply raised
+        if status == 403 and self.is_active is not None:
+            try:
+                active = self.is_active()
+            except Exception as exc:  # noqa: BLE001 - the chain unreadable: the peer's word alone stops nothing
+                logger.warning("%s: says this node is not active; the chain cannot be read to check (%s)", where,
+                               _short(exc))
+                active = True
+            if not active:
+                raise NodeStopped(f"{where}: this node is not active on chain ({detail}); stake and register "
+                                  f"with `prime-node join`")
+        self.tally.peer_errors[f"http_{status}"] += 1
+        logger.warning("%s: unexpected answer HTTP %d %s: %s; backing off from it and trying the next validator "
+                       "(check the run, chain and clock settings against its /v1/info)", where, status, error, detail)
+        return None
 
     # -- verdicts ------------------------------------------------------------------------------
 
@@ -345,23 +442,57 @@ class Worker:
                 except (httpx.HTTPError, ValueError) as exc:
                     logger.debug("polling %s at %s: %s", key, url, exc)
                     continue
-                if isinstance(body, dict) and body.get("outcome"):
-                    self._verdict(rec.policy_version, rec.counter, body)
-                if body is not None:
-                    break
+                if not isinstance(body, dict):
+                    continue
+                if body.get("outcome") or body.get("verdict"):
+                    verdict = self.verified_verdict(rec.policy_version, rec.counter, body, address, url)
+                    if verdict is None:  # a lie about our work: resend it to whoever holds this role next
+                        self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                        self.protection.mark(self.run.run_id, self.node, rec.policy_version, rec.counter, "signed")
+                        break
+                    self._apply(verdict, str(body["verdict"]), str(body.get("detail") or ""))
+                break
 
-    def _verdict(self, version: int, counter: int, body: dict[str, Any]) -> None:
-        outcome, reason, detail = body.get("outcome"), str(body.get("reason")), body.get("detail") or ""
-        hard = outcome == Outcome.REJECTED_HARD.value
-        verdict = body.get("verdict")
-        self.protection.record_verdict(self.run.run_id, self.node, version, counter, hard=hard,
-                                       verdict=verdict if isinstance(verdict, str) else None)
+    def verified_verdict(self, version: int, counter: int, body: dict[str, Any], validator: str,
+                         url: str) -> Verdict | None:
+        """The `Verdict` in `body` if `validator` signed it, in this run's domain, about exactly assignment
+        (version, counter) of this node and one of the envelopes this node sent for it; else None, with
+        the URL distrusted for `validator` and the answer counted in `Tally.peer_errors`."""
+        text = body.get("verdict")
+        why, kind = "no signed verdict", "unsigned_verdict"
+        if isinstance(text, str):
+            try:
+                env = Envelope.from_bytes(text.encode(), max_bytes=MAX_VERDICT_BYTES)
+                opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(),
+                                       expected_signer=validator, body_types=[Verdict], max_age_s=VERDICT_AGE_S)
+            except PrimeError as exc:
+                why, kind = f"verdict refused: {exc}", "forged_verdict"
+            else:
+                assert isinstance(opened, Verdict)
+                key = work_key(self.run.run_id, self.node, version, counter)
+                sent = self.protection.sent_hashes(self.run.run_id, self.node, version, counter)
+                if (opened.run_id, opened.node, opened.policy_version, opened.counter, bytes(opened.work_key)) != (
+                        self.run.run_id, self.node, version, counter, key):
+                    why, kind = "a verdict about other work", "misdirected_verdict"
+                elif to_hex(opened.submission_hash) not in sent:
+                    why, kind = "a verdict about an envelope this node never sent", "misdirected_verdict"
+                else:
+                    return opened
+        self.tally.peer_errors[kind] += 1
+        self.validators.distrust(validator, url, why)
+        return None
+
+    def _apply(self, verdict: Verdict, text: str, detail: str) -> None:
+        """Record a verified verdict; the payload is dropped only now. A hard one stops the node."""
+        version, counter, reason = verdict.policy_version, verdict.counter, verdict.reason.value
+        hard = verdict.outcome is Outcome.REJECTED_HARD
+        self.protection.record_verdict(self.run.run_id, self.node, version, counter, hard=hard, verdict=text)
         self.protection.mark(self.run.run_id, self.node, version, counter, "decided")
-        if outcome == Outcome.ACCEPTED.value:
+        if verdict.outcome is Outcome.ACCEPTED:
             self.tally.accepted += 1
             return
         self.tally.rejected[reason] += 1
-        if hard or (reason in Reason.__members__.values() and Reason(reason).hard):
+        if hard:
             raise NodeStopped(
                 f"v{version} #{counter} was rejected hard ({reason}: {detail}); the node stops so that no more "
                 f"stake is slashed. This machine's output does not pass the validator's checks: run "

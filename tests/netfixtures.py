@@ -3,8 +3,12 @@ conftest): a free TCP port and a wait for an HTTP endpoint to answer."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 
@@ -35,3 +39,25 @@ def wait_http(url: str, timeout: float = 60.0, alive: object = None) -> httpx.Re
             last = exc
         time.sleep(0.1)
     raise AssertionError(f"{url} did not answer 200 within {timeout} s (last: {last!r})")
+
+
+@contextlib.contextmanager
+def serve_asgi(app: Any, timeout: float = 30.0) -> Iterator[str]:
+    """Serve an ASGI `app` (e.g. a hostile peer a test writes with FastAPI) with uvicorn on a free loopback
+    port in a thread; yields its base URL and stops it on exit."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise AssertionError("the ASGI server did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout)

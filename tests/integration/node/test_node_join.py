@@ -51,7 +51,8 @@ def make_worker(cfg: NodeConfig, node: Any, chain: commands.Chain, db: Any, http
     weights = PolicyWeights(StaticWeights(), model, run, PolicyHistory(chain.client(node), chain.start_block),
                             lambda spec: build_engine(cfg.engine, spec), cfg.state_dir / "weights")
     return Worker(cfg, node, run, commands.submission_domain(chain.chain_id, chain.pool, run.run_id), weights, db,
-                  ValidatorDirectory(list(urls), http))
+                  ValidatorDirectory(list(urls), http, commands.validator_role(chain.client(node))),
+                  is_active=lambda: bool(chain.client(node).is_active(node.address)))
 
 
 @pytest.fixture

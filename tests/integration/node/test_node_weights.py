@@ -93,7 +93,7 @@ def test_the_node_generates_with_the_chains_version_pulled_over_relays_and_refus
     failure: list[BaseException] = []
     with httpx.Client(timeout=5) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
         worker = Worker(cfg, node, RUN, commands.submission_domain(chain.chain_id, chain.pool, RUN.run_id), weights,
-                        db, ValidatorDirectory([served.url], http))
+                        db, ValidatorDirectory([served.url], http, commands.validator_role(chain.client(node))))
 
         def run() -> None:
             try:

@@ -1,0 +1,165 @@
+"""A node believes only what it can check (issue 23, item 10): which URL speaks for a validator is decided
+by the chain's validator role and by the verdicts the URL signs, a verdict counts only as its validator's
+signed envelope about exactly the work this node sent, a payload is kept until such a verdict is held, and
+no answer from a peer stops the node. Driven against a hostile validator on loopback (FastAPI) that claims
+a real validator's address, and the real validator beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from chainfixtures import VALIDATOR, Pools
+from fastapi import FastAPI, Request, Response
+from netfixtures import serve_asgi
+from test_node_join import make_worker, node_config
+from validator_harness import RUN, TINY
+
+from node import commands
+from node.protection import SlashingProtection
+from node.rollouts import build_submission
+from protocol.envelope import Envelope, seal
+from protocol.identity import Identity
+from protocol.nonce import random_nonce
+from protocol.rollout import Outcome, Reason, Submission, Verdict
+from protocol.seeds import work_key
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def hostile_validator(real_url: str, mode: dict[str, Any], domain: str, real_key: Identity) -> FastAPI:
+    """Claims to be the validator at `real_url` (its /v1/info, address and all) and answers submissions as
+    `mode["answer"]` says: unsigned / forged / misdirected verdicts, or an odd status."""
+    app = FastAPI()
+
+    @app.get("/v1/info")
+    def info() -> dict[str, Any]:
+        body = dict(httpx.get(real_url + "/v1/info").json())
+        if mode.get("claim"):
+            body["validator"] = body["validators"] = mode["claim"]
+            body["validators"] = [mode["claim"]]
+        return body
+
+    def verdict(sub: Submission, key: Identity, sub_hash: bytes, outcome: Outcome = Outcome.ACCEPTED) -> str:
+        v = Verdict(run_id=sub.run_id, work_key=work_key(sub.run_id, sub.node, sub.policy_version, sub.counter),
+                    node=sub.node, policy_version=sub.policy_version, counter=sub.counter, submission_hash=sub_hash,
+                    outcome=outcome, reason=Reason.ACCEPTED if outcome is Outcome.ACCEPTED else Reason.PROOF_MISMATCH,
+                    evidence_hash=None if outcome is Outcome.ACCEPTED else b"\x11" * 32)
+        return seal(key, v, domain=domain, nonce=random_nonce()).to_bytes().decode()
+
+    @app.post("/v1/submissions")
+    async def submissions(request: Request) -> Response:
+        data = await request.body()
+        sub = Submission.model_validate(Envelope.model_validate_json(data).body)
+        import hashlib
+
+        real_hash = hashlib.sha256(data).digest()
+        answer = mode["answer"]
+        mode.setdefault("seen", []).append(answer)
+        status, body = 200, {"state": "decided", "outcome": "accepted", "reason": "accepted"}
+        if answer == "unsigned_accept":
+            body["verdict"] = None
+        elif answer == "forged":  # the right fields, signed by some other key
+            body["verdict"] = verdict(sub, Identity.create(), real_hash)
+        elif answer == "misdirected":  # the real validator's signature, about an envelope the node never sent
+            body["verdict"] = verdict(sub, real_key, b"\x22" * 32)
+        elif answer == "forged_hard":  # an unsigned slash: must not stop the node
+            body = {"state": "decided", "outcome": "rejected_hard", "reason": "proof_mismatch", "verdict": None}
+        elif answer == "forged_equivocation":
+            status, body = 409, {"error": "duplicate_work", "outcome": "rejected_hard", "reason": "equivocation",
+                                 "verdict": verdict(sub, Identity.create(), real_hash, Outcome.REJECTED_HARD)}
+        else:  # an HTTP status
+            status, body = int(answer), {"error": "nonsense", "detail": "<odd>"}
+        return Response(json.dumps(body), status_code=status, media_type="application/json")
+
+    @app.get("/v1/submissions/{key}")
+    def poll(key: str) -> Response:
+        return Response(json.dumps({"state": "decided", "outcome": "accepted", "verdict": None}),
+                        media_type="application/json")
+
+    return app
+
+
+def test_the_node_believes_only_signed_verdicts_of_on_chain_validators(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    real_key = published.chain.account(VALIDATOR)
+    a = real_key.address
+    real = make_validator()
+    node = published.new_node()
+    domain = commands.submission_domain(published.deployment.chain_id, published.deployment.pool, RUN.run_id)
+    mode: dict[str, Any] = {"answer": "unsigned_accept"}
+    nobody: dict[str, Any] = {"answer": "200", "claim": Identity.create().address}
+    with serve_asgi(hostile_validator(real.url, mode, domain, real_key)) as hostile, \
+            serve_asgi(hostile_validator(real.url, nobody, domain, real_key)) as roleless:
+        cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [real.url, hostile, roleless],
+                          run=RUN, model=TINY)
+        chain = commands.open_chain(cfg)
+        with httpx.Client(timeout=10) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+            # identity: the chain's role decides, and a second claimant of an address does not take it over
+            worker = make_worker(cfg, node, chain, db, http, [real.url, hostile, roleless])
+            worker.validators.refresh()
+            assert worker.validators.url_of(a) == real.url  # not the hostile one that answered last
+            assert worker.validators.announced == [a]  # the role-less claimant is nobody
+            assert nobody["claim"] not in worker.validators.by_address
+
+            # the hostile URL holds the address (asked first): its unsigned "accepted" deletes nothing
+            worker = make_worker(cfg, node, chain, db, http, [hostile, real.url])
+            worker.validators.refresh()
+            assert worker.validators.url_of(a) == hostile
+            engine, manifest = worker.weights.select().engine, worker.weights.select().manifest_hash
+
+            def state(counter: int) -> tuple[str, bool]:
+                rec = db.get(RUN.run_id, node.address, 1, counter)
+                assert rec is not None
+                return rec.state, rec.payload is not None
+
+            sub0 = build_submission(engine, RUN, node.address, 1, 0, manifest)
+            assert worker.submit(sub0) == {}
+            assert state(0) == ("signed", True) and worker.tally.accepted == 0
+            assert worker.tally.peer_errors["unsigned_verdict"] == 1
+            assert worker.validators.url_of(a) is None  # caught lying: dropped for a
+            worker.validators.refresh()  # the stand-by (the real one) now speaks for a; the kept work goes there
+            assert worker.validators.url_of(a) == real.url
+            assert worker.resend_unsent()
+            worker.wait_decided(120)
+            assert state(0) == ("decided", False) and worker.tally.accepted == 1
+
+            # forged, misdirected and hard-but-unsigned verdicts, then odd statuses: none acted on, none stops
+            for counter, answer, kind in [(1, "forged", "forged_verdict"), (2, "misdirected", "misdirected_verdict"),
+                                          (3, "forged_hard", "unsigned_verdict"),
+                                          (4, "forged_equivocation", "forged_verdict"),
+                                          (5, "400", "http_400"), (6, "403", "http_403"), (7, "418", "http_418")]:
+                worker.validators.shunned.clear()
+                worker.validators.by_address[a] = hostile
+                worker._down_until.clear()
+                mode["answer"] = answer
+                before = worker.tally.peer_errors[kind]
+                sub = build_submission(engine, RUN, node.address, 1, counter, manifest)
+                assert worker.submit(sub) == {}, answer
+                assert mode["seen"][-1] == answer
+                assert worker.tally.peer_errors[kind] == before + 1, (answer, worker.tally.peer_errors)
+                assert state(counter) == ("signed", True), answer  # kept, to be resent
+                assert worker.tally.accepted == 1 and not worker.tally.rejected
+                assert db.hard_verdicts(RUN.run_id, node.address) == []
+
+            # a lie on the polling path: a "submitted" record whose poll answer is unsigned goes back to "signed"
+            worker.validators.by_address[a] = hostile
+            worker._down_until.clear()
+            db.mark(RUN.run_id, node.address, 1, 1, "submitted")
+            worker.poll_pending()
+            assert state(1) == ("signed", True)
+            assert worker.tally.peer_errors["unsigned_verdict"] == 3
+
+            # and the real validator's signed verdicts are acted on: everything kept ends decided there
+            worker.validators.shunned[hostile] = float("inf")
+            worker.validators.by_address.pop(a, None)
+            worker._down_until.clear()
+            worker.validators.refresh()
+            assert worker.validators.url_of(a) == real.url
+            assert worker.resend_unsent()
+            worker.wait_decided(180)
+            assert [state(c)[0] for c in range(8)] == ["decided"] * 8
+            assert worker.tally.accepted == 8
