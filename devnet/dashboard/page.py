@@ -3,6 +3,10 @@ on the server from the collector's data and refreshed by the browser every few s
 
 Every number a test or a person may want to check carries a `data-k` attribute (the chart points their
 `data-step`/`data-value`), so a headless browser can read back what it shows.
+
+Everything interpolated goes through `_e` (or `_num`, which escapes what is not a float): nodes and
+validators are peers, and any string they return (a node's `policy_version` or `state` from `/health`,
+a validator's reason names or counts) may be markup meant for the operator's browser.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ def _e(value: Any) -> str:
 
 
 def _num(value: Any, digits: int = 3) -> str:
+    """A number as shown (escaped: a peer may put anything where a number belongs)."""
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
-    return str(value)
+    return _e(value)
 
 
 def _short(address: str) -> str:
@@ -55,7 +60,7 @@ def reward_chart(rewards: list[dict[str, Any]], w: int = 560, h: int = 220, pad:
 
     path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(xy(s, v) for s, v in points))
     dots = "".join(
-        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" data-step="{s}" data-value="{v:.6f}"><title>step {s}: '
+        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" data-step="{_e(s)}" data-value="{v:.6f}"><title>step {s}: '
         f'{v:.4f}</title></circle>' for s, v in points for x, y in [xy(s, v)])
     return (f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" id="reward-chart" role="img" '
             f'aria-label="reward per trainer step">{_axes(w, h, pad, "trainer step", "mean reward", hi, lo)}'
@@ -78,8 +83,8 @@ def submissions_chart(sub: dict[str, Any], w: int = 560, h: int = 220, pad: int 
                 y -= bh
                 rects.append(f'<rect x="{pad + i * bar_w:.1f}" y="{y:.1f}" width="{max(bar_w - 1, 1):.1f}" '
                              f'height="{bh:.1f}" fill="{COLORS[k]}" data-bin="{i}" data-kind="{k}" '
-                             f'data-value="{b[k]}"><title>{_e(time.strftime("%H:%M:%S", time.localtime(b["t"])))} '
-                             f'+{sub["bin_s"]:.0f} s: {b[k]} {k}</title></rect>')
+                             f'data-value="{_e(b[k])}"><title>{_e(time.strftime("%H:%M:%S", time.localtime(b["t"])))} '
+                             f'+{sub["bin_s"]:.0f} s: {_e(b[k])} {k}</title></rect>')
     legend = "".join(f'<span class="key" style="background:{c}"></span>{_e(k)} ' for k, c in COLORS.items())
     x_label = f"time ({sub['bin_s']:.0f} s bins)"
     return (f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" id="submissions-chart" role="img" '
@@ -88,7 +93,8 @@ def submissions_chart(sub: dict[str, Any], w: int = 560, h: int = 220, pad: int 
 
 
 def propagation_chart(nodes: list[dict[str, Any]], w: int = 560, h: int = 220, pad: int = 40) -> str:
-    series = [(n["name"], d["version"], d["delay_s"]) for n in nodes for d in n["propagation"]["versions"]]
+    series = [(str(n["name"]), d["version"], d["delay_s"]) for n in nodes for d in n["propagation"]["versions"]
+              if isinstance(d.get("version"), int) and isinstance(d.get("delay_s"), int | float)]
     if not series:
         return '<p class="empty">no version has reached a node yet</p>'
     v_min, v_max = min(v for _, v, _ in series), max(v for _, v, _ in series)
@@ -98,8 +104,8 @@ def propagation_chart(nodes: list[dict[str, Any]], w: int = 560, h: int = 220, p
     palette = ["#1565c0", "#6a1b9a", "#00838f", "#ad1457", "#558b2f", "#4e342e", "#283593", "#f9a825"]
     dots = "".join(
         f'<circle cx="{pad + 6 + (w - pad - 20) * (v - v_min) / v_span:.1f}" cy="{(h - pad) - (h - pad - 8) * d / d_max:.1f}" r="3" '
-        f'fill="{palette[names.index(s) % len(palette)]}" data-node="{_e(s)}" data-version="{v}" data-value="{d}">'
-        f'<title>{_e(s)} v{v}: {d:.2f} s</title></circle>' for s, v, d in series)
+        f'fill="{palette[names.index(s) % len(palette)]}" data-node="{_e(s)}" data-version="{_e(v)}" data-value="{_e(d)}">'
+        f'<title>{_e(s)} v{_e(v)}: {d:.2f} s</title></circle>' for s, v, d in series)
     legend = "".join(f'<span class="key" style="background:{palette[i % len(palette)]}"></span>{_e(s)} '
                      for i, s in enumerate(names))
     return (f'<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" id="propagation-chart" role="img" '
@@ -115,7 +121,7 @@ def _verdicts(verdicts: dict[str, dict[str, int]], prefix: str) -> str:
         for reason, n in sorted((verdicts.get(outcome) or {}).items()):
             label = outcome if reason == outcome else f"{outcome}: {reason}"
             parts.append(f'<span class="verdict {outcome}" data-k="{prefix}verdict.{_e(outcome)}.{_e(reason)}" '
-                         f'data-value="{n}">{_e(label)} {n}</span>')
+                         f'data-value="{_e(n)}">{_e(label)} {_e(n)}</span>')
     return " ".join(parts) or "-"
 
 
@@ -136,12 +142,12 @@ def render(data: dict[str, Any]) -> str:
             f'{_e(_short(n["address"]))}</td>'
             f'<td data-k="{key}status">{_e(c.get("status", "-"))}</td>'
             f'<td data-k="{key}state" class="{"up" if n["up"] else "down"}">{_e(n.get("state") or ("up" if n["up"] else "down"))}</td>'
-            f'<td data-k="{key}stake" data-value="{stake if stake is not None else ""}">'
+            f'<td data-k="{key}stake" data-value="{_e(stake) if stake is not None else ""}">'
             f'{_num(stake / TOKEN, 2) if isinstance(stake, int) else "-"}</td>'
             f'<td data-k="{key}accepted_units">{_num(c.get("accepted_units"))}</td>'
             f'<td data-k="{key}policy_version">{_num(n.get("policy_version"))}</td>'
-            f'<td data-k="{key}accepted" data-value="{n["accepted"]}">{n["accepted"]}</td>'
-            f'<td data-k="{key}pending">{n["pending"]}</td>'
+            f'<td data-k="{key}accepted" data-value="{_e(n["accepted"])}">{_e(n["accepted"])}</td>'
+            f'<td data-k="{key}pending">{_e(n["pending"])}</td>'
             f'<td>{_verdicts(n["verdicts"], key)}</td>'
             f'<td data-k="{key}p50">{_num(n["propagation"]["p50_s"], 2)}</td>'
             f'<td data-k="{key}p99">{_num(n["propagation"]["p99_s"], 2)}</td></tr>')
@@ -155,7 +161,7 @@ def render(data: dict[str, Any]) -> str:
         f'<tr><td>{_e(e.get("block"))}</td><td>{_e(e.get("name"))}</td><td class="args">'
         f'{_e(", ".join(f"{k}={_short(str(a))}" for k, a in (e.get("args") or {}).items()))}</td></tr>'
         for e in chain.get("recent", [])[:12])
-    event_counts = " ".join(f'<span data-k="events.{_e(k)}" data-value="{n}">{_e(k)} {n}</span>'
+    event_counts = " ".join(f'<span data-k="events.{_e(k)}" data-value="{_e(n)}">{_e(k)} {_e(n)}</span>'
                             for k, n in sorted(chain.get("events", {}).items()))
     run = data.get("run") or {}
     return f"""<!doctype html>
@@ -179,9 +185,9 @@ svg text{{font-size:11px;fill:#555}} .axis{{stroke:#999}} .line{{fill:none;strok
 <div class="tile">trainer step<b data-k="trainer.step">{_num(t.get("step"))}</b>of {_num(t.get("max_steps"))}</div>
 <div class="tile">latest reward<b data-k="trainer.reward">{_num(last)}</b>{len(rewards)} steps</div>
 <div class="tile">chain policy version<b data-k="chain.policy_version">{_num(chain.get("policy_version"))}</b>{"chain up" if chain.get("up") else "chain DOWN"}</div>
-<div class="tile">submissions<b data-k="totals.received">{totals["received"]}</b>received by the validators</div>
-<div class="tile">accepted<b data-k="totals.accepted">{totals["accepted"]}</b>hard <span data-k="totals.rejected_hard">{totals["rejected_hard"]}</span> · soft <span data-k="totals.rejected_soft">{totals["rejected_soft"]}</span> · pending <span data-k="totals.pending">{totals["pending"]}</span></div>
-<div class="tile">version to node<b data-k="propagation.p50">{_num(prop["p50_s"], 2)} s</b>p50 · p99 <span data-k="propagation.p99">{_num(prop["p99_s"], 2)}</span> s ({prop["samples"]})</div>
+<div class="tile">submissions<b data-k="totals.received">{_e(totals["received"])}</b>received by the validators</div>
+<div class="tile">accepted<b data-k="totals.accepted">{_e(totals["accepted"])}</b>hard <span data-k="totals.rejected_hard">{_e(totals["rejected_hard"])}</span> · soft <span data-k="totals.rejected_soft">{_e(totals["rejected_soft"])}</span> · pending <span data-k="totals.pending">{_e(totals["pending"])}</span></div>
+<div class="tile">version to node<b data-k="propagation.p50">{_num(prop["p50_s"], 2)} s</b>p50 · p99 <span data-k="propagation.p99">{_num(prop["p99_s"], 2)}</span> s ({_e(prop["samples"])})</div>
 </div>
 <div class="grid">
 <div class="card"><h2>Reward per trainer step</h2>{reward_chart(rewards)}</div>

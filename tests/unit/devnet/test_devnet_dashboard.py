@@ -5,6 +5,7 @@ escaped. The page against a running devnet is tests/e2e/test_devnet.py."""
 from __future__ import annotations
 
 import time
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,60 @@ def test_page_renders_in_a_headless_browser_offline_with_hostile_strings_escaped
     # nothing hostile became markup: no script or img element, the title is the page's own
     assert not [e for e in shown.elements if e["<tag>"] in ("script", "img")]
     assert "<title>prime-devnet: devnet</title>" in dom and "owned" not in dom.split("</title>")[0]
+
+
+HOSTILE = ['<script>document.title="owned"</script>', '"><img src=x onerror=alert(1)>', "'><svg onload=alert(2)>",
+           '</svg><script>alert(3)</script>', '</td></tr></table><iframe src="//evil">', "&lt;b&gt;"]
+
+
+class _Markup(HTMLParser):
+    """Every element and attribute a page parses into (what a browser would build)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
+        self.attrs: list[tuple[str, str]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        self.attrs += [(k, v or "") for k, v in attrs]
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def test_every_node_and_validator_supplied_field_is_escaped() -> None:
+    """Issue 23 item 13: whatever a node (`/health`, `/metrics`) or a validator (`/v1/audit`, `/v1/nodes`) returns
+    lands in the page as text, never as markup; checked for each hostile string in every such field at once."""
+    honest = _Markup()
+    honest.feed(render(_data()))
+    for evil in HOSTILE:
+        data = _data()
+        node = data["nodes"][0]
+        # the node's /health and the node-derived columns
+        node.update({"name": evil, "address": evil, "state": evil, "policy_version": evil, "pending": evil,
+                     "accepted": evil, "up": False})
+        node["chain"] = {"stake": evil, "status": evil, "accepted_units": evil}
+        node["verdicts"] = {"accepted": {evil: evil}, evil: {evil: 1}, "rejected_hard": {"equivocation": evil}}
+        node["propagation"] = {"versions": [{"version": evil, "delay_s": 1.0}], "p50_s": evil, "p99_s": evil}
+        # the validators' counts and the totals summed from them
+        data["validators"] = [{"name": evil, "address": evil, "url": evil, "up": True, "listed": evil,
+                               "counts": dict.fromkeys(("received", "accepted", "rejected_hard", "rejected_soft",
+                                                        "pending"), evil)}]
+        data["totals"] = dict.fromkeys(("received", "accepted", "rejected_hard", "rejected_soft", "pending"), evil)
+        data["propagation"] = {"p50_s": evil, "p99_s": evil, "samples": evil}
+        data["trainer"] = {"step": evil, "max_steps": evil, "reward": [{"step": 1, "reward_mean": 0.5}]}
+        data["run"], data["model"] = {"run_id": evil, "env": evil}, evil
+        data["chain"] = {"up": True, "policy_version": evil, "events": {evil: evil},
+                         "recent": [{"name": evil, "block": evil, "args": {evil: evil}}], "error": evil}
+        bins = data["submissions"]["bins"]
+        bins[0]["accepted"] = 3  # counts are the collector's own integers; the rest of a bin is from ledgers
+        page = render(data)
+        seen = _Markup()
+        seen.feed(page)
+        assert seen.tags <= honest.tags, (evil, seen.tags - honest.tags)
+        assert not [k for k, _ in seen.attrs if k.startswith("on")], evil
+        assert {k for k, _ in seen.attrs} <= {k for k, _ in honest.attrs}, evil
+        # and the string itself is shown (as text), not dropped
+        assert any(evil in t for t in seen.text), evil
