@@ -67,7 +67,7 @@ class Ours:
     """N Discovery hosts on the relays topic (anyone may announce a relay, so no chain is needed)."""
 
     def __init__(self, n: int, root: Path, *, senders: int = 1) -> None:
-        from discovery.admission import Trust
+        from discovery.admission import Trust, anyone
         from discovery.config import DiscoveryConfig
         from discovery.messages import Topic
         from discovery.service import Discovery
@@ -78,7 +78,7 @@ class Ours:
         for i in range(n):
             config = DiscoveryConfig(enabled=True, listen=[LOOPBACK], target_peers=0, reannounce_s=3600.0, **RAISED)
             disc = Discovery(config, identity=Identity.create() if i < senders else None, domain=DOMAIN,
-                             trust=Trust(trainer=Identity.create().address), state_dir=root / f"h{i}",
+                             trust=Trust(trainer=Identity.create().address, relay_signer=anyone), state_dir=root / f"h{i}",
                              topics=[Topic.RELAYS], name=f"bench{i}")
             disc.start()
             self.hosts.append(disc)

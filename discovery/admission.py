@@ -12,8 +12,12 @@ typed error (all `ProtocolError` subclasses). Checks, cheapest first:
    (`DomainError`), kind fits the topic (`UnknownVersionError`), age within the TTL and clock skew
    (`ExpiredError`), signature (`SignatureError`), canonical body;
 6. the signer may speak on this topic (`NotBelievedError`): the run's trainer for policy versions,
-   a validator (the role's callable, e.g. VALIDATOR_ROLE on chain) for validators, anyone for relays;
-   checked before the nonce is recorded, so strangers cannot fill the replay guard;
+   a validator (the role's callable, e.g. VALIDATOR_ROLE on chain) for validators; for relays the
+   trainer (its origin), a validator, or whoever `Trust.relay_signer` admits (a node reader: an active,
+   staked node of the pool; a relay without a chain: the addresses its operator lists). Checked before
+   the nonce is recorded, so strangers cannot fill the replay guard, nor a relay's learned upstreams,
+   nor the list of relays a node polls: every believed relay signer has a role or stake at risk, and the
+   board keeps one (the newest) announcement per signer;
 7. the nonce is new (`ReplayError`), then the signer's own rate (`RateLimitedError`);
 8. for policy versions, the role's chain hook, when given (`NotBelievedError`).
 """
@@ -44,6 +48,13 @@ def nobody(address: str) -> bool:
     return False
 
 
+def anyone(address: str) -> bool:
+    """A relay-signer check that believes every signer: for tests and benchmarks of the gossip transport
+    only (a role that follows relays must ask for a role or stake: issue 23 item 12)."""
+    del address
+    return True
+
+
 def allow(addresses: Iterable[str]) -> Callable[[str], bool]:
     """A validator check from a fixed set of addresses (a run without a chain, tests)."""
     allowed = frozenset(checksum(a) for a in addresses)
@@ -59,6 +70,9 @@ class Trust:
     is_validator: Callable[[str], bool] = nobody
     """Whether a (checksummed) address holds the validator role; called per new announcement, so
     make it a cached lookup (the validator's chain view), not an RPC round trip."""
+    relay_signer: Callable[[str], bool] = nobody
+    """Who else (besides the trainer and validators) may announce relays: e.g. an active, staked node of the
+    pool (`PoolClient.is_active`: stake at risk); cached like `is_validator`."""
     policy_check: Callable[[PolicyAnnounced], bool] | None = None
     """When a chain is configured: whether `PolicyPublished(version, manifest_hash)` is on chain.
     False rejects the announcement (it is not forwarded)."""
@@ -170,6 +184,9 @@ class Admission:
         elif topic is Topic.VALIDATORS:
             if not self.trust.is_validator(signer):
                 raise NotBelievedError(f"{signer} does not hold the validator role")
+        elif topic is Topic.RELAYS:
+            if signer != self._trainer and not self.trust.is_validator(signer) and not self.trust.relay_signer(signer):
+                raise NotBelievedError(f"{signer} is neither the trainer, a validator nor a staked relay signer")
 
     def admit(
         self,

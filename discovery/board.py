@@ -29,6 +29,11 @@ from protocol.errors import ReplayError
 
 log = logging.getLogger(__name__)
 
+SERVE_MAX_ITEMS = 1024
+"""At most this many envelopes in one `/v1/announcements` answer (readers accept up to 4096)."""
+SERVE_MAX_BYTES = 2 << 20
+"""At most this many bytes in one `/v1/announcements` answer (readers accept up to 4 MiB)."""
+
 
 class Outcome(StrEnum):
     """What offering an announcement to the board did."""
@@ -209,9 +214,24 @@ class AnnouncementBoard:
             return live
         return [a for a in live if isinstance(a.body, RelayAnnounced) and version in a.body.versions]
 
-    def to_json(self, *, now: float | None = None) -> bytes:
-        """`GET /v1/announcements`: a JSON list of the live signed envelopes, each in canonical form."""
-        return b"[" + b",".join(a.wire for a in self.entries(now=now)) + b"]"
+    def to_json(self, *, now: float | None = None, max_items: int = SERVE_MAX_ITEMS,
+                max_bytes: int = SERVE_MAX_BYTES) -> bytes:
+        """`GET /v1/announcements`: a JSON list of the live signed envelopes, each in canonical form.
+
+        Bounded by `max_items` and `max_bytes` (below what `discovery.http` readers accept), whatever the
+        board holds: the newest policy announcement first, then validators, then relays, each topic newest
+        first, so junk on one topic can push out only the oldest of that topic, never the list as a whole."""
+        live = self.entries(now=now)
+        order = {Topic.POLICY: 0, Topic.VALIDATORS: 1, Topic.RELAYS: 2}
+        live.sort(key=lambda a: (order[a.topic], tuple(-x for x in _order(a))))
+        out: list[bytes] = []
+        size = 2
+        for a in live:
+            if len(out) >= max_items or size + len(a.wire) + 1 > max_bytes:
+                break
+            out.append(a.wire)
+            size += len(a.wire) + 1
+        return b"[" + b",".join(out) + b"]"
 
     def __len__(self) -> int:
         return len(self.entries())

@@ -2,9 +2,12 @@
 
 A node announces nothing (it listens, `identity=None`). It believes a validator announcement only from
 an address holding VALIDATOR_ROLE on the pool (a cached lookup), a policy announcement only from the
-run's trainer and only when the chain has the same manifest hash for that version, and relay
-announcements as hints (whatever a relay serves is verified against the trainer's signature and the
-chain's hash before it is used). Explicit URLs in the config keep working with discovery off; when
+run's trainer and only when the chain has the same manifest hash for that version, and a relay
+announcement only from the trainer, a validator or an active, staked node of the pool (stake at risk:
+a key made for free fills nothing; issue 23 item 12). Relays stay hints: whatever one serves is
+verified against the trainer's signature and the chain's hash before it is used, and the node polls at
+most `MAX_POLLED_RELAYS` learned relays, one per signer (the board keeps each signer's newest), those
+holding the newest versions first. Explicit URLs in the config keep working with discovery off; when
 libp2p reaches no one, the validators' `GET /v1/announcements` is read instead (the same checks).
 """
 
@@ -26,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 ROLE_CACHE_S = 60.0
 FALLBACK_S = 30.0
+MAX_POLLED_RELAYS = 8
+"""Learned relays a node polls at most (configured ones come on top)."""
 
 
 class NodeGossip:
@@ -34,6 +39,7 @@ class NodeGossip:
     def __init__(self, cfg: NodeConfig, *, pool: Any, history: Any, domain: str, trainer: str | None) -> None:
         self.pool, self.history = pool, history
         self._roles: dict[str, tuple[bool, float]] = {}
+        self._staked: dict[str, tuple[bool, float]] = {}
         self._lock = threading.Lock()
         self._fallback_at = 0.0
         self.seeds: list[str] = list(cfg.validators)
@@ -41,7 +47,8 @@ class NodeGossip:
         config = cfg.discovery.with_chain_bootstrap(pool.bootstrap_peers)  # none configured: the pool's record
         self.discovery = Discovery(config, identity=None, domain=domain, state_dir=cfg.state_dir,
                                    trust=Trust(trainer=trainer, is_validator=self.is_validator,
-                                               policy_check=self.on_chain), name="node-discovery")
+                                               relay_signer=self.is_staked, policy_check=self.on_chain),
+                                   name="node-discovery")
 
     @staticmethod
     def trainer_of(cfg: NodeConfig, deployment_trainers: list[str]) -> str | None:
@@ -52,18 +59,29 @@ class NodeGossip:
 
     def is_validator(self, address: str) -> bool:
         """VALIDATOR_ROLE on the pool, cached for a minute (one RPC per new address, not per message)."""
+        return self._cached(self._roles, address, "the validator role",
+                            lambda: bool(self.pool.has_role("validator", address)))
+
+    def is_staked(self, address: str) -> bool:
+        """An active node of the pool (staked, not leaving or ejected): who may announce a relay besides the
+        trainer and validators. Cached like `is_validator`."""
+        return self._cached(self._staked, address, "the stake", lambda: bool(self.pool.is_active(address)))
+
+    def _cached(self, table: dict[str, tuple[bool, float]], address: str, what: str, ask: Any) -> bool:
         now = time.monotonic()
         with self._lock:
-            cached = self._roles.get(address)
+            cached = table.get(address)
         if cached is not None and cached[1] > now:
             return cached[0]
         try:
-            holds = bool(self.pool.has_role("validator", address))
+            holds = bool(ask())
         except ChainError as exc:
-            logger.warning("discovery: cannot check the validator role of %s: %s", address, exc)
+            logger.warning("discovery: cannot check %s of %s: %s", what, address, exc)
             return False
         with self._lock:
-            self._roles[address] = (holds, now + ROLE_CACHE_S)
+            if len(table) > 4096:
+                table.clear()
+            table[address] = (holds, now + ROLE_CACHE_S)
         return holds
 
     def on_chain(self, body: PolicyAnnounced) -> bool:
@@ -93,4 +111,18 @@ class NodeGossip:
         return sorted({str(a.body.http_url).rstrip("/") for a in self.discovery.board.validators()})  # type: ignore[union-attr]
 
     def relay_urls(self) -> list[str]:
-        return sorted({str(a.body.http_url).rstrip("/") for a in self.discovery.board.relays()})  # type: ignore[union-attr]
+        return polled_relays(self.discovery.board.relays())
+
+
+def polled_relays(announcements: list[Any], limit: int = MAX_POLLED_RELAYS) -> list[str]:
+    """The learned relay URLs a node polls: one per signer (the board holds each signer's newest), those holding
+    the newest version first (then the most recently signed), at most `limit`, each URL once."""
+    ranked = sorted(announcements, key=lambda a: (max(a.body.versions, default=-1), a.sent_at), reverse=True)
+    urls: list[str] = []
+    for a in ranked:
+        url = str(a.body.http_url).rstrip("/")
+        if url not in urls:
+            urls.append(url)
+        if len(urls) >= limit:
+            break
+    return sorted(urls)

@@ -114,7 +114,7 @@ class ValidatorDirectory:
             for url in self.learned():
                 self._add_url(url)
         now = time.monotonic()
-        for url in list(self.urls):
+        for url in self.urls:  # hints appended below are asked in this same pass (at most MAX_VALIDATORS)
             url = url.rstrip("/")
             if self.shunned.get(url, 0.0) > now:
                 continue

@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
         disc.add_argument("--announce-key-env", metavar="VAR",
                           help="env var holding the raw key that signs the announcements (it holds no stake); "
                                "default: a fresh key per run")
+        disc.add_argument("--relay-signer", nargs="+", action="extend", default=[], metavar="ADDRESS",
+                          help="addresses whose relay announcements are believed besides the trainer's (staked node "
+                               "or validator keys of the run; nodes check stake on chain themselves)")
 
     discovery(relay, "relay")
     origin.add_argument("--trainer", help="with discovery: the trainer address whose policy announcements are believed")
@@ -169,7 +172,7 @@ def _relay_announcer(args: argparse.Namespace, relay: Any) -> Callable[[], Corou
     import asyncio
     from pathlib import Path
 
-    from discovery.admission import Trust
+    from discovery.admission import Trust, allow
     from discovery.config import DiscoveryConfig
     from discovery.messages import MAX_VERSIONS, Topic
     from discovery.service import Discovery
@@ -179,7 +182,11 @@ def _relay_announcer(args: argparse.Namespace, relay: Any) -> Callable[[], Corou
     identity = load_identity(key_env=args.announce_key_env) if args.announce_key_env else Identity.create()
     config = DiscoveryConfig(enabled=True, bootstrap=args.discovery_bootstrap,
                              listen=args.discovery_listen or ["/ip4/127.0.0.1/tcp/0"])
-    disc = Discovery(config, identity=identity, domain=args.discovery_domain, trust=Trust(trainer=args.trainer),
+    # who may announce a relay: the trainer (its origin), the addresses the operator lists (a relay has no chain
+    # to check stake on; a node reader asks the chain instead), and this server itself (its own announcements)
+    signers = [identity.address, *(getattr(args, "relay_signer", None) or [])]
+    trust = Trust(trainer=args.trainer, relay_signer=allow(signers))
+    disc = Discovery(config, identity=identity, domain=args.discovery_domain, trust=trust,
                      state_dir=Path(args.store), topics=[Topic.POLICY, Topic.RELAYS], name="relay-discovery")
     relay.server.documents["/v1/announcements"] = disc.board.to_json  # the HTTP fallback for peers without libp2p
 
@@ -220,7 +227,7 @@ def _relay_announcer(args: argparse.Namespace, relay: Any) -> Callable[[], Corou
                 urls = getattr(ann.body, "urls", None) or [getattr(ann.body, "http_url", "")]
                 for url in urls:
                     if url and url.rstrip("/") != (args.public_url or relay.url).rstrip("/"):
-                        relay.add_upstream(str(url))
+                        relay.add_upstream(str(url), signer=ann.signer)
         finally:
             sub.close()
 

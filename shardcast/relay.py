@@ -16,6 +16,10 @@ upstream's new version is taken as soon as it is announced. An upstream that ans
 at once without anything usable (a server that ignores `wait`) is polled no more often than a capped
 exponential backoff allows instead of in a busy loop. Unreachable upstreams are retried the same way
 forever: a relay outlives restarts of everything above it.
+
+Upstreams learned from announcements (`add_upstream`) are bounded: one per announcing signer (its newest),
+`MAX_LEARNED` in all, and a learned upstream that is dead (`DEAD_AFTER` failed polls in a row) or lying
+(banned) gives its slot to the next one announced (`drop_upstream`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ log = logging.getLogger(__name__)
 _BACKOFF_START_S = 0.25
 _BACKOFF_MAX_S = 10.0
 _BAN_RECHECK_MAX_S = 60.0
+MAX_LEARNED = 16
+"""Learned upstreams (from announcements) a relay follows at most, besides its configured ones."""
+DEAD_AFTER = 3
+"""Failed index polls in a row after which a learned upstream counts as dead (its slot may be taken)."""
 
 
 class _ShardFiles:
@@ -119,6 +127,9 @@ class Relay:
         self._watching: tuple[aiohttp.ClientSession, asyncio.TaskGroup] | None = None
         self.configured = len(self.upstreams)
         """How many upstreams came from the configuration (the rest were learned: `add_upstream`)."""
+        self.learned: dict[str, str] = {}
+        """Learned upstream URL -> the signer that announced it (oldest first)."""
+        self._watchers: dict[str, asyncio.Task[None]] = {}
 
     @property
     def url(self) -> str:
@@ -130,29 +141,81 @@ class Relay:
         for source in self.board.sources.values():
             source.banned, source.ban_reason = False, None
 
-    def add_upstream(self, url: str, *, max_learned: int = 16) -> bool:
+    def add_upstream(self, url: str, *, signer: str | None = None, max_learned: int = MAX_LEARNED,
+                     max_per_signer: int = 1) -> bool:
         """Follow one more upstream (learned, e.g. from a discovery announcement); call on the relay's event loop.
 
-        The URL is untrusted: it is parsed like a configured one, never our own, and at most `max_learned` are
-        added, so announcements cannot make the relay poll without bound. Everything it serves is checked as
-        from any upstream (signed manifest, shard hashes; bans). Returns whether it was added."""
+        The URL is untrusted: it is parsed like a configured one, never our own, never one still banned, and
+        everything it serves is checked as from any upstream (signed manifest, shard hashes; bans). Learned
+        upstreams are bounded so that announcements cannot take the relay over (issue 23 item 12):
+
+        - at most `max_per_signer` per announcing `signer` (the discovery signer; None: the URL counts as its
+          own signer): a signer's newer announcement replaces its older URL, it never adds to it;
+        - at most `max_learned` in all; when full, a new one takes the slot of the unhealthiest learned
+          upstream if there is one (banned for serving bad bytes, or `DEAD_AFTER` failed polls in a row),
+          else it is refused: a healthy learned upstream keeps its slot, a dead or lying one frees it.
+
+        Returns whether it was added."""
         url = url.rstrip("/")
-        if url in self.upstreams or url == self.url or len(self.upstreams) - self.configured >= max_learned:
+        if url in self.upstreams or url == self.url:
             return False
         try:
             parse_source(url)
         except Exception as exc:  # noqa: BLE001 - an unusable learned URL is skipped, never fatal
             log.warning("not following learned upstream %r: %s", url[:120], exc)
             return False
+        probe = SourceBoard([url])
+        if self.bans.apply(probe):
+            log.info("not following learned upstream %s: still banned", url)
+            return False
+        owner = signer or url
+        theirs = [u for u, s in self.learned.items() if s == owner]
+        if len(theirs) >= max_per_signer:
+            self.drop_upstream(theirs[0], f"{owner} announced {url} since")
+        elif len(self.learned) >= max_learned:
+            worst = self._unhealthiest_learned()
+            if worst is None:
+                log.info("not following learned upstream %s: %d learned upstreams, all healthy", url, len(self.learned))
+                return False
+            self.drop_upstream(worst, f"unhealthy, its slot goes to {url}")
         self.upstreams.append(url)
+        self.learned[url] = owner
         self.board.sources[url] = SourceStats(url)
-        self.bans.apply(self.board)
         self.announced[url] = None
         self.polls[url] = 0
         if self._watching is not None:
             session, group = self._watching
-            group.create_task(self._watch(session, url))
-        log.info("following learned upstream %s", url)
+            self._watchers[url] = group.create_task(self._watch(session, url))
+        log.info("following learned upstream %s (announced by %s)", url, owner)
+        return True
+
+    def _unhealthiest_learned(self) -> str | None:
+        """The learned upstream that most deserves to lose its slot: banned (it lied) first, then the one with
+        the most failed polls in a row, if at least `DEAD_AFTER`; None when every learned upstream is healthy."""
+        def badness(url: str) -> tuple[int, int]:
+            source = self.board.sources[url]
+            return int(source.banned), source.consecutive_failures
+
+        worst = max(self.learned, key=badness, default=None)
+        if worst is None:
+            return None
+        banned, failures = badness(worst)
+        return worst if banned or failures >= DEAD_AFTER else None
+
+    def drop_upstream(self, url: str, why: str) -> bool:
+        """Stop following a learned upstream (configured ones stay); its bans are kept on disk."""
+        if url not in self.learned:
+            return False
+        self.bans.record(self.board)  # a lying upstream stays banned after it leaves the board
+        del self.learned[url]
+        self.upstreams.remove(url)
+        self.board.sources.pop(url, None)
+        self.announced.pop(url, None)
+        self.polls.pop(url, None)
+        task = self._watchers.pop(url, None)
+        if task is not None:
+            task.cancel()
+        log.info("no longer following learned upstream %s: %s", url, why)
         return True
 
     def _check(self, signed: SignedManifest) -> Manifest:
@@ -192,7 +255,7 @@ class Relay:
                 self._start_download(session, state)
             async with asyncio.TaskGroup() as group:
                 for url in self.upstreams:
-                    group.create_task(self._watch(session, url))
+                    self._watchers[url] = group.create_task(self._watch(session, url))
                 self._watching = (session, group)
 
     async def _watch(self, session: aiohttp.ClientSession, url: str) -> None:
@@ -221,6 +284,7 @@ class Relay:
                 await asyncio.sleep(backoff)
                 backoff = min(_BACKOFF_MAX_S, backoff * 2)
                 continue
+            source.consecutive_failures = 0  # it answered: alive (bad bytes ban it instead)
             announced = self.announced[url] = index.latest
             if announced is not None and announced > known:
                 await self._consider(session, url, announced, known)

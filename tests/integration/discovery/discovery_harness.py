@@ -14,7 +14,7 @@ from typing import Any
 
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from discovery.admission import Trust, allow
+from discovery.admission import Trust, allow, anyone
 from discovery.config import DiscoveryConfig
 from discovery.host import GossipHost
 from discovery.messages import Topic, topic_name
@@ -49,7 +49,10 @@ class Net:
 
     @property
     def trust(self) -> Trust:
-        return Trust(trainer=self.trainer.address, is_validator=allow(v.address for v in self.validators))
+        # relay_signer=anyone: these tests are about the gossip transport (who may announce a relay is
+        # tests/unit/discovery/test_admission.py)
+        return Trust(trainer=self.trainer.address, is_validator=allow(v.address for v in self.validators),
+                     relay_signer=anyone)
 
     def start(self, identity: Identity | None = None, bootstrap: list[str] | None = None, *, start: bool = True,
               listen_only: bool = False, topics: list[Topic] | None = None, **cfg: Any) -> Discovery:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from discovery.admission import Trust
+from discovery.admission import Trust, anyone
 from discovery.config import DiscoveryConfig
 from discovery.service import Discovery
 from protocol.identity import Identity
@@ -20,7 +20,7 @@ def main() -> None:
     relay = Identity.create()
     config = DiscoveryConfig(enabled=True, listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=bootstrap,
                              reannounce_s=1.0, target_peers=0)
-    disc = Discovery(config, identity=relay, domain=domain, trust=Trust(trainer=trainer), state_dir=state_dir)
+    disc = Discovery(config, identity=relay, domain=domain, trust=Trust(trainer=trainer, relay_signer=anyone), state_dir=state_dir)
     disc.start()
     disc.announce_relay("http://127.0.0.1:9999", [1])
     print(json.dumps({"peer_id": disc.peer_id, "addrs": disc.addrs, "relay": relay.address}), flush=True)

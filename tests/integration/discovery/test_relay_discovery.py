@@ -18,7 +18,7 @@ import pytest
 from discovery_harness import DOMAIN, LOOPBACK, ROOT, wait_until
 from netfixtures import free_port
 
-from discovery.admission import Admission, Trust
+from discovery.admission import Admission, Trust, allow
 from discovery.board import AnnouncementBoard
 from discovery.config import DiscoveryConfig
 from discovery.http import fetch_announcements
@@ -29,10 +29,10 @@ from shardcast.publisher import publish_blocking
 pytestmark = pytest.mark.timeout(120)
 
 
-def _start(*args: str) -> subprocess.Popen[str]:
+def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-m", "shardcast.cli", "--log-level", "WARNING", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on" not in line:
@@ -54,21 +54,26 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
 def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
                                                       processes: list[subprocess.Popen[str]]) -> None:
     trainer = Identity.create()
+    staked = Identity.create()  # a key the run believes for relays (a staked node's, say): the relay announces with it
+    keys = {"ORIGIN_KEY": trainer.account.key.hex(), "RELAY_KEY": staked.account.key.hex()}
+    trust = Trust(trainer=trainer.address, relay_signer=allow([staked.address]))
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "model.bin").write_bytes(os.urandom(200_000))
     publish_blocking(ckpt, tmp_path / "origin", identity=trainer, run_id="run-a", shard_size=64 << 10)
     origin_port, relay_port = free_port(), free_port()
     reader = Discovery(DiscoveryConfig(enabled=True, listen=[LOOPBACK], target_peers=0), identity=Identity.create(),
-                       domain=DOMAIN, trust=Trust(trainer=trainer.address), state_dir=tmp_path / "reader")
+                       domain=DOMAIN, trust=trust, state_dir=tmp_path / "reader")
     reader.start()
     try:
         processes.append(_start("origin", "--store", str(tmp_path / "origin"), "--run-id", "run-a",
                                 "--port", str(origin_port), "--trainer", trainer.address,
-                                "--discovery-bootstrap", reader.addrs[0], "--discovery-domain", DOMAIN))
+                                "--discovery-bootstrap", reader.addrs[0], "--discovery-domain", DOMAIN,
+                                "--announce-key-env", "ORIGIN_KEY", env=keys))
         relay = _start("relay", "--store", str(tmp_path / "relay"), "--upstream", f"http://127.0.0.1:{origin_port}",
                        "--trainer", trainer.address, "--run-id", "run-a", "--port", str(relay_port),
-                       "--discovery-bootstrap", reader.addrs[0], "--discovery-domain", DOMAIN)
+                       "--discovery-bootstrap", reader.addrs[0], "--discovery-domain", DOMAIN,
+                       "--announce-key-env", "RELAY_KEY", env=keys)
         processes.append(relay)
         mine = f"http://127.0.0.1:{relay_port}"
 
@@ -89,7 +94,7 @@ def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
         deadline = time.monotonic() + 30
         while {a.body.http_url for a in board.relays(1)} != {origin_url, relay_url}:  # type: ignore[union-attr]
             assert time.monotonic() < deadline, [a.body for a in board.relays(1)]
-            fetch_announcements(relay_url, Admission(domain=DOMAIN, trust=Trust(trainer=trainer.address)), board)
+            fetch_announcements(relay_url, Admission(domain=DOMAIN, trust=trust), board)
             time.sleep(0.2)
         assert httpx.get(origin_url + "/v1/announcements", timeout=10).json()  # the origin serves its own view
 
@@ -99,7 +104,7 @@ def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
         processes.append(_start("relay", "--store", str(tmp_path / "late"), "--upstream",
                                 f"http://127.0.0.1:{free_port()}", "--trainer", trainer.address, "--run-id", "run-a",
                                 "--port", str(late_port), "--discovery-bootstrap", reader.addrs[0],
-                                "--discovery-domain", DOMAIN))
+                                "--discovery-domain", DOMAIN, "--relay-signer", staked.address))
 
         def late_has_v1() -> bool:
             index = httpx.get(f"http://127.0.0.1:{late_port}/versions", timeout=10).json()

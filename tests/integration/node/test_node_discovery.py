@@ -57,10 +57,11 @@ def test_a_node_finds_its_validator_over_gossip(published: Pools, deployment_fil
 
 
 def test_a_node_learns_the_run_s_relays_over_gossip(published: Pools, deployment_file: Path, tmp_path: Path) -> None:
-    """Relays are found the same way: a relay's signed announcement (anyone may announce a relay; what it serves
-    is verified against the trainer's signature and the chain) reaches a node that has only a bootstrap peer."""
+    """Relays are found the same way: a relay's signed announcement reaches a node that has only a bootstrap peer.
+    Only a signer with stake (an active node of the pool; or the trainer, a validator) is believed (issue 23 item
+    12): a relay announced by a key made for free is dropped. What a relay serves is verified anyway."""
     from contracts.policy import PolicyHistory
-    from discovery.admission import Trust
+    from discovery.admission import Trust, anyone
     from discovery.config import DiscoveryConfig
     from discovery.messages import Topic
     from discovery.service import Discovery
@@ -69,25 +70,35 @@ def test_a_node_learns_the_run_s_relays_over_gossip(published: Pools, deployment
     from protocol.rollout import submission_domain
 
     domain = submission_domain(published.deployment.chain_id, published.deployment.pool, RUN.run_id)
-    relay = Discovery(DiscoveryConfig(enabled=True, listen=["/ip4/127.0.0.1/tcp/0"], target_peers=0, reannounce_s=1.0),
-                      identity=Identity.create(), domain=domain, trust=Trust(trainer=None),
-                      state_dir=tmp_path / "relay", topics=[Topic.POLICY, Topic.RELAYS])
+    def host(name: str, identity: Identity) -> Discovery:
+        return Discovery(DiscoveryConfig(enabled=True, listen=["/ip4/127.0.0.1/tcp/0"], target_peers=0,
+                                         reannounce_s=1.0),
+                         identity=identity, domain=domain, trust=Trust(trainer=None, relay_signer=anyone),
+                         state_dir=tmp_path / name, topics=[Topic.POLICY, Topic.RELAYS])
+
+    relay, stranger = host("relay", published.new_node()), host("stranger", Identity.create())
     relay.start()
+    stranger.start()
     gossip = None
     try:
+        stranger.announce_relay("http://127.0.0.1:8602", versions=[1, 2])
         relay.announce_relay("http://127.0.0.1:8601", versions=[1])
         node = published.new_node()
         cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [], run=RUN, model=TINY,
-                          discovery={"enabled": True, "bootstrap": relay.addrs, "reannounce_s": 1.0, "target_peers": 0})
+                          discovery={"enabled": True, "bootstrap": [*relay.addrs, *stranger.addrs], "reannounce_s": 1.0,
+                                     "target_peers": 0})
         chain = commands.open_chain(cfg)
         pool = chain.client(node)
         gossip = NodeGossip(cfg, pool=pool, history=PolicyHistory(pool, chain.start_block), domain=domain, trainer=None)
         gossip.start()
         deadline = time.monotonic() + 30
-        while gossip.relay_urls() != ["http://127.0.0.1:8601"]:
-            assert time.monotonic() < deadline, "the relay's announcement did not reach the node"
+        while gossip.relay_urls() != ["http://127.0.0.1:8601"] or not gossip.discovery.stats().get(
+                "dropped.not_believed"):
+            assert time.monotonic() < deadline, (gossip.relay_urls(), gossip.discovery.stats())
             time.sleep(0.1)
+        assert gossip.relay_urls() == ["http://127.0.0.1:8601"]  # the stranger's was seen and dropped
     finally:
         if gossip is not None:
             gossip.stop()
         relay.stop()
+        stranger.stop()

@@ -20,7 +20,7 @@ from discovery_testkit import (
     validator_body,
 )
 
-from discovery.admission import Admission, Limits, Trust
+from discovery.admission import Admission, Limits, Trust, allow
 from discovery.errors import NotBelievedError, PeerMismatchError, RateLimitedError
 from discovery.messages import PolicyAnnounced, Topic
 from protocol.errors import (
@@ -32,6 +32,7 @@ from protocol.errors import (
     SignatureError,
     UnknownVersionError,
 )
+from protocol.identity import Identity
 
 
 def test_each_topic_admits_its_signers(admission: Admission, keys: Keys) -> None:
@@ -39,7 +40,7 @@ def test_each_topic_admits_its_signers(admission: Admission, keys: Keys) -> None
     assert isinstance(ann.body, PolicyAnnounced) and ann.body.policy_version == 7
     assert ann.signer == keys.trainer.address and ann.expires_at == NOW + admission.limits.ttl_s
     admission.admit(sign(keys.validator, validator_body()), topic=Topic.VALIDATORS, origin_peer=PEER)
-    # Relays: anyone may run one; readers judge relays by behaviour.
+    # Relays: a signer the reader's `relay_signer` admits (this fixture's admits the stranger).
     admission.admit(sign(keys.stranger, relay()), topic=Topic.RELAYS, origin_peer=PEER)
 
 
@@ -169,3 +170,19 @@ def test_replays_do_not_spend_the_signers_bucket(trust: Trust, keys: Keys) -> No
         with pytest.raises(ReplayError):
             adm.admit(wire, topic=Topic.RELAYS)
     adm.admit(sign(keys.stranger, relay()), topic=Topic.RELAYS)
+
+
+def test_relay_signers_need_a_role_or_stake(keys: Keys) -> None:
+    """Issue 23 item 12: by default only the trainer (its origin) and validators may announce relays; a reader
+    with a chain adds staked nodes (`relay_signer`); a key made for free is not believed, and its announcement
+    is refused before its nonce is recorded."""
+    default = make_admission(Trust(trainer=keys.trainer.address, is_validator=allow([keys.validator.address])))
+    default.admit(sign(keys.trainer, relay()), topic=Topic.RELAYS)
+    default.admit(sign(keys.validator, relay()), topic=Topic.RELAYS)
+    wire = sign(keys.stranger, relay())
+    with pytest.raises(NotBelievedError):
+        default.admit(wire, topic=Topic.RELAYS)
+    staked = make_admission(Trust(trainer=keys.trainer.address, relay_signer=allow([keys.stranger.address])))
+    staked.admit(wire, topic=Topic.RELAYS)  # the same envelope, now from a staked signer: believed
+    with pytest.raises(NotBelievedError):
+        staked.admit(sign(Identity.create(), relay()), topic=Topic.RELAYS)

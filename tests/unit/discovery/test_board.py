@@ -4,6 +4,7 @@ and asyncio, and the JSON it serves."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -159,3 +160,31 @@ def test_subscription_from_asyncio(admission: Admission, keys: Keys) -> None:
         return seen
 
     assert asyncio.run(asyncio.wait_for(main(), timeout=20)) == [1, 2, 3]
+
+
+def test_served_announcements_stay_within_what_readers_accept(admission: Admission, keys: Keys) -> None:
+    """Issue 23 item 12: however many relay announcements the board holds, `/v1/announcements` stays under the
+    readers' item and byte limits, and the policy and validator announcements are never pushed out by relays."""
+    from discovery.board import SERVE_MAX_BYTES, SERVE_MAX_ITEMS
+    from discovery.http import MAX_ITEMS, MAX_RESPONSE_BYTES
+
+    assert SERVE_MAX_ITEMS <= MAX_ITEMS and SERVE_MAX_BYTES <= MAX_RESPONSE_BYTES
+    b = board()
+    b.offer(_ann(admission, sign(keys.trainer, policy(9)), Topic.POLICY))
+    b.offer(_ann(admission, sign(keys.validator, validator_body()), Topic.VALIDATORS))
+    big = tuple(range(64))  # the largest relay body the schema allows
+    for i in range(60):
+        b.offer(_ann(admission, sign(Identity.create(), relay(big, url=f"http://127.0.0.1:{9000 + i}"),
+                                     now=NOW - 60 + i), Topic.RELAYS))
+    everything = split_announcements(b.to_json(max_items=10_000, max_bytes=1 << 30))
+    assert len(everything) == 62
+    for items, size in [(10, 1 << 30), (10_000, 20_000), (3, 1 << 30)]:
+        served = b.to_json(max_items=items, max_bytes=size)
+        kept = split_announcements(served)
+        assert len(served) <= size and len(kept) <= items
+        kinds = [json.loads(w)["kind"] for w in kept]
+        assert kinds[:2] == ["discovery.policy", "discovery.validator"]
+        # the relays kept are the newest signed
+        sent = [json.loads(w)["timestamp_ms"] for w in kept[2:]]
+        assert sent == sorted(sent, reverse=True) and (not sent or max(sent) == int((NOW - 1) * 1000))
+    assert len(split_announcements(b.to_json())) == 62  # the defaults hold this board whole
