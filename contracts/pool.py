@@ -62,17 +62,20 @@ class EscrowStatus(IntEnum):
     UPHELD = 3  # the appeal lost: paid to the treasury
     OVERTURNED = 4  # the appeal won: back in the node's stake, the work accepted again
     RELEASED = 5  # not appealed in time: paid to the treasury
+    LAPSED = 6  # appealed, but not resolved by `resolve_deadline`: the slash stands (paid to the treasury)
 
 
 @dataclass(frozen=True)
 class EscrowInfo:
-    """The slash of one hard invalidation (`getEscrow`). `appeal_deadline` is on the pool clock."""
+    """The slash of one hard invalidation (`getEscrow`). Deadlines are on the pool clock."""
 
     work_key: bytes
     slasher: str
     status: EscrowStatus
     appeal_deadline: int
     amount: int
+    resolve_deadline: int = 0
+    """Once appealed: unresolved at this pool time, the appeal may be let lapse (`lapse_appeal`); 0 before."""
 
 
 @dataclass(frozen=True)
@@ -332,6 +335,11 @@ class PoolClient(ContractClient):
         "WrongEscrowStatus", "AppealWindowOpen"."""
         return self._send("releaseEscrow", self._f("releaseEscrow", _key32(work_key)))
 
+    def lapse_appeal(self, work_key: bytes | str) -> Receipt:
+        """lapseAppeal (anyone): an appeal no validator resolved by its resolve deadline lapses; the slash stands
+        and the escrow goes to the treasury. Reverts: "WrongEscrowStatus", "AppealStillOpen"."""
+        return self._send("lapseAppeal", self._f("lapseAppeal", _key32(work_key)))
+
     def claim_rewards(self, node: str, work_keys: list[bytes | str]) -> Receipt:
         keys = [_key32(k) for k in work_keys]
         return self._send("claimRewards", self._f("claimRewards", _address(node), keys))
@@ -399,13 +407,17 @@ class PoolClient(ContractClient):
         """The escrow of `work_key`'s slash (status NONE when the key was never hard-invalidated)."""
         key = _key32(work_key)
         r = self._call("getEscrow", self._f("getEscrow", key))
-        return EscrowInfo(key, _address(r[0]), EscrowStatus(r[1]), int(r[2]), int(r[3]))
+        return EscrowInfo(key, _address(r[0]), EscrowStatus(r[1]), int(r[2]), int(r[4]), int(r[3]))
 
     def total_escrow(self) -> int:
         return int(self._call("totalEscrow", self._f("totalEscrow")))
 
     def is_active(self, node: str) -> bool:
         return bool(self._call("isActive", self._f("isActive", _address(node))))
+
+    def validator_count(self) -> int:
+        """How many accounts hold the validator role (with one, it re-checks appeals of its own verdicts)."""
+        return int(self._call("validatorCount", self._f("validatorCount")))
 
     def has_role(self, role: str, account: str) -> bool:
         return bool(self._call("hasRole", self._f("hasRole", ROLES[role], _address(account))))

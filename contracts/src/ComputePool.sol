@@ -52,7 +52,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         Appealed, // appeal filed; a validator other than the slasher resolves it
         Upheld, // the appeal lost: paid to the treasury
         Overturned, // the appeal won: back in the node's stake, the work restored
-        Released // not appealed in time: paid to the treasury
+        Released, // not appealed in time: paid to the treasury
+        Lapsed // appealed, but no validator resolved it by `resolveDeadline`: the slash stands (treasury)
     }
 
     struct Node {
@@ -80,6 +81,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         address slasher; // the validator that invalidated: it may never resolve the appeal
         EscrowStatus status;
         uint40 appealDeadline; // pool clock: an appeal must be filed before this moment
+        uint40 resolveDeadline; // pool clock, once appealed: unresolved at this moment, the appeal lapses
         uint256 amount; // stake taken (may be 0: the node had none left; the verdict is still appealable)
     }
 
@@ -109,6 +111,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     uint256 public totalStake;
     /// Slashed stake held in escrow until its appeal window closes or its appeal is resolved.
     uint256 public totalEscrow;
+    /// Accounts holding VALIDATOR_ROLE (a pool with one validator lets it re-check its own verdicts).
+    uint256 public validatorCount;
     /// @notice libp2p multiaddrs new peers of this run bootstrap discovery from (set by the admin; untrusted
     /// hints for readers, who check every entry and every announcement they then receive).
     string[] private _bootstrapPeers;
@@ -157,6 +161,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     );
     /// An escrow paid to the treasury (appeal lost, or none filed in time).
     event EscrowReleased(address indexed node, bytes32 indexed workKey, address indexed treasury, uint256 amount);
+    /// An appeal no validator resolved by its deadline: the slash stands (the escrow is released to the treasury).
+    event AppealLapsed(address indexed node, bytes32 indexed workKey, uint64 resolveDeadline);
     /// An overturned slash: `amount` back in the node's stake.
     event SlashReversed(address indexed node, bytes32 indexed workKey, uint256 amount, uint256 stake);
     /// Overturned work accepted again, its reward reserved.
@@ -203,6 +209,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     error AppealWindowClosed(bytes32 workKey, uint64 closedAt);
     error AppealWindowOpen(bytes32 workKey, uint64 closesAt);
     error ResolverIsSlasher(bytes32 workKey, address validator);
+    error AppealStillOpen(bytes32 workKey, uint64 resolveDeadline);
     error WorkCleared(bytes32 workKey);
 
     constructor(
@@ -384,6 +391,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
             slasher: msg.sender,
             status: EscrowStatus.Held,
             appealDeadline: uint40(deadline),
+            resolveDeadline: 0,
             amount: penalty
         });
         if (penalty > 0) emit StakeSlashed(node, workKey, treasury, penalty);
@@ -394,7 +402,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
 
     /// @notice Appeal the hard invalidation of `workKey`, by its node's operator or the node key itself, while
     /// `poolTime() < appealDeadline`. The escrow then stays held until a validator other than the slasher
-    /// resolves the appeal (`resolveAppeal`).
+    /// resolves the appeal (`resolveAppeal`; the slasher itself when it is the pool's only validator), for at
+    /// most `appealWindow` more: after `resolveDeadline` anyone may let the appeal lapse (`lapseAppeal`).
     function appeal(bytes32 workKey) external whenNotPaused nonReentrant {
         Escrow storage e = _escrows[workKey];
         EscrowStatus status = e.status;
@@ -405,6 +414,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         uint64 closedAt = uint64(e.appealDeadline);
         if (_now() >= closedAt) revert AppealWindowClosed(workKey, closedAt);
         e.status = EscrowStatus.Appealed;
+        e.resolveDeadline = uint40(_now() + appealWindow);
         emit AppealFiled(node, workKey, msg.sender);
     }
 
@@ -423,7 +433,8 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         if (evidenceHash == bytes32(0)) revert ZeroEvidenceHash();
         Escrow storage e = _escrows[workKey];
         if (e.status != EscrowStatus.Appealed) revert WrongEscrowStatus(workKey, e.status);
-        if (e.slasher == msg.sender) revert ResolverIsSlasher(workKey, msg.sender);
+        // A second opinion where there is one; a pool with a single validator has only the slasher's re-check.
+        if (e.slasher == msg.sender && validatorCount > 1) revert ResolverIsSlasher(workKey, msg.sender);
         Work storage w = _work[workKey];
         address node = w.node;
         uint256 amount = e.amount;
@@ -465,6 +476,23 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
             j.priorStatus = NodeStatus.None;
             emit NodeReinstated(node, workKey, n.status, n.unbondingEnd);
         }
+    }
+
+    /// @notice Let an appeal that no validator resolved by its `resolveDeadline` lapse (anyone may call): the
+    /// slash stands and the escrow goes to the treasury. Why not the stake back: a validator can resolve only
+    /// an appeal the node sends it (`prime-node appeal`), and any validator, the slasher included in a
+    /// one-validator pool, can; so an appeal left unresolved for a whole window is one its appellant did not
+    /// carry through (or that every validator of the pool could not check, an outage the pool's operators
+    /// answer for). Returning the stake would make "file on chain, never send it" a free exit from every slash.
+    function lapseAppeal(bytes32 workKey) external whenNotPaused nonReentrant {
+        Escrow storage e = _escrows[workKey];
+        if (e.status != EscrowStatus.Appealed) revert WrongEscrowStatus(workKey, e.status);
+        uint64 deadline = uint64(e.resolveDeadline);
+        if (_now() < deadline) revert AppealStillOpen(workKey, deadline);
+        e.status = EscrowStatus.Lapsed;
+        address node = _work[workKey].node;
+        emit AppealLapsed(node, workKey, deadline);
+        _payTreasury(node, workKey, e.amount);
     }
 
     /// @notice Pay the escrow of `workKey` to the treasury once its appeal window has closed unappealed
@@ -640,7 +668,15 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     /// A validator may never receive slashed stake, so the treasury can never hold the validator role.
     function _grantRole(bytes32 role, address account) internal override returns (bool) {
         if (role == VALIDATOR_ROLE && account == treasury) revert TreasuryIsValidator(account);
-        return super._grantRole(role, account);
+        bool granted = super._grantRole(role, account);
+        if (granted && role == VALIDATOR_ROLE) validatorCount += 1;
+        return granted;
+    }
+
+    function _revokeRole(bytes32 role, address account) internal override returns (bool) {
+        bool revoked = super._revokeRole(role, account);
+        if (revoked && role == VALIDATOR_ROLE) validatorCount -= 1;
+        return revoked;
     }
 
     /// The pool clock while not paused (every caller is `whenNotPaused`).

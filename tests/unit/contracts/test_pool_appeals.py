@@ -220,3 +220,60 @@ def test_an_appeal_cannot_be_filed_for_someone_elses_node_by_its_key(pools: Pool
     assert _reason(lambda: PoolClient(pools.admin.w3, pools.deployment.pool, stranger_key).appeal(key)) == \
         "NotOperator"
     assert pools.admin.get_node(other.address).status is NodeStatus.ACTIVE
+
+
+def test_an_appeal_nobody_resolves_lapses_and_the_slash_stands(pools: Pools) -> None:
+    """Issue 23 item 13: an appealed escrow no longer waits forever. Unresolved a whole `appealWindow` after it was
+    filed, anyone may let it lapse: the slash stands (a validator can only resolve what the node sends it, so
+    "file, then stay silent" must not be a way out of a slash), paid to the treasury once."""
+    v2 = _second_validator(pools)
+    node = pools.new_node()
+    key = work_key()
+    token = pools.token()
+    treasury = pools.chain.account(TREASURY).address
+    before = token.balance_of(treasury)
+    pools.validator.invalidate_hard(node.address, key, 17, EVIDENCE)
+    assert pools.admin.get_escrow(key).resolve_deadline == 0
+    assert _reason(lambda: pools.stranger.lapse_appeal(key)) == "WrongEscrowStatus"  # not appealed
+    pools.operator.appeal(key)
+    escrow = pools.admin.get_escrow(key)
+    assert escrow.resolve_deadline == pools.admin.pool_time() + SETTINGS.appeal_window
+    assert _reason(lambda: pools.stranger.lapse_appeal(key)) == "AppealStillOpen"
+    pools.chain.advance_time(SETTINGS.appeal_window + 1)
+    receipt = pools.stranger.lapse_appeal(key)
+    assert [e.name for e in pools.admin.events(receipt.block_number)] == ["AppealLapsed", "EscrowReleased"]
+    assert pools.admin.get_escrow(key).status is EscrowStatus.LAPSED and pools.admin.total_escrow() == 0
+    assert token.balance_of(treasury) == before + SETTINGS.slash_penalty
+    assert pools.admin.get_node(node.address).status is NodeStatus.EJECTED
+    # settled: neither resolved late nor lapsed twice
+    assert _reason(lambda: v2.resolve_appeal(key, False, 0, RECHECK)) == "WrongEscrowStatus"
+    assert _reason(lambda: pools.stranger.lapse_appeal(key)) == "WrongEscrowStatus"
+
+
+def test_a_one_validator_pool_resolves_appeals_of_its_own_verdicts(pools: Pools) -> None:
+    """Issue 23 item 13: with one validator there is no second opinion to wait for; the only validator re-checks
+    its own verdict (with the intake thresholds). Once a second validator exists, the slasher may not."""
+    assert pools.admin.validator_count() == 1
+    node = pools.new_node()
+    key = work_key()
+    pools.validator.invalidate_hard(node.address, key, 17, EVIDENCE)
+    pools.operator.appeal(key)
+    pools.validator.resolve_appeal(key, False, 10, RECHECK)
+    assert pools.admin.get_escrow(key).status is EscrowStatus.OVERTURNED
+    assert pools.admin.get_work(key).status is WorkStatus.ACCEPTED
+
+    v2 = _second_validator(pools)
+    assert pools.admin.validator_count() == 2
+    other = pools.new_node()
+    key2 = work_key()
+    pools.validator.invalidate_hard(other.address, key2, 17, EVIDENCE)
+    pools.operator.appeal(key2)
+    assert _reason(lambda: pools.validator.resolve_appeal(key2, True, 0, RECHECK)) == "ResolverIsSlasher"
+    pools.admin.revoke_role("validator", v2.identity.address)
+    pools.admin.grant_role("validator", v2.identity.address)
+    pools.admin.grant_role("validator", v2.identity.address)  # granting twice counts once
+    assert pools.admin.validator_count() == 2
+    pools.admin.revoke_role("validator", v2.identity.address)
+    assert pools.admin.validator_count() == 1
+    pools.validator.resolve_appeal(key2, True, 0, RECHECK)
+    assert pools.admin.get_escrow(key2).status is EscrowStatus.UPHELD
