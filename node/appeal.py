@@ -74,7 +74,14 @@ def appeal_one(v: HardVerdict, *, pool: Any, node: Identity, domain: str, direct
     from contracts.pool import EscrowStatus
 
     out: dict[str, Any] = {"work_key": v.work_key, "reason": v.reason, "slasher": v.validator}
-    if v.submission is None:
+    evidence, submission = None, v.submission
+    if v.reason == "equivocation":  # re-checked from the slasher's evidence: both envelopes the key signed
+        evidence = _evidence(v, directory)
+        if evidence is None:
+            return {**out, "outcome": "not_appealable", "detail": "the slasher's evidence could not be fetched "
+                    "(GET /v1/evidence/<evidence_hash> at the slashing validator)"}
+        submission = str(json.loads(evidence)["submission"])
+    if submission is None:
         return {**out, "outcome": "not_appealable", "detail": "the submission envelope was not kept"}
     escrow = pool.get_escrow(v.work_key)
     now = pool.pool_time()
@@ -91,9 +98,11 @@ def appeal_one(v: HardVerdict, *, pool: Any, node: Identity, domain: str, direct
     elif escrow.status is not EscrowStatus.APPEALED:
         return {**out, "outcome": escrow.status.name.lower(), "detail": "already settled on chain"}
     body = Appeal(run_id=v.run_id, node=node.address, work_key=bytes.fromhex(v.work_key[2:]), verdict=v.verdict,
-                  submission=v.submission)
+                  submission=submission, evidence=evidence)
     errors: dict[str, Any] = {}
     others = [a for a in sorted(directory.by_address) if a != v.validator]
+    if not others and v.validator in directory.by_address and pool.validator_count() == 1:
+        others = [v.validator]  # the pool's only validator re-checks its own verdict (the contract allows it)
     if not others:
         return {**out, "outcome": "no_validator", "detail": f"no validator other than the slasher {v.validator} "
                 f"is known (give more --validators)"}
@@ -108,8 +117,56 @@ def appeal_one(v: HardVerdict, *, pool: Any, node: Identity, domain: str, direct
             errors[url] = f"{type(exc).__name__}: {exc}"
             continue
         if r.status_code == 200 and isinstance(answer, dict):
+            problem = _decision_problem(answer, address, domain, v.work_key)
+            if problem is not None:  # an answer its validator did not sign is not a decision
+                errors[url] = {"error": "unsigned_decision", "detail": problem}
+                logger.warning("appeal of %s at %s: %s; asking the next validator", v.work_key, url, problem)
+                continue
             logger.info("appeal of %s at %s: %s (%s)", v.work_key, url, answer.get("outcome"), answer.get("detail"))
             return {**out, "validator": address, **answer, "original_reason": v.reason}
         errors[url] = answer if isinstance(answer, dict) else {"status": r.status_code}
         logger.warning("appeal of %s at %s: HTTP %d %s", v.work_key, url, r.status_code, errors[url])
     return {**out, "outcome": "not_decided", "errors": errors}
+
+
+def _decision_problem(answer: dict[str, Any], validator: str, domain: str, work_key: str) -> str | None:
+    """None when `answer` carries an `AppealDecision` that `validator` signed in `domain` about `work_key`, with
+    the outcome the answer claims; else what is wrong with it."""
+    from protocol.appeal import AppealDecision
+    from protocol.envelope import Envelope, open_envelope
+    from protocol.errors import PrimeError
+    from protocol.replay import RereadRecords
+
+    text = answer.get("decision")
+    if not isinstance(text, str):
+        return "no signed decision"
+    try:
+        env = Envelope.from_bytes(text.encode(), max_bytes=64 << 10)
+        decision = open_envelope(env, domain=domain, replay_guard=RereadRecords(), expected_signer=validator,
+                                 body_types=[AppealDecision], max_age_s=365 * 24 * 3600.0)
+    except PrimeError as exc:
+        return f"decision refused: {exc}"
+    assert isinstance(decision, AppealDecision)
+    if "0x" + bytes(decision.work_key).hex() != work_key.lower() or decision.outcome.value != answer.get("outcome"):
+        return "the signed decision is about another key or says another outcome"
+    return None
+
+
+def _evidence(v: HardVerdict, directory: ValidatorDirectory) -> str | None:
+    """The slasher's evidence document for `v` (checked against the hash its signed verdict carries), or None."""
+    import hashlib
+
+    try:
+        want = str(json.loads(v.verdict)["body"]["evidence_hash"])
+        url = directory.by_address.get(v.validator)
+        if url is None:
+            return None
+        r = directory.http.get(f"{url}/v1/evidence/{want}")
+        if r.status_code != 200 or "0x" + hashlib.sha256(r.content).hexdigest() != want:
+            return None
+        doc = r.content.decode()
+        json.loads(doc)["submission"]  # noqa: B018 - it must hold the judged envelope
+        return doc
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("evidence of %s from %s: %s", v.work_key, v.validator, exc)
+        return None

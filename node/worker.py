@@ -52,7 +52,7 @@ from protocol.errors import PrimeError, UngradableError
 from protocol.identity import Identity, checksum
 from protocol.nonce import random_nonce
 from protocol.replay import RereadRecords
-from protocol.rollout import Outcome, RunSpec, Submission, Verdict
+from protocol.rollout import Outcome, Reason, RunSpec, Submission, Verdict
 from protocol.seeds import validator_ranking, work_key
 
 logger = logging.getLogger(__name__)
@@ -474,7 +474,8 @@ class Worker:
                 if (opened.run_id, opened.node, opened.policy_version, opened.counter, bytes(opened.work_key)) != (
                         self.run.run_id, self.node, version, counter, key):
                     why, kind = "a verdict about other work", "misdirected_verdict"
-                elif to_hex(opened.submission_hash) not in sent:
+                elif to_hex(opened.submission_hash) not in sent and opened.reason is not Reason.EQUIVOCATION:
+                    # (an equivocation verdict judges the *other* envelope signed with this key, not ours)
                     why, kind = "a verdict about an envelope this node never sent", "misdirected_verdict"
                 else:
                     return opened

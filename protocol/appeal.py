@@ -3,7 +3,8 @@
 A node slashed by validator A (a `Verdict` envelope with outcome `rejected_hard`, signed by A) files an
 appeal on chain (`ComputePool.appeal(workKey)`, inside the appeal window) and sends an `Appeal` to
 another validator B: the verdict envelope exactly as A signed it and the node's own submission envelope
-exactly as it was sent (its SHA-256 is the verdict's `submission_hash`). The `Appeal` itself is sealed
+exactly as it was sent (its SHA-256 is the verdict's `submission_hash`); for an equivocation verdict also
+A's evidence document (both envelopes the key signed for the assignment), which B checks on its own. The `Appeal` itself is sealed
 by the node key or its operator's key, with a fresh nonce, so it cannot be replayed. B re-checks the
 submission with its appeal thresholds and answers with an `AppealDecision` it signs, and resolves the
 appeal on chain (`resolveAppeal`): overturned returns the slashed stake and restores the work.
@@ -41,6 +42,10 @@ class Appeal(Body):
     """The hard `Verdict` envelope as its validator signed it (canonical JSON text)."""
     submission: str = Field(min_length=2, max_length=MAX_INNER_ENVELOPE_CHARS)
     """The node's `Submission` envelope as it was sent (canonical JSON text; SHA-256 = verdict.submission_hash)."""
+    evidence: str | None = Field(default=None, min_length=2, max_length=2 * MAX_INNER_ENVELOPE_CHARS + 65536)
+    """For a verdict that rests on more than the submission (equivocation): the slasher's evidence document as
+    it serves it (`GET /v1/evidence/{hash}`; SHA-256 = verdict.evidence_hash), which holds both signed
+    envelopes, so the re-check needs nothing from the slasher."""
 
     @field_validator("node")
     @classmethod

@@ -7,8 +7,9 @@ own `Submission` envelope as it sent it. Checks, cheapest first, each with its o
    node key or the node's operator on chain (403 `not_appellant`), its nonce is new (409 `replay`);
 2. the carried envelopes: the verdict is signed, of this run and domain, about this node and work key
    (400 `bad_verdict`), hard (409 `not_hard`) and not ours (409 `own_verdict`: a validator never judges
-   its own verdict); the submission is signed by the node and hashes to the verdict's `submission_hash`
-   (400 `bad_submission`);
+   its own verdict, unless it is the pool's only validator: then there is no second opinion to be had and
+   it re-checks its own); the submission is signed by the node and hashes to the verdict's
+   `submission_hash` (400 `bad_submission`);
 3. the chain: the key is hard-invalidated for this node by the verdict's signer, and the node filed its
    appeal inside the window (409 `not_filed`, 410 `appeal_window_closed` when the window is over,
    409 `already_resolved`);
@@ -16,10 +17,16 @@ own `Submission` envelope as it sent it. Checks, cheapest first, each with its o
    the work was inside it when it was submitted), rewards recomputed, one prefill for TOPLOC, the seeded
    sampling replay, termination and logprobs.
 
+An equivocation verdict is re-checked from its evidence alone: the appeal carries the slasher's evidence
+document (its SHA-256 is the verdict's `evidence_hash`, 400 `bad_evidence` otherwise), and the verdict is
+upheld only if that document holds two envelopes the node's key signed, in this domain, for this same
+assignment, with different payloads, one of them the judged submission (no model needed); evidence that
+proves no such thing sends the judged submission through the full re-check, so an overturned
+equivocation never restores work nobody checked.
+
 Our failures are never the node's: when the re-check cannot run (weights of that version not here, our
-chain view lacks the version, the grader or the model failing, a verdict that rests on evidence the
-appeal cannot carry, such as equivocation's second payload) the answer is 503 `cannot_check` and nothing
-is resolved, so another validator can take it. A decision is signed (`AppealDecision`), stored with its
+chain view lacks the version, the grader or the model failing) the answer is 503 `cannot_check` and
+nothing is resolved, so another validator can take it. A decision is signed (`AppealDecision`), stored with its
 evidence in the ledger (one per work key: the first stands), then resolved on chain (`resolveAppeal`);
 a failed transaction is retried by `resolve_pending`. An overturned verdict restores the work: it enters
 this validator's trainer feed in the same transaction as the decision (a `FeedItem` with our replay's
@@ -43,6 +50,7 @@ from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
 from protocol.errors import ChainError, ModelError, PrimeError, ProtocolError, ReplayError, SignatureError
 from protocol.identity import Identity, checksum
 from protocol.nonce import NonceCounter
+from protocol.replay import RereadRecords
 from protocol.rollout import FeedItem, Outcome, Reason, Submission, Verdict, submission_hash
 from protocol.seeds import work_key
 from validator.chainview import ChainView
@@ -63,16 +71,6 @@ class NotAppellantError(ProtocolError):
     """The appeal is signed by neither the node key nor the node's operator."""
 
     code = "not_appellant"
-
-
-class _AnyNonce:
-    """Replay guard for the *carried* envelopes: they were accepted once already (by the slasher); what must
-    not be replayed is the appeal itself, checked by the real guard. One decision per work key besides."""
-
-    def check_and_record(
-        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
-    ) -> None:
-        return None
 
 
 class _AppellantGate:
@@ -180,7 +178,7 @@ class AppealDesk:
         # the carried verdict and submission
         try:
             v_env = Envelope.from_bytes(body.verdict.encode(), max_bytes=self.cfg.max_submission_bytes)
-            verdict = open_envelope(v_env, domain=self.domain, replay_guard=_AnyNonce(), body_types=[Verdict],
+            verdict = open_envelope(v_env, domain=self.domain, replay_guard=RereadRecords(), body_types=[Verdict],
                                     max_age_s=_STORED_AGE_S)
         except PrimeError as exc:
             return self._refuse(400, "bad_verdict", f"the carried verdict: {exc}")
@@ -190,12 +188,12 @@ class AppealDesk:
             return self._refuse(400, "bad_verdict", "the verdict is about another node, work key or run")
         if verdict.outcome is not Outcome.REJECTED_HARD:
             return self._refuse(409, "not_hard", f"the verdict is {verdict.outcome.value}: nothing was slashed")
-        if slasher == self.identity.address:
+        if slasher == self.identity.address and not self._only_validator():
             return self._refuse(409, "own_verdict", "this validator gave that verdict; appeal to another one")
         try:
             s_bytes = body.submission.encode()
             s_env = Envelope.from_bytes(s_bytes, max_bytes=self.cfg.max_submission_bytes)
-            sub = open_envelope(s_env, domain=self.domain, replay_guard=_AnyNonce(), body_types=[Submission],
+            sub = open_envelope(s_env, domain=self.domain, replay_guard=RereadRecords(), body_types=[Submission],
                                 expected_signer=body.node, max_age_s=_STORED_AGE_S)
         except PrimeError as exc:
             return self._refuse(400, "bad_submission", f"the carried submission: {exc}")
@@ -216,10 +214,28 @@ class AppealDesk:
             done = self.ledger.appeal(key)
             if done is not None:
                 return Answer(200, self.status(done))
-            row = self._recheck(data, gate.signer, slasher, verdict, sub)
+            failure = None
+            if verdict.reason is Reason.EQUIVOCATION:
+                try:
+                    failure = self._equivocation_proven(body.evidence, verdict, sub)
+                except ProtocolError as exc:
+                    return self._refuse(400, "bad_evidence", str(exc))
+            if failure is not None:  # proven from the evidence alone: no model needed
+                row = self._decide(data, gate.signer, slasher, verdict, sub, failure, {"equivocation": True})
+            else:  # not an equivocation, or one its evidence does not prove: the judged work is re-checked in full
+                row = self._recheck(data, gate.signer, slasher, verdict, sub)
         self.resolve(row)
         row = self.ledger.appeal(key) or row
         return Answer(200, self.status(row))
+
+    def _only_validator(self) -> bool:
+        """Whether this validator is the pool's only one (then it re-checks appeals of its own verdicts)."""
+        if self.pool is None:
+            return False
+        try:
+            return self.pool.validator_count() == 1 and self.pool.has_role("validator", self.identity.address)
+        except ChainError as exc:
+            raise _CannotCheck(f"cannot read the validator set on chain: {exc}") from exc
 
     def _chain_state(self, key: str, node: str, slasher: str) -> Answer | None:
         """None when the chain holds an appeal to decide; else the refusal."""
@@ -252,11 +268,46 @@ class AppealDesk:
 
     # -- the re-check -------------------------------------------------------------------------------
 
+    def _equivocation_proven(self, evidence: str | None, verdict: Verdict,
+                             sub: Submission) -> tuple[Reason, str] | None:
+        """(EQUIVOCATION, detail) when the slasher's own evidence proves that the node's key signed two different
+        payloads for this assignment; None when it does not (the verdict is overturned). `ProtocolError` when
+        the appeal carries no evidence, or not the document the verdict committed to."""
+        if evidence is None:
+            raise ProtocolError("an equivocation verdict is re-checked from its evidence: carry the slasher's "
+                                "evidence document (GET /v1/evidence/{evidence_hash} at the slasher)")
+        raw = evidence.encode()
+        if verdict.evidence_hash is None or hashlib.sha256(raw).digest() != verdict.evidence_hash:
+            raise ProtocolError("the evidence is not the document whose hash the verdict carries")
+        try:
+            doc = json.loads(raw)
+            texts = [doc["first"], doc["submission"]]
+            if not all(isinstance(t, str) for t in texts):
+                raise TypeError("envelopes must be strings")
+        except (ValueError, KeyError, TypeError):
+            return None  # the slasher's own evidence does not hold two envelopes: nothing proven
+        bodies: list[Submission] = []
+        hashes: list[bytes] = []
+        for text in texts:
+            try:
+                env = Envelope.from_bytes(text.encode(), max_bytes=self.cfg.max_submission_bytes)
+                opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(), body_types=[Submission],
+                                       expected_signer=sub.node, max_age_s=_STORED_AGE_S)
+            except PrimeError:
+                return None  # not the node's signature (or not this run's): nothing proven against the node
+            assert isinstance(opened, Submission)
+            bodies.append(opened)
+            hashes.append(submission_hash(text.encode()))
+        first, second = bodies
+        same_assignment = all((b.run_id, b.node, b.policy_version, b.counter) ==
+                              (sub.run_id, sub.node, sub.policy_version, sub.counter) for b in bodies)
+        if not same_assignment or first == second or verdict.submission_hash not in hashes:
+            return None
+        return Reason.EQUIVOCATION, (f"the evidence holds two different payloads signed by {sub.node} for "
+                                     f"assignment #{sub.counter} at v{sub.policy_version}")
+
     def _recheck(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: Submission) -> AppealRow:
         p = self.pipeline
-        if verdict.reason is Reason.EQUIVOCATION:
-            raise _CannotCheck("an equivocation verdict rests on a second signed payload that an appeal does not "
-                               "carry; its evidence is at the slashing validator's /v1/evidence")
         if self.chain.manifest_hash(sub.policy_version) is None:
             raise _CannotCheck(f"v{sub.policy_version} is not in this validator's chain view (yet)")
         measurements: dict[str, Any] = {}
@@ -285,6 +336,13 @@ class AppealDesk:
                 measurements["samples"] = per_sample
                 if failure is None:  # restored work reaches the trainer like accepted work, with our replay's numbers
                     feed = p.feed_item(loaded, verdict.work_key, sub, tasks, rewards, reports)
+        return self._decide(data, appellant, slasher, verdict, sub, failure, measurements, feed)
+
+    def _decide(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: Submission,
+                failure: tuple[Reason, str] | None, measurements: dict[str, Any],
+                feed: FeedItem | None = None) -> AppealRow:
+        """Sign, store and count the decision (`failure` None: overturned), with the restored work's feed item."""
+        p = self.pipeline
         outcome = AppealOutcome.UPHELD if failure is not None else AppealOutcome.OVERTURNED
         reason, detail = failure if failure is not None else (Reason.ACCEPTED, f"passes the appeal thresholds "
                                                               f"({sub.n_samples()} samples, {sub.n_tokens()} tokens)")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from chainfixtures import OPERATOR, SETTINGS, TREASURY, VALIDATOR2, Pools
+from netfixtures import serve_asgi
 from validator_harness import RUN, TINY
 
 from contracts.pool import EscrowStatus, NodeStatus, WorkStatus
@@ -34,6 +35,24 @@ def _config(tmp_path: Path, deployment_file: Path, rpc_url: str, validators: lis
         "submit": {"attempts": 2, "backoff_s": 0.05, "max_backoff_s": 0.2, "decide_timeout_s": 120},
         "monitor": {"port": None},
     })
+
+
+def _unsigned_appeal_desk(real_url: str) -> Any:
+    """A validator look-alike: the real one's /v1/info, and an unsigned "overturned" for every appeal."""
+    import httpx
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/v1/info")
+    def info() -> dict[str, Any]:
+        return dict(httpx.get(real_url + "/v1/info").json())
+
+    @app.post("/v1/appeals")
+    def appeals() -> dict[str, Any]:
+        return {"outcome": "overturned", "reason": "accepted", "resolved": True, "decision": None}
+
+    return app
 
 
 def test_an_honest_node_slashed_by_a_strict_validator_wins_its_appeal(
@@ -63,6 +82,15 @@ def test_an_honest_node_slashed_by_a_strict_validator_wins_its_appeal(
     with SlashingProtection(cfg.state_dir / commands.PROTECTION_DB) as db:  # what the node kept to appeal with
         (kept,) = db.hard_verdicts(RUN.run_id, node.address)
         assert kept.work_key == key and kept.submission is not None and kept.validator == watched[1]
+
+    # a server that claims the fair validator's address and answers "overturned" without a signed decision is
+    # not believed (issue 23 item 10): the appeal is filed on chain but stays undecided
+    with serve_asgi(_unsigned_appeal_desk(fair.url)) as liar:
+        capsys.readouterr()
+        assert appeal(_config(tmp_path, deployment_file, published.chain.rpc_url, [strict.url, liar])) == 1
+        (result,) = json.loads(capsys.readouterr().out)
+        assert result["outcome"] == "not_decided" and result["errors"][liar]["error"] == "unsigned_decision"
+        assert published.admin.get_escrow(key).status is EscrowStatus.APPEALED
 
     cfg = _config(tmp_path, deployment_file, published.chain.rpc_url, [strict.url, fair.url])
     capsys.readouterr()

@@ -212,3 +212,73 @@ def test_work_restored_by_a_won_appeal_reaches_the_trainer(
     fate = next(r for r in rows if r.check.startswith("accepted = trained"))
     assert fate.ok and fate.expected == "0 + 1 restored", fate
     assert next(r for r in rows if r.check == "trained work that no validator accepted").ok
+
+
+def test_a_one_validator_pool_rechecks_appeals_of_its_own_verdicts(
+        make_validator: Any, make_node: Any, published: Pools) -> None:
+    """Issue 23 item 13: with a single validator in the pool an appeal is no longer stuck for want of a second one:
+    the slasher re-checks its own verdict (same thresholds) and resolves it on chain."""
+    assert published.admin.validator_count() == 1
+    node = make_node()
+    only = make_validator("a")
+    key, verdict, submission = _slashed(only, node, cheat="inflate_reward")
+    published.operator.appeal(key)
+    status, answer = _post(only, _appeal(node.identity, node, key, verdict, submission))
+    assert status == 200, answer
+    assert (answer["outcome"], answer["reason"]) == ("upheld", "reward_mismatch") and answer["resolved"]
+    assert published.admin.get_escrow(key).status is EscrowStatus.UPHELD
+
+
+def _equivocation(v: Any, node: SimNode, published: Pools) -> tuple[str, str, dict[str, Any], bytes]:
+    """(work key, verdict, row, evidence bytes) of an assignment `node`'s key signed twice, slashed by `v`."""
+    import time
+
+    _, first = node.build(counter=0)
+    _, second = node.build(counter=0, cheat="inflate_reward")  # another payload for the same assignment
+    with v.client() as c:
+        r = c.post("/v1/submissions", content=first)
+        assert r.status_code in (200, 202), r.text
+        key = str(r.json()["work_key"])
+        r = c.post("/v1/submissions", content=second)
+        assert (r.status_code, r.json()["error"]) == (409, "duplicate_work"), r.text
+    deadline = time.monotonic() + 60
+    while published.admin.get_work(key).status is not WorkStatus.HARD_INVALIDATED:
+        assert time.monotonic() < deadline, "the equivocation slash did not land"
+        time.sleep(0.2)
+    with v.client() as c:
+        row = dict(c.get(f"/v1/submissions/{key}").json())
+        assert row["reason"] == "equivocation", row
+        evidence = c.get(f"/v1/evidence/{row['evidence_hash']}").content
+    return key, str(row["verdict"]), row, evidence
+
+
+def test_an_equivocation_verdict_is_rechecked_from_its_own_evidence(
+        make_validator: Any, make_node: Any, published: Pools, second_validator: int) -> None:
+    """Issue 23 item 13: an equivocation verdict's evidence holds both envelopes the key signed, so another
+    validator re-checks it alone (signatures, same assignment, different payloads) instead of `cannot_check`;
+    evidence that is not the document the verdict committed to is refused."""
+    import json
+
+    node = make_node()
+    slasher = make_validator("a")
+    checker = make_validator("b", account=second_validator)
+    key, verdict, row, evidence = _equivocation(slasher, node, published)
+    doc = json.loads(evidence)
+    judged = doc["submission"].encode()  # the envelope the verdict judged (the second one)
+    published.operator.appeal(key)
+
+    def appeal(evidence_text: str | None) -> bytes:
+        body = Appeal(run_id=node.run.run_id, node=node.identity.address, work_key=bytes.fromhex(key[2:]),
+                      verdict=verdict, submission=judged.decode(), evidence=evidence_text)
+        return seal(node.identity, body, domain=node.domain, nonce=random_nonce()).to_bytes()
+
+    status, answer = _post(checker, appeal(None))
+    assert (status, answer["error"]) == (400, "bad_evidence")
+    tampered = json.dumps({**doc, "first": doc["submission"]}, sort_keys=True, separators=(",", ":"))
+    status, answer = _post(checker, appeal(tampered))
+    assert (status, answer["error"]) == (400, "bad_evidence")
+    status, answer = _post(checker, appeal(evidence.decode()))
+    assert status == 200, answer
+    assert (answer["outcome"], answer["reason"], answer["original_reason"]) == ("upheld", "equivocation",
+                                                                              "equivocation")
+    assert answer["resolved"] and published.admin.get_escrow(key).status is EscrowStatus.UPHELD
