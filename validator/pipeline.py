@@ -118,16 +118,18 @@ class _SenderGate:
     ) -> None:
         if not self.chain.node_active_fresh(signer, CATCHUP_S):
             raise NodeInactiveError(f"{signer} is not an active, staked node of this pool")
-        now = time.monotonic()
+        tick = time.monotonic()  # the rate buckets' clock; the replay guard below keeps the caller's wall clock
         with self._lock:
             b = self._buckets.get(signer)
             if b is None:
-                b = self._buckets[signer] = _Bucket(float(self.burst), now)
-            b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
-            b.at = now
+                b = self._buckets[signer] = _Bucket(float(self.burst), tick)
+            b.tokens = min(float(self.burst), b.tokens + (tick - b.at) * self.rate)
+            b.at = tick
             if b.tokens < 1.0:
                 raise RateLimitedError(f"{signer} is over {self.rate}/s", (1.0 - b.tokens) / self.rate)
             b.tokens -= 1.0
+        # `now` is the wall time open_envelope judged the message by: the guard prunes expired nonces by it (given
+        # a monotonic clock it never pruned, and replay.sqlite grew forever: issue 23 item 13)
         self.inner.check_and_record(domain, signer, nonce, sent_at=sent_at, expires_at=expires_at, now=now)
 
 

@@ -181,3 +181,22 @@ def test_a_node_registered_after_the_last_poll_is_not_refused(make_validator, ma
             assert c.post("/v1/submissions", content=stranger.build()[1]).status_code == 403
         # one catch-up per CATCHUP_S at most, however many refused requests
         assert chain.catchups - before <= 1 + (time.monotonic() - began) / CATCHUP_S
+
+
+def test_the_submission_replay_guard_prunes_by_the_wall_clock(make_validator, make_node):
+    """Issue 23 item 13: the submission path's sender gate handed the replay guard a monotonic clock, so nothing
+    ever expired and `replay.sqlite` grew forever. The guard now sees the wall time the envelope was judged by:
+    expired nonces are pruned and the horizon moves up to them."""
+    v = make_validator()
+    node = make_node()
+    gate, guard = v.service.pipeline.gate, v.service.replay
+    deadline = time.monotonic() + 30
+    while not v.service.chain.node_active(node.identity.address):  # the chain view learns the new node
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    now = time.time()
+    signer, domain = node.identity.address, v.service.domain
+    gate.check_and_record(domain, signer, 1, sent_at=now - 1000.0, expires_at=now - 900.0, now=now)
+    gate.check_and_record(domain, signer, 2, sent_at=now - 1.0, expires_at=now + 600.0, now=now)
+    assert guard.horizon == now - 1000.0  # nonce 1 expired and was pruned
+    assert guard.prune(now) == 0
