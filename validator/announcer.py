@@ -55,7 +55,10 @@ class Announcer:
         self.url = announced_url(service.cfg)
         self._roles: dict[str, tuple[bool, float]] = {}
         self._lock = threading.Lock()
-        trust = Trust(trainer=run_trainer(service), is_validator=self.is_validator, policy_check=self.on_chain)
+        # relays: besides the trainer and validators, an active staked node (the chain view's cached set), as
+        # nodes believe them, so that relay announcements the nodes accept pass through validators too
+        trust = Trust(trainer=run_trainer(service), is_validator=self.is_validator,
+                      relay_signer=service.chain.node_active, policy_check=self.on_chain)
         config = service.cfg.discovery.with_chain_bootstrap(service.pool.bootstrap_peers)  # else: the pool's record
         self.discovery = Discovery(config, identity=service.identity, domain=service.domain,
                                    trust=trust, state_dir=service.cfg.state_dir, name="validator-discovery")
