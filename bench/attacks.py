@@ -596,6 +596,75 @@ def relay_attack(kind: str) -> Callable[[Any, int], Trial]:
     return run
 
 
+def forged_verdict(net: Any, trial: int) -> Trial:
+    """Issue 23 item 10, turned round: a server claiming the assigned validator's address (it holds the role on
+    chain) answers a real node work loop (`node.worker.Worker`) with an unsigned "accepted", a verdict signed by
+    another key, an unsigned slash, or an odd status, one per trial in turn. Detected when the node believes
+    none of it: the payload is kept to resend, the lie is counted, and the loop does not stop."""
+    import json as json_
+
+    import httpx
+    from fastapi import FastAPI, Request, Response
+    from netfixtures import serve_asgi
+
+    from node.commands import validator_role
+    from node.config import NodeConfig
+    from node.errors import NodeStopped
+    from node.protection import SlashingProtection
+    from node.worker import ValidatorDirectory, Worker
+    from protocol.envelope import Envelope, seal
+    from protocol.identity import Identity
+    from protocol.nonce import random_nonce
+    from protocol.rollout import Outcome, Reason, Submission, Verdict, submission_hash
+    from protocol.seeds import work_key
+
+    kind = ["unsigned_accept", "forged_accept", "unsigned_slash", "http_418"][trial % 4]
+    node = net.node()
+    served, _ = net.assigned(node)
+    app = FastAPI()
+
+    async def info(request: Request) -> Response:
+        return Response(httpx.get(served.url + "/v1/info").content, media_type="application/json")
+
+    async def submissions(request: Request) -> Response:
+        data = await request.body()
+        sub = Submission.model_validate(Envelope.model_validate_json(data).body)
+        body: dict[str, Any] = {"state": "decided", "outcome": "accepted", "reason": "accepted", "verdict": None}
+        status = 200
+        if kind == "forged_accept":
+            v = Verdict(run_id=sub.run_id, work_key=work_key(sub.run_id, sub.node, sub.policy_version, sub.counter),
+                        node=sub.node, policy_version=sub.policy_version, counter=sub.counter,
+                        submission_hash=submission_hash(data), outcome=Outcome.ACCEPTED, reason=Reason.ACCEPTED)
+            body["verdict"] = seal(Identity.create(), v, domain=net.domain, nonce=random_nonce()).to_bytes().decode()
+        elif kind == "unsigned_slash":
+            body.update(outcome="rejected_hard", reason="proof_mismatch")
+        elif kind == "http_418":
+            status, body = 418, {"error": "teapot"}
+        return Response(json_.dumps(body), status_code=status, media_type="application/json")
+
+    # plain Starlette routes: the handlers are local, so FastAPI could not resolve their (string) annotations
+    app.add_route("/v1/info", info, methods=["GET"])
+    app.add_route("/v1/submissions", submissions, methods=["POST"])
+    sub, _ = node.build(version=VERSION)
+    with tempfile.TemporaryDirectory(dir=net.tmp) as d, serve_asgi(app) as url, httpx.Client(timeout=30) as http, \
+            SlashingProtection(Path(d) / "protection.sqlite") as db:
+        cfg = NodeConfig.model_validate({"state_dir": d, "validators": [url], "run": net.run,
+                                         "submit": {"attempts": 1, "backoff_s": 0.01, "max_backoff_s": 0.05}})
+        worker = Worker(cfg, node.identity, net.run, net.domain, None, db,  # type: ignore[arg-type]
+                        ValidatorDirectory([url], http, validator_role(net.pools.admin)))
+        try:
+            worker.submit(sub)
+        except NodeStopped as exc:
+            return Trial("accepted", kind, False, note=f"the node stopped: {exc}"[:120])
+        rec = db.get(net.run.run_id, node.identity.address, sub.policy_version, sub.counter)
+        kept = rec is not None and rec.state == "signed" and rec.payload is not None
+        counted = sum(worker.tally.peer_errors.values())
+        believed = worker.tally.accepted + sum(worker.tally.rejected.values())
+        detected = kept and counted > 0 and believed == 0
+        return Trial("refused" if detected else "accepted", kind, detected,
+                     note="" if detected else f"state {rec.state if rec else None}, counted {counted}")
+
+
 # -- the list -----------------------------------------------------------------------------------------------
 
 PROOF = {"proof_mismatch", "sampling_mismatch", "logprob_mismatch", "termination"}
@@ -632,6 +701,8 @@ ATTACKS = [
     Attack("forged_manifest", "forged manifest (edited / other key)", "refused", relay_attack("forged_manifest")),
     Attack("rolled_back_manifest", "rolled-back manifest (v1's as v2 / v2 hidden)", "refused",
            relay_attack("rolled_back_manifest")),
+    Attack("forged_verdict", "validator look-alike: unsigned/forged verdicts, odd status, to a node", "refused",
+           forged_verdict),
 ]
 
 
