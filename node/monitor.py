@@ -40,6 +40,11 @@ class _TallyCollector(Collector):
         yield rejected
         yield CounterMetricFamily("prime_node_submit_failures", "Validators that ran out of tries",
                                   value=t.submit_failures)
+        lies = CounterMetricFamily("prime_node_peer_errors", "Validator answers not believed or not understood "
+                                   "(unsigned or forged verdicts, odd statuses), by kind", labels=["kind"])
+        for kind, n in sorted(t.peer_errors.items()):
+            lies.add_metric([kind], n)
+        yield lies
         yield GaugeMetricFamily("prime_node_pending", "Submissions awaiting a verdict", value=self.pending())
         yield GaugeMetricFamily("prime_node_policy_version", "Policy version of the last batch",
                                 value=-1 if t.version is None else t.version)
