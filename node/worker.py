@@ -78,8 +78,9 @@ class ValidatorDirectory:
 
     A URL's `/v1/info` names the address it claims to be; the claim counts only when that address holds
     the validator role on chain (`is_validator`, the pool's `hasRole`), and only for the first URL that
-    makes it: a later claimant of an address already served is a stand-by, used once the first one is
-    dropped (`distrust`), which happens when it answers with a verdict that address did not sign. The
+    makes it: a later claimant of an address already served is a stand-by, used once the first one stops
+    answering or is dropped (`distrust`), which happens when it answers with a verdict that address did
+    not sign. The
     run's validator set (`announced`, what rendezvous ranks) is the chain-checked addresses the
     validators name, so a peer cannot add a validator of its own making."""
 
@@ -95,7 +96,8 @@ class ValidatorDirectory:
     shunned: dict[str, float] = field(default_factory=dict)
     """URL -> time.monotonic() until which it is not asked (caught lying)."""
     refused: Counter[str] = field(default_factory=Counter)
-    """Claims not believed, by kind (`no_role`, `taken`, `garbled`)."""
+    """Claims not believed, by kind (`no_role`: the address holds no validator role; `taken`: another URL that
+    still answers holds it)."""
 
     def _add_url(self, url: str) -> None:
         url = url.rstrip("/")
@@ -114,6 +116,8 @@ class ValidatorDirectory:
             for url in self.learned():
                 self._add_url(url)
         now = time.monotonic()
+        answered: dict[str, list[str]] = {}  # address -> the URLs that claimed it in this pass, in order
+        infos: dict[str, dict[str, Any]] = {}
         for url in self.urls:  # hints appended below are asked in this same pass (at most MAX_VALIDATORS)
             url = url.rstrip("/")
             if self.shunned.get(url, 0.0) > now:
@@ -135,19 +139,25 @@ class ValidatorDirectory:
                 logger.warning("validator %s claims to be %s, which holds no validator role on chain: ignored",
                                url, address)
                 continue
-            holder = self.by_address.get(address)
-            if holder is not None and holder != url:
-                self.refused["taken"] += 1
-                logger.info("validator %s also claims %s, served by %s: kept as a stand-by", url, address, holder)
-            else:
-                self.by_address[address] = url
-                self.infos[address] = info
+            answered.setdefault(address, []).append(url)
+            infos[url] = info
             self.announced = sorted(set(self.announced) | {a for a in named if self._role(a)})
             hints = info.get("validator_urls")
             if isinstance(hints, dict):  # a hint: a URL counts once its own /v1/info names the address
                 for hint in list(hints.values())[:MAX_VALIDATORS]:
                     if isinstance(hint, str) and hint.startswith(("http://", "https://")) and len(hint) < 256:
                         self._add_url(hint)
+        for address, claimants in answered.items():  # the holder keeps the address while it answers
+            holder = self.by_address.get(address)
+            if holder not in claimants:
+                holder = claimants[0]
+                self.by_address[address] = holder
+            self.infos[address] = infos[holder]
+            for other in claimants:
+                if other != holder:
+                    self.refused["taken"] += 1
+                    logger.info("validator %s also claims %s, served by %s: kept as a stand-by", other, address,
+                                holder)
 
     def url_of(self, address: str) -> str | None:
         return self.by_address.get(address)

@@ -104,6 +104,13 @@ def test_the_node_believes_only_signed_verdicts_of_on_chain_validators(
             assert worker.validators.url_of(a) == real.url  # not the hostile one that answered last
             assert worker.validators.announced == [a]  # the role-less claimant is nobody
             assert nobody["claim"] not in worker.validators.by_address
+            # a holder that stops answering gives the address to the stand-by that still answers
+            with serve_asgi(hostile_validator(real.url, dict(mode), domain, real_key)) as first:
+                worker = make_worker(cfg, node, chain, db, http, [first, real.url])
+                worker.validators.refresh()
+                assert worker.validators.url_of(a) == first
+            worker.validators.refresh()
+            assert worker.validators.url_of(a) == real.url
 
             # the hostile URL holds the address (asked first): its unsigned "accepted" deletes nothing
             worker = make_worker(cfg, node, chain, db, http, [hostile, real.url])
