@@ -282,3 +282,39 @@ def test_an_equivocation_verdict_is_rechecked_from_its_own_evidence(
     assert (answer["outcome"], answer["reason"], answer["original_reason"]) == ("upheld", "equivocation",
                                                                               "equivocation")
     assert answer["resolved"] and published.admin.get_escrow(key).status is EscrowStatus.UPHELD
+
+
+def test_an_equivocation_its_evidence_does_not_prove_is_rechecked_in_full(
+        make_validator: Any, make_node: Any, published: Pools, second_validator: int) -> None:
+    """An equivocation verdict whose own (committed) evidence holds the same envelope twice proves nothing: the
+    judged submission then goes through the full re-check (here honest work: overturned), so an overturned
+    equivocation never restores work nobody checked."""
+    import hashlib
+
+    from chainfixtures import VALIDATOR
+
+    from protocol.canonical import canonical_bytes
+    from protocol.rollout import Outcome, Reason, Verdict, submission_hash
+    from protocol.seeds import work_key
+
+    node = make_node()
+    checker = make_validator("b", account=second_validator)
+    slasher = published.chain.account(VALIDATOR)  # a validator key that "slashes" without a running service
+    sub, data = node.build()
+    evidence = canonical_bytes({"reason": "equivocation", "first": data.decode(), "submission": data.decode()})
+    evidence_hash = hashlib.sha256(evidence).digest()
+    key = work_key(sub.run_id, sub.node, sub.policy_version, sub.counter)
+    verdict = seal(slasher, Verdict(run_id=sub.run_id, work_key=key, node=sub.node, policy_version=sub.policy_version,
+                                    counter=sub.counter, submission_hash=submission_hash(data),
+                                    outcome=Outcome.REJECTED_HARD, reason=Reason.EQUIVOCATION,
+                                    evidence_hash=evidence_hash),
+                   domain=node.domain, nonce=random_nonce()).to_bytes().decode()
+    published.validator.invalidate_hard(sub.node, key, Reason.EQUIVOCATION.code, evidence_hash)
+    published.operator.appeal(key)
+    body = Appeal(run_id=sub.run_id, node=sub.node, work_key=key, verdict=verdict, submission=data.decode(),
+                  evidence=evidence.decode())
+    status, answer = _post(checker, seal(node.identity, body, domain=node.domain, nonce=random_nonce()).to_bytes())
+    assert status == 200, answer
+    assert (answer["outcome"], answer["original_reason"]) == ("overturned", "equivocation"), answer
+    assert answer["measurements"]["samples"]  # the model re-checked the work
+    assert published.admin.get_escrow(key).status is EscrowStatus.OVERTURNED
