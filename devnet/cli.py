@@ -53,22 +53,29 @@ def up(argv: list[str]) -> int:
 
     log = logging.getLogger("prime-devnet")
     signal.signal(signal.SIGTERM, _terminate)
-    net = Network(cfg)
+    try:
+        net = Network(cfg)
+    except DevnetError as exc:
+        log.error("%s", exc)
+        return 1
     server: Server | None = None
     observer: Observer | None = None
     code = 0
     try:
         port = cfg.dashboard_port or free_port()
         url = f"http://127.0.0.1:{port}"
+        if net.gateway:
+            print(f"prime-devnet: a host per role: namespaces on {cfg.subnet}, this process at {net.gateway} "
+                  f"(record: {net.state}/hosts.json)", flush=True)
         print(f"prime-devnet: starting in {net.state} (DEV ONLY: anvil's public keys); logs in {net.state}/logs",
               flush=True)
         layout: Layout = net.up(url)
         observer = Observer(layout)
         view = View(layout, observer.snapshot, lambda: audit(layout))
-        server = Server(build_app(view), port)
+        server = Server(build_app(view), port, ("127.0.0.1",) + ((net.gateway,) if net.gateway else ()))
         server.start()
         print(f"prime-devnet: up: {cfg.nodes} nodes, {cfg.validators} validators, {cfg.relays} relays, chain "
-              f"{layout.rpc_url}\nprime-devnet: dashboard {url}  (Ctrl-C stops everything; `prime-devnet status|"
+              f"{layout.rpc_url}\nprime-devnet: dashboard {' and '.join(server.urls)}  (Ctrl-C stops everything; `prime-devnet status|"
               f"audit|down --state-dir {net.state}` from another terminal)", flush=True)
         while True:
             snap = view.refresh()
@@ -163,9 +170,18 @@ def down(argv: list[str]) -> int:
     left = [e for e in entries if e.alive() or e.group_members()]
     killed = stop_groups(left) if left else []
     still = [e.name for e in entries if e.alive() or e.group_members()]
+    removed: list[str] = []
+    if not still:  # a namespace outlives its record only while a process is in it: remove them after the roles
+        from devnet.hosts import HostsError, teardown
+
+        try:
+            removed = teardown(args.state_dir)
+        except HostsError as exc:
+            still.append(str(exc))
     print(f"devnet down: {len(entries)} processes"
           + (f"; stopped directly: {[e.name for e in left]}" if left else "")
-          + (f" (SIGKILL: {killed})" if killed else "") + (f"; STILL RUNNING: {still}" if still else ""))
+          + (f" (SIGKILL: {killed})" if killed else "") + (f"; removed {len(removed)} namespaces/links" if removed
+                                                            else "") + (f"; STILL RUNNING: {still}" if still else ""))
     return 1 if still else 0
 
 

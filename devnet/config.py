@@ -52,7 +52,8 @@ class RunSettings(Section):
 
 
 class DevnetConfig(PrimeConfig):
-    """prime-devnet: the whole network on 127.0.0.1 (DEV ONLY: anvil's public keys)."""
+    """prime-devnet: the whole network on one machine, on 127.0.0.1 or a host per role (DEV ONLY: anvil's
+    public keys)."""
 
     state_dir: Path = Path("devnet-state")
     """Everything lives here: configs, logs, ledgers, checkpoints, the chain's deployment, processes.json."""
@@ -68,8 +69,17 @@ class DevnetConfig(PrimeConfig):
     """The trainer."""
     run: RunSettings = RunSettings()
     """The run's rules (served by the validators to the nodes)."""
+    hosts: Literal["loopback", "netns"] = "loopback"
+    """loopback: every role on 127.0.0.1, each on a free port. netns (root only, Linux with iproute2): every role
+    (chain, origin, each relay, each validator, the trainer, each node) in its own network namespace with its own
+    address on a bridge the devnet creates, binding and advertising that address; `down` or Ctrl-C removes
+    them (devnet/hosts.py)."""
+    subnet: str = "10.77.0.0/24"
+    """With `hosts = "netns"`: the private IPv4 subnet of the bridge (its first address is the devnet's own, the
+    next ones the roles'); `up` refuses one already in use on this machine."""
     dashboard_port: int = Field(8800, ge=0, lt=65536)
-    """Port of the devnet's HTTP server on 127.0.0.1 (summary API, dashboard); 0 picks a free one."""
+    """Port of the devnet's HTTP server (summary API, dashboard) on 127.0.0.1, and with `hosts = "netns"` also on
+    the devnet's own address on the bridge; 0 picks a free one."""
     start_timeout_s: float = Field(180.0, gt=0.0)
     """How long each role may take to answer its health check before `up` gives up (and stops everything)."""
     summary_interval_s: float = Field(5.0, gt=0.0)

@@ -25,12 +25,15 @@ import httpx
 
 from devnet.accounts import DEPLOYER, TRAINER, Accounts, dev_address, dev_key_hex
 from devnet.config import DevnetConfig
+from devnet.hosts import HostPlan, plan_hosts, state_tag
 from devnet.processes import Entry, ProcessTable, tail
 from devnet.tomlfile import dumps, write_atomic
 
 log = logging.getLogger(__name__)
 
 LAYOUT = "devnet.json"
+NETNS_PORTS = {"chain": 8545, "origin": 8600, "relay": 8601, "validator": 8700, "node": 8710, "trainer": 9100}
+"""With a host per role every role has its machine to itself: well-known ports, the same on every host."""
 PY = sys.executable
 STOP_ORDER_ROLES = ("node", "trainer", "validator", "relay", "origin", "chain")
 """Who stops first: producers before consumers' sources, the chain last."""
@@ -64,6 +67,8 @@ class Layout:
     validators: list[dict[str, str]]
     nodes: list[dict[str, str]]
     dashboard: str | None = None
+    hosts: str = "loopback"
+    """loopback or netns (then `hosts.json` in the state directory names every namespace and address)."""
     started_at: float = field(default_factory=time.time)
 
     def save(self) -> None:
@@ -94,8 +99,20 @@ class Network:
         if cfg.fresh and self.state.exists():
             _refuse_if_running(self.state)
             _refuse_if_foreign(self.state)
+            from devnet.hosts import teardown
+
+            teardown(self.state)  # a crashed run's namespaces, before their record goes
             shutil.rmtree(self.state)
         self.state.mkdir(parents=True, exist_ok=True)
+        self.hosts: HostPlan | None = None
+        if cfg.hosts == "netns":
+            names = (["chain", "origin"] + [f"relay-{i}" for i in range(cfg.relays)]
+                     + [f"validator-{i}" for i in range(cfg.validators)] + ["trainer"]
+                     + [f"node-{i}" for i in range(cfg.nodes)])
+            try:
+                self.hosts = plan_hosts(names, tag=state_tag(self.state), subnet=cfg.subnet)
+            except ValueError as exc:
+                raise DevnetError(str(exc)) from None
         self.table = ProcessTable(self.state)
         self.accounts = Accounts(cfg.validators, cfg.nodes)
         self.model, self.env, self.max_new_tokens, self.lr = model_defaults(cfg)
@@ -133,6 +150,35 @@ class Network:
                                   f"({entry.log}) ends:\n{tail(Path(entry.log))}")
             time.sleep(0.2)
 
+    def address(self, name: str) -> str:
+        """The address role `name` binds and is reached at: its host's own, or 127.0.0.1."""
+        return self.hosts.host(name).address if self.hosts else "127.0.0.1"
+
+    def port(self, role: str) -> int:
+        return NETNS_PORTS[role] if self.hosts else free_port()
+
+    def url(self, name: str, port: int) -> str:
+        return f"http://{self.address(name)}:{port}"
+
+    def command(self, name: str, command: list[str]) -> list[str]:
+        """`command`, run inside role `name`'s namespace when there is one."""
+        return self.hosts.exec_prefix(name) + command if self.hosts else command
+
+    def create_hosts(self) -> None:
+        """Make the namespaces, links and bridge of the plan (netns mode; nothing otherwise)."""
+        if self.hosts is not None:
+            from devnet.hosts import HostsError, create
+
+            try:
+                create(self.hosts, self.state)
+            except HostsError as exc:
+                raise DevnetError(f"--hosts netns: {exc}") from None
+
+    @property
+    def gateway(self) -> str | None:
+        """The devnet's own address on the bridge (netns mode)."""
+        return self.hosts.gateway if self.hosts else None
+
     @staticmethod
     def _http_ok(url: str) -> bool:
         return httpx.get(url, timeout=2.0).status_code == 200
@@ -148,11 +194,13 @@ class Network:
         # chain
         from contracts.devchain import DEV_CHAIN_ID, DEV_MNEMONIC, anvil_binary
 
-        port = free_port()
-        rpc = f"http://127.0.0.1:{port}"
-        anvil = self.table.start("chain", "chain", [
-            str(anvil_binary()), "--host", "127.0.0.1", "--port", str(port), "--chain-id", str(DEV_CHAIN_ID),
-            "--accounts", str(acc.total), "--mnemonic", DEV_MNEMONIC, "--hardfork", "cancun"], port=port, url=rpc)
+        self.create_hosts()
+        port = self.port("chain")
+        rpc = self.url("chain", port)
+        anvil = self.table.start("chain", "chain", self.command("chain", [
+            str(anvil_binary()), "--host", self.address("chain"), "--port", str(port), "--chain-id",
+            str(DEV_CHAIN_ID), "--accounts", str(acc.total), "--mnemonic", DEV_MNEMONIC, "--hardfork", "cancun"]),
+            port=port, url=rpc)
         self._wait(anvil, lambda: httpx.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId",
                                                         "params": []}, timeout=2.0).status_code == 200,
                    "JSON-RPC answer")
@@ -167,19 +215,22 @@ class Network:
         dep = json.loads(deployment.read_text())
 
         # weights: the origin serves the store the trainer publishes into; relays below it
-        origin_port = free_port()
-        origin_url = f"http://127.0.0.1:{origin_port}"
-        origin = self.table.start("origin", "origin", [
+        origin_port = self.port("origin")
+        origin_url = self.url("origin", origin_port)
+        origin = self.table.start("origin", "origin", self.command("origin", [
             PY, "-m", "shardcast.cli", "--log-level", "WARNING", "origin", "--store", str(self.state / "origin"),
-            "--run-id", cfg.run.run_id, "--port", str(origin_port)], port=origin_port, url=origin_url)
+            "--run-id", cfg.run.run_id, "--host", self.address("origin"), "--port", str(origin_port)]),
+            port=origin_port, url=origin_url)
         self._wait(origin, lambda: self._http_ok(origin_url + "/health"), "/health")
         relays = []
         for i in range(cfg.relays):
-            p = free_port()
-            url = f"http://127.0.0.1:{p}"
-            relays.append(self.table.start(f"relay-{i}", "relay", [
-                PY, "-m", "shardcast.cli", "--log-level", "WARNING", "relay", "--store", str(self.state / f"relay-{i}"),
-                "--port", str(p), "--upstream", origin_url, "--trainer", trainer_addr, "--run-id", cfg.run.run_id],
+            name = f"relay-{i}"
+            p = self.port("relay")
+            url = self.url(name, p)
+            relays.append(self.table.start(name, "relay", self.command(name, [
+                PY, "-m", "shardcast.cli", "--log-level", "WARNING", "relay", "--store", str(self.state / name),
+                "--host", self.address(name), "--port", str(p), "--public-url", url, "--upstream", origin_url,
+                "--trainer", trainer_addr, "--run-id", cfg.run.run_id]),
                 port=p, url=url))
         for r in relays:
             self._wait(r, lambda r=r: self._http_ok(f"{r.url}/health"), "/health")
@@ -187,12 +238,12 @@ class Network:
         weights = {"type": "shardcast", "relays": relay_urls, "trainer": trainer_addr, "base_version": 0}
 
         # validators (ports first: each names the others as failover peers)
-        v_ports = [free_port() for _ in range(cfg.validators)]
-        v_urls = [f"http://127.0.0.1:{p}" for p in v_ports]
+        v_ports = [self.port("validator") for _ in range(cfg.validators)]
+        v_urls = [self.url(f"validator-{i}", p) for i, p in enumerate(v_ports)]
         validators = []
         for i in range(cfg.validators):
             path = self._config(f"validator-{i}", {
-                "host": "127.0.0.1", "port": v_ports[i], "state_dir": str(self.state / f"validator-{i}"),
+                "host": self.address(f"validator-{i}"), "port": v_ports[i], "public_url": v_urls[i], "state_dir": str(self.state / f"validator-{i}"),
                 "validators": validator_addrs, "peers": [u for j, u in enumerate(v_urls) if j != i], "threads": 1,
                 "run": self.run_spec, "model": self.model, "weights": weights,
                 "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 0.5},
@@ -200,16 +251,18 @@ class Network:
                 "reporter": {"interval_s": 1.0},
             })
             validators.append(self.table.start(
-                f"validator-{i}", "validator", [PY, "-m", "validator.cli", "--config", str(path)],
+                f"validator-{i}", "validator",
+                self.command(f"validator-{i}", [PY, "-m", "validator.cli", "--config", str(path)]),
                 env={"PRIME_DEVNET_VALIDATOR_KEY": dev_key_hex(acc.validator(i)), "OMP_NUM_THREADS": "1"},
                 port=v_ports[i], url=v_urls[i]))
 
         # trainer: publishes its starting weights as v0 (origin + chain), then trains on the validators' feeds
-        t_port = free_port()
+        t_port = self.port("trainer")
         tdir = self.state / "trainer"
         path = self._config("trainer", {
             "model": self.model, "max_steps": cfg.trainer.max_steps, "torch_threads": cfg.trainer.threads,
             "progress": False, "metrics_file": str(tdir / "metrics.jsonl"), "metrics_port": t_port,
+            "metrics_host": self.address("trainer"),
             "work_ledger": str(tdir / "work.jsonl"),
             "optim": {"lr": self.lr},
             "loss": {"temperature": 1.0},
@@ -224,9 +277,10 @@ class Network:
                         "retention": cfg.trainer.async_level + 3,
                         "chain": {"deployment": str(deployment), "rpc_url": rpc}},
         })
-        trainer = self.table.start("trainer", "trainer", [PY, "-m", "trainer.cli", "--config", str(path)],
+        trainer = self.table.start("trainer", "trainer",
+                                   self.command("trainer", [PY, "-m", "trainer.cli", "--config", str(path)]),
                                    env={"PRIME_DEVNET_TRAINER_KEY": dev_key_hex(TRAINER), "OMP_NUM_THREADS": "1"},
-                                   port=t_port, url=f"http://127.0.0.1:{t_port}")
+                                   port=t_port, url=self.url("trainer", t_port))
         for v in validators:
             self._wait(v, lambda v=v: self._http_ok(f"{v.url}/health"), "/health")
         self._wait(trainer, lambda: self._http_ok(f"{trainer.url}/metrics"), "/metrics")
@@ -234,19 +288,20 @@ class Network:
         # nodes
         nodes = []
         for i in range(cfg.nodes):
-            p = free_port()
-            path = self._config(f"node-{i}", {
+            name = f"node-{i}"
+            p = self.port("node")
+            path = self._config(name, {
                 "state_dir": str(self.state / f"node-{i}"), "validators": v_urls,
                 "key": {"key_env": "PRIME_DEVNET_NODE_KEY"},
                 "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 1.0},
                 "engine": {"threads": cfg.node_threads}, "weights": weights,
-                "preflight": {"skip": True}, "monitor": {"port": p},
+                "preflight": {"skip": True}, "monitor": {"host": self.address(name), "port": p},
                 "submit": {"max_pending": 4, "backoff_s": 0.2, "max_backoff_s": 5.0},
             })
             nodes.append(self.table.start(
-                f"node-{i}", "node", [PY, "-m", "node.cli", "join", "--config", str(path)],
+                name, "node", self.command(name, [PY, "-m", "node.cli", "join", "--config", str(path)]),
                 env={"PRIME_DEVNET_NODE_KEY": dev_key_hex(acc.node(i)), "OMP_NUM_THREADS": "1"},
-                port=p, url=f"http://127.0.0.1:{p}"))
+                port=p, url=self.url(name, p)))
         for n in nodes:
             self._wait(n, lambda n=n: self._http_ok(f"{n.url}/health"), "/health")
 
@@ -258,7 +313,7 @@ class Network:
             validators=[{"name": f"validator-{i}", "url": v_urls[i], "address": validator_addrs[i]}
                         for i in range(cfg.validators)],
             nodes=[{"name": f"node-{i}", "url": str(nodes[i].url), "address": node_addrs[i]} for i in range(cfg.nodes)],
-            dashboard=dashboard_url,
+            dashboard=dashboard_url, hosts=cfg.hosts,
         )
         self.layout.save()
         return self.layout
@@ -266,6 +321,13 @@ class Network:
     def stop(self, grace_s: float = 10.0) -> None:
         order = [e.name for role in STOP_ORDER_ROLES for e in self.table.entries.values() if e.role == role]
         self.table.stop_all(order, grace_s)
+        if self.hosts is not None:
+            from devnet.hosts import HostsError, teardown
+
+            try:
+                teardown(self.state)
+            except HostsError as exc:
+                log.error("%s", exc)
 
 
 def _refuse_if_foreign(state: Path) -> None:

@@ -1,4 +1,4 @@
-"""The devnet's HTTP server on 127.0.0.1 (FastAPI in a thread of `prime-devnet up`).
+"""The devnet's HTTP server on 127.0.0.1, and on the devnet's address on the bridge with `--hosts netns` (FastAPI in a thread of `prime-devnet up`).
 
 Routes: `GET /api/snapshot` (the latest snapshot, devnet/observer.py: trainer steps and rewards, nodes,
 validators' counts, chain events, processes), `GET /api/layout` (devnet.json), `GET /api/audit` (the
@@ -70,20 +70,26 @@ def build_app(view: View, extensions: list[Extension] | None = None) -> FastAPI:
 
 
 class Server:
-    """uvicorn serving `app` on 127.0.0.1:`port` from a daemon thread (port 0: a free one)."""
+    """uvicorn serving `app` on `hosts` (127.0.0.1 first), all on one `port`, from a daemon thread (port 0: a
+    free one, chosen on the first host)."""
 
-    def __init__(self, app: FastAPI, port: int) -> None:
+    def __init__(self, app: FastAPI, port: int, hosts: tuple[str, ...] = ("127.0.0.1",)) -> None:
         import socket
 
         import uvicorn
 
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.port = int(self.sock.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.socks: list[socket.socket] = []
+        for host in hosts:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            port = int(sock.getsockname()[1])
+            self.socks.append(sock)
+        self.port = port
+        self.url = f"http://{hosts[0]}:{self.port}"
+        self.urls = [f"http://{h}:{self.port}" for h in hosts]
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": self.socks}, daemon=True,
                                        name="devnet-http")
 
     def start(self) -> None:
@@ -92,4 +98,5 @@ class Server:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=5)
-        self.sock.close()
+        for sock in self.socks:
+            sock.close()

@@ -256,7 +256,10 @@ class TrainerConfig(PrimeConfig):
     metrics_file: Path | None = None
     """Append one JSON line of metrics per step here."""
     metrics_port: int | None = None
-    """Serve Prometheus /metrics on 127.0.0.1:<port>."""
+    """Serve Prometheus /metrics on <metrics_host>:<port>."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics server binds to (loopback by default; the host's own address to be scraped from
+    elsewhere)."""
     progress: bool = True
     """Print a one-line progress display per step to stderr."""
     work_ledger: Path | None = None
@@ -346,7 +349,10 @@ class SFTConfig(PrimeConfig):
     metrics_file: Path | None = None
     """Append one JSON line of metrics per step here."""
     metrics_port: int | None = None
-    """Serve Prometheus /metrics on 127.0.0.1:<port>."""
+    """Serve Prometheus /metrics on <metrics_host>:<port>."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics server binds to (loopback by default; the host's own address to be scraped from
+    elsewhere)."""
     progress: bool = True
     """Print a one-line progress display per step to stderr."""
 

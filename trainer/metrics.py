@@ -82,6 +82,7 @@ class MetricsSink:
         stream: TextIO | None = None,
         keys: Sequence[str] = STEP_KEYS,
         line: Callable[[dict[str, Any]], str] = rl_line,
+        host: str = "127.0.0.1",
     ) -> None:
         self.path = Path(path) if path else None
         self.line = line
@@ -95,7 +96,7 @@ class MetricsSink:
         }
         self._server: Any = None
         if port is not None:
-            self._server = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+            self._server = start_http_server(port, addr=host, registry=self.registry)
         self._t0 = time.monotonic()
 
     def record(self, metrics: dict[str, Any]) -> None:

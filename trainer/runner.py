@@ -101,7 +101,7 @@ def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
     hook = build_publish_hook(cfg, dist_info)
     metrics = None
     if dist_info.is_main:
-        metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps)
+        metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps, host=cfg.metrics_host)
     pad = loaded.tokenizer.pad_token_id
     trainer = Trainer(cfg, loaded.model, source, device, dist_info, hook, metrics,
                       pad_token_id=int(pad) if pad is not None else 0, tokenizer=loaded.tokenizer)

@@ -132,7 +132,7 @@ def build_sft(cfg: SFTConfig) -> tuple[SFTTrainer, DistInfo]:
     metrics = None
     if dist_info.is_main:
         metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps, keys=SFT_KEYS,
-                              line=sft_line)
+                              line=sft_line, host=cfg.metrics_host)
     pad = loaded.tokenizer.pad_token_id
     trainer = SFTTrainer(cfg, loaded.model, data, device, dist_info, build_publish_hook(cfg, dist_info), metrics,
                          pad_token_id=int(pad) if pad is not None else 0, tokenizer=loaded.tokenizer)
