@@ -153,18 +153,19 @@ def status(argv: list[str]) -> int:
 
 def down(argv: list[str]) -> int:
     args = _state_args("down", argv, with_json=False)
-    from devnet.processes import ProcessTable, proc_start_time, stop_groups
+    from devnet.processes import ProcessTable, running, stop_groups
 
     header, entries = ProcessTable.read(args.state_dir)
     if not entries:
         print(f"no devnet in {args.state_dir}")
         return 0
     sup = header.get("supervisor")
-    if sup is not None and proc_start_time(int(sup)) == header.get("supervisor_start_time"):
+    if sup is not None and running(int(sup), header.get("supervisor_start_time")):
         print(f"stopping the devnet supervisor (pid {sup}) ...", flush=True)
         os.kill(int(sup), signal.SIGTERM)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc_start_time(int(sup)) == header.get("supervisor_start_time"):
+        # an exited supervisor whose parent has not reaped it yet (a zombie) is done: do not wait on it
+        while time.monotonic() < deadline and running(int(sup), header.get("supervisor_start_time")):
             time.sleep(0.2)
     _, entries = ProcessTable.read(args.state_dir)
     left = [e for e in entries if e.alive() or e.group_members()]

@@ -39,6 +39,18 @@ def proc_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def running(pid: int, start_time: int | None) -> bool:
+    """`pid` is still the process that started at `start_time` and has not exited (a zombie, exited but not yet
+    reaped by its parent, has not the right to be waited for)."""
+    if start_time is None or proc_start_time(pid) != start_time:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 @dataclass
 class Entry:
     name: str
@@ -57,13 +69,7 @@ class Entry:
 
     def alive(self) -> bool:
         """The recorded process still runs (same pid and start time) and is not a zombie."""
-        if self.start_time is None or proc_start_time(self.pid) != self.start_time:
-            return False
-        try:
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state != "Z"
+        return running(self.pid, self.start_time)
 
     def group_members(self) -> list[int]:
         """Live pids in this entry's process group (its children included)."""

@@ -49,3 +49,28 @@ def test_a_group_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
     time.sleep(0.5)  # let it install its handler
     assert stop_groups([entry], grace_s=0.5) == ["stubborn"]
     assert not entry.group_members()
+
+
+@pytest.mark.timeout(60)
+def test_an_exited_supervisor_not_yet_reaped_is_not_running() -> None:
+    """`prime-devnet down` waits for the supervisor to end: one that exited but whose parent has not reaped it yet
+    (a test that started `up` and now runs `down`) is done, or `down` waited 120 s for a zombie."""
+    import subprocess
+
+    from devnet.processes import proc_start_time
+    from devnet.processes import running as supervisor_running
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        start = proc_start_time(proc.pid)
+        assert supervisor_running(proc.pid, start)
+        assert not supervisor_running(proc.pid, (start or 0) + 1)  # a recycled pid is not ours
+        proc.kill()
+        deadline = time.monotonic() + 30
+        while running(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc_start_time(proc.pid) == start  # a zombie: still in /proc, same start time, not reaped
+        assert not supervisor_running(proc.pid, start)
+    finally:
+        proc.kill()
+        proc.wait()
