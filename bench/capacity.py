@@ -235,6 +235,17 @@ class Assumptions:
     gas_price_gwei: float
     chain_gas_per_s: float
     gossip_degree: int
+    checkpoint_gb: float
+
+
+TRAIN_BYTES_PER_PARAM = 16
+"""bf16 weights and gradients, fp32 master weights and two Adam moments (FSDP shards them over the devices)."""
+REFERENCE_PARAMS = 7e9
+"""--node-tok-s is given for a model of this size and scaled by REFERENCE_PARAMS / params (decoding ~ params)."""
+
+
+def node_tokens_per_s(a: Assumptions) -> float:
+    return a.node_tok_s * REFERENCE_PARAMS / a.params
 
 
 def relay_tree(consumers: int, k: int) -> tuple[int, int]:
@@ -259,7 +270,8 @@ def checkpoint_seconds(size_mib: float, k: int, hops: int, egress_mib_s: float, 
 
 def answer(n: int, k_values: Sequence[int], a: Assumptions, inp: Inputs) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": n}
-    sub_rate = (n * a.node_tok_s / inp.tokens_per_submission.value) if inp.tokens_per_submission else None
+    node_tok_s = node_tokens_per_s(a)
+    sub_rate = (n * node_tok_s / inp.tokens_per_submission.value) if inp.tokens_per_submission else None
     # 1. validators
     compute = (math.ceil(n * inp.check_over_gen.value * a.check_fraction / a.utilization)
                if inp.check_over_gen else None)
@@ -273,7 +285,7 @@ def answer(n: int, k_values: Sequence[int], a: Assumptions, inp: Inputs) -> dict
                          "submissions_per_s": round(sub_rate, 1) if sub_rate is not None else None}
     # 2. relays and the checkpoint
     consumers = n + (validators or 0)
-    size_mib = CHECKPOINT_GB * 1e9 / MIB
+    size_mib = a.checkpoint_gb * 1e9 / MIB
     shard = inp.shard_mib.value if inp.shard_mib else 32.0
     trees = []
     for k in k_values:
@@ -300,8 +312,11 @@ def answer(n: int, k_values: Sequence[int], a: Assumptions, inp: Inputs) -> dict
     hops = max(1, math.ceil(math.log(max(n, 2)) / math.log(a.gossip_degree)))
     out["gossip"] = {"hops": hops, "seconds": round(hops * inp.hop_s.value, 3) if inp.hop_s else None}
     # 5. trainer
-    out["trainer"] = {"devices": (math.ceil(n / inp.train_over_gen.value / a.utilization)
-                                  if inp.train_over_gen else None)}
+    # 5. trainer: keep up with the nodes' tokens, and hold the model with Adam (~16 bytes per parameter, sharded)
+    memory_floor = math.ceil(a.params * TRAIN_BYTES_PER_PARAM / (a.gpu_mem_gb * 1e9 * 0.8))
+    throughput = math.ceil(n / inp.train_over_gen.value / a.utilization) if inp.train_over_gen else None
+    out["trainer"] = {"devices": max(throughput, memory_floor) if throughput is not None else None,
+                      "throughput_bound": throughput, "memory_floor": memory_floor}
     return out
 
 
@@ -321,7 +336,7 @@ LIMITS = [
     "of rollups; the chain-load share assumes every accepted batch is recorded as its own work key",
     "gossip per hop comes from at most 16 libp2p hosts in one process on 2 cores (CPU-bound); hops = "
     "ceil(log N / log D) assumes a well-mixed mesh of degree D",
-    "trainer devices per node device is CPU-measured (training is matmul-bound, generation here too); on GPUs "
+    "trainer devices per node device (the throughput bound) is CPU-measured (training is matmul-bound, generation here too); on GPUs "
     "training runs much nearer peak than decoding, so this overestimates trainer devices",
 ]
 
@@ -329,8 +344,9 @@ LIMITS = [
 def table(result: dict[str, Any]) -> str:
     lines = []
     a = result["assumptions"]
-    lines.append(f"model {a['params']:.3g} params x {a['bytes_per_param']} B, node {a['node_tok_s']:.0f} tok/s "
-                 f"(assumed), {a['utilization']:.0%} utilization, {CHECKPOINT_GB:.0f} GB checkpoint")
+    lines.append(f"model {a['params']:.3g} params x {a['bytes_per_param']} B, node {result['node_tok_s']:,.0f} tok/s "
+                 f"(assumed), {a['utilization']:.0%} utilization, {a['check_fraction']:.0%} of submissions checked, "
+                 f"{a['checkpoint_gb']:g} GB checkpoint")
     lines.append(f"{'nodes':>6} {'validators':>10} {'(compute/intake)':>16} {'val.GPUs':>8} {'sub/s':>8} "
                  f"{'gas/batch':>9} {'chain%':>7} {'gossip s':>8} {'trainer':>7}")
     for r in result["networks"]:
@@ -341,7 +357,7 @@ def table(result: dict[str, Any]) -> str:
                      f"{(f'{share:.0%}' if share is not None else '-'):>7} {_s(r['gossip']['seconds']):>8} "
                      f"{_s(r['trainer']['devices']):>7}")
     lines.append("")
-    lines.append(f"{'nodes':>6} {'k':>3} {'relays':>6} {'hops':>4} {'62GB s (measured)':>18} {'1 Gbit/s':>9} "
+    lines.append(f"{'nodes':>6} {'k':>3} {'relays':>6} {'hops':>4} {'seconds (measured)':>18} {'1 Gbit/s':>9} "
                  f"{'10 Gbit/s':>9}")
     for r in result["networks"]:
         for t in r["relays"]:
@@ -350,7 +366,8 @@ def table(result: dict[str, Any]) -> str:
     lines.append("")
     lines.append("rests on:")
     for k, m in result["inputs"].items():
-        lines.append(f"  {k:<24} {('%.4g' % m['value']) if m else 'MISSING':>12}  {m['source'] if m else ''}")
+        shown = f"{m['value']:.4g}" if m else "MISSING"
+        lines.append(f"  {k:<24} {shown:>12}  {m['source'] if m else ''}")
     return "\n".join(lines)
 
 
@@ -370,7 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bytes-per-param", type=float, default=2.0, help="2 for bf16")
     p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="memory of one validator GPU")
     p.add_argument("--node-tok-s", type=float, default=1500.0,
-                   help="ASSUMED generated tokens/s of one GPU node (sets the submission rate)")
+                   help="ASSUMED generated tokens/s of one GPU node for a 7B model, scaled by 7e9 / --params (sets the "
+                        "submission rate)")
+    p.add_argument("--checkpoint-gb", type=float, default=CHECKPOINT_GB, help="checkpoint broadcast through the relays")
     p.add_argument("--utilization", type=float, default=0.8, help="target busy share of a validator / trainer")
     p.add_argument("--check-fraction", type=float, default=1.0,
                    help="share of submissions fully checked (1.0: every one, as the validator does today)")
@@ -383,7 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         args.nodes, args.fanout = args.nodes[:1], args.fanout[:1]
-    if not (0 < args.utilization <= 1 and 0 < args.check_fraction <= 1) or min(args.fanout) < 2 or min(
+    if not (args.params > 0 and args.node_tok_s > 0 and args.checkpoint_gb > 0 and args.gpu_mem_gb > 0) or not (
+            0 < args.utilization <= 1 and 0 < args.check_fraction <= 1) or min(args.fanout) < 2 or min(
             args.nodes) < 1 or args.gossip_degree < 2 or args.batch_keys < 1 or args.submissions_per_step < 1:
         p.error("utilization and check fraction in (0, 1], fan-out >= 2, nodes >= 1, degree >= 2, batches >= 1")
     inp = Inputs(args.measured)
@@ -391,15 +411,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     node_tok_s=args.node_tok_s, utilization=args.utilization, check_fraction=args.check_fraction,
                     batch_keys=args.batch_keys, submissions_per_step=args.submissions_per_step,
                     gas_price_gwei=args.gas_price_gwei, chain_gas_per_s=args.chain_gas_per_s,
-                    gossip_degree=args.gossip_degree)
+                    gossip_degree=args.gossip_degree, checkpoint_gb=args.checkpoint_gb)
     result = {
         "bench": "capacity", "smoke": args.smoke, "measured_dir": str(args.measured),
-        "checkpoint_gb": CHECKPOINT_GB, "assumptions": asdict(a),
+        "assumptions": asdict(a), "node_tok_s": node_tokens_per_s(a),
         "inputs": {k: (asdict(m) if m else None) for k, m in inp.used.items()},
         "networks": [answer(n, args.fanout, a, inp) for n in args.nodes],
         "limits": LIMITS,
     }
-    print(table(result))
+    try:
+        print(table(result))
+    except BrokenPipeError:  # `| head`
+        pass
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
