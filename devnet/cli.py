@@ -4,17 +4,20 @@
     prime-devnet status [--state-dir devnet-state] [--json]
     prime-devnet down   [--state-dir devnet-state]
     prime-devnet audit  [--state-dir devnet-state] [--json]
+    prime-devnet cut|heal NAME... [--state-dir devnet-state]      (--hosts netns: a partition)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -25,6 +28,8 @@ COMMANDS = {
     "status": "the process table and a summary of a running devnet (from another terminal)",
     "down": "stop a running devnet (its `up` process and every process it started)",
     "audit": "reconcile validators' ledgers, the trainer's work ledger, the nodes' records and the chain",
+    "cut": "with --hosts netns: cut roles off the network (their link down; a partition), e.g. `cut node-0`",
+    "heal": "with --hosts netns: bring cut roles back (`heal node-0`, or `heal --all`)",
 }
 
 
@@ -201,13 +206,44 @@ def audit_cmd(argv: list[str]) -> int:
     return 0 if report["ok"] else 1
 
 
+def partition(command: str, argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"prime-devnet {command}", description=COMMANDS[command])
+    p.add_argument("--state-dir", type=Path, default=Path("devnet-state"), help="the devnet's state directory")
+    p.add_argument("names", nargs="*", help="roles (processes.json names: node-0, validator-1, relay-0, trainer ...)")
+    if command == "heal":
+        p.add_argument("--all", action="store_true", help="every role")
+    args = p.parse_args(argv)
+    from devnet.hosts import HostPlan, HostsError, set_link
+
+    plan = HostPlan.load(args.state_dir)
+    if plan is None:
+        print(f"no separate hosts in {args.state_dir} (start it with `prime-devnet up --hosts netns`)", file=sys.stderr)
+        return 2
+    names = [h.name for h in plan.hosts] if getattr(args, "all", False) else args.names
+    unknown = [n for n in names if n not in {h.name for h in plan.hosts}]
+    if unknown or not names:
+        print(f"name roles among {[h.name for h in plan.hosts]}" + (f"; unknown: {unknown}" if unknown else ""),
+              file=sys.stderr)
+        return 2
+    try:
+        for name in names:
+            set_link(plan, name, up=command == "heal")
+    except HostsError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(f"{'healed' if command == 'heal' else 'cut off'}: {', '.join(names)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0
     command, rest = args[0], args[1:]
-    handlers = {"up": up, "status": status, "down": down, "audit": audit_cmd}
+    handlers: dict[str, Callable[[list[str]], int]] = {
+        "up": up, "status": status, "down": down, "audit": audit_cmd,
+        "cut": functools.partial(partition, "cut"), "heal": functools.partial(partition, "heal")}
     if command not in handlers:
         print(f"prime-devnet: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2

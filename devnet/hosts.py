@@ -192,6 +192,22 @@ def create(plan: HostPlan, state_dir: Path) -> None:
              plan.gateway)
 
 
+def set_link(plan: HostPlan, name: str, up: bool) -> None:
+    """Cut role `name`'s host off the network (`eth0` down inside its namespace) or bring it back: a partition.
+    Its processes keep running and its own loopback keeps working; every peer sees it as unreachable."""
+    host = plan.host(name)
+    if host.netns not in namespaces():
+        raise HostsError(f"{name}: no namespace {host.netns} (is the devnet running?)")
+    _ip("-n", host.netns, "link", "set", "eth0", "up" if up else "down")
+    if up:  # the default route goes with the link: put it back
+        _ip("-n", host.netns, "route", "replace", "default", "via", plan.gateway)
+
+
+def link_up(plan: HostPlan, name: str) -> bool:
+    out = _ip("-n", plan.host(name).netns, "-o", "link", "show", "dev", "eth0").stdout
+    return "state UP" in out or ",UP" in out.split(">")[0]
+
+
 def leftovers(plan: HostPlan) -> list[str]:
     """Namespaces and links of `plan` that still exist."""
     live = namespaces()

@@ -32,7 +32,8 @@ from devnet.tomlfile import dumps, write_atomic
 log = logging.getLogger(__name__)
 
 LAYOUT = "devnet.json"
-NETNS_PORTS = {"chain": 8545, "origin": 8600, "relay": 8601, "validator": 8700, "node": 8710, "trainer": 9100}
+NETNS_PORTS = {"chain": 8545, "origin": 8600, "relay": 8601, "validator": 8700, "node": 8710, "trainer": 9100,
+               "discovery": 4001}
 """With a host per role every role has its machine to itself: well-known ports, the same on every host."""
 PY = sys.executable
 STOP_ORDER_ROLES = ("node", "trainer", "validator", "relay", "origin", "chain")
@@ -160,6 +161,10 @@ class Network:
     def url(self, name: str, port: int) -> str:
         return f"http://{self.address(name)}:{port}"
 
+    def listen(self, name: str) -> list[str]:
+        """libp2p listen multiaddrs of role `name` (used when its discovery is switched on): its own address."""
+        return [f"/ip4/{self.address(name)}/tcp/{NETNS_PORTS['discovery']}"] if self.hosts else []
+
     def command(self, name: str, command: list[str]) -> list[str]:
         """`command`, run inside role `name`'s namespace when there is one."""
         return self.hosts.exec_prefix(name) + command if self.hosts else command
@@ -219,7 +224,8 @@ class Network:
         origin_url = self.url("origin", origin_port)
         origin = self.table.start("origin", "origin", self.command("origin", [
             PY, "-m", "shardcast.cli", "--log-level", "WARNING", "origin", "--store", str(self.state / "origin"),
-            "--run-id", cfg.run.run_id, "--host", self.address("origin"), "--port", str(origin_port)]),
+            "--run-id", cfg.run.run_id, "--host", self.address("origin"), "--port", str(origin_port),
+            "--public-url", origin_url] + [a for m in self.listen("origin") for a in ("--discovery-listen", m)]),
             port=origin_port, url=origin_url)
         self._wait(origin, lambda: self._http_ok(origin_url + "/health"), "/health")
         relays = []
@@ -230,7 +236,8 @@ class Network:
             relays.append(self.table.start(name, "relay", self.command(name, [
                 PY, "-m", "shardcast.cli", "--log-level", "WARNING", "relay", "--store", str(self.state / name),
                 "--host", self.address(name), "--port", str(p), "--public-url", url, "--upstream", origin_url,
-                "--trainer", trainer_addr, "--run-id", cfg.run.run_id]),
+                "--trainer", trainer_addr, "--run-id", cfg.run.run_id]
+                + [a for m in self.listen(name) for a in ("--discovery-listen", m)]),
                 port=p, url=url))
         for r in relays:
             self._wait(r, lambda r=r: self._http_ok(f"{r.url}/health"), "/health")
@@ -249,6 +256,7 @@ class Network:
                 "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 0.5},
                 "key": {"key_env": "PRIME_DEVNET_VALIDATOR_KEY"},
                 "reporter": {"interval_s": 1.0},
+                "discovery": {"listen": self.listen(f"validator-{i}")} if self.hosts else None,
             })
             validators.append(self.table.start(
                 f"validator-{i}", "validator",

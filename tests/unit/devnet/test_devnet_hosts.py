@@ -8,6 +8,7 @@ import ipaddress
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,9 +79,11 @@ def test_netns_mode_binds_and_advertises_each_hosts_address(tmp_path: Path) -> N
     assert net.address("validator-1") == net.hosts.host("validator-1").address != "127.0.0.1"
     assert net.url("node-2", net.port("node")) == f"http://{net.hosts.host('node-2').address}:{NETNS_PORTS['node']}"
     assert net.command("relay-0", ["x"]) == ["ip", "netns", "exec", net.hosts.host("relay-0").netns, "x"]
+    assert net.listen("validator-0") == [f"/ip4/{net.hosts.host('validator-0').address}/tcp/4001"]
     local = Network(load_config(["--state-dir", str(tmp_path / "l")]))
     assert local.hosts is None and local.gateway is None
     assert local.address("node-0") == "127.0.0.1" and local.command("node-0", ["x"]) == ["x"]
+    assert local.listen("validator-0") == []
 
 
 def test_up_without_ip_says_why_and_makes_nothing(tmp_path: Path) -> None:
@@ -92,3 +95,53 @@ def test_up_without_ip_says_why_and_makes_nothing(tmp_path: Path) -> None:
     assert "--hosts netns" in proc.stderr and ("`ip`" in proc.stderr or "root" in proc.stderr), proc.stderr
     assert not (state / RECORD).exists()
     assert not [p for p in (state / "logs").glob("*.log")]  # no role was started
+
+
+def _answers(address: str) -> bool:
+    """Something at `address` answers (a refused connection is an answer; silence is not)."""
+    import socket
+
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect((address, 9))  # nothing listens: a reachable host refuses at once
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_namespaces_are_made_cut_healed_and_removed(tmp_path: Path) -> None:
+    """As root (skipped elsewhere): the plan becomes namespaces on a bridge, each reachable at its address from
+    the root namespace; `cut` silences one host, `heal` brings it back; teardown leaves nothing."""
+    from devnet.hosts import create, leftovers, link_up, set_link, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    plan = plan_hosts(["a", "b"], tag=state_tag(tmp_path), subnet="10.81.7.0/29")
+    try:
+        create(plan, tmp_path)
+        assert HostPlan.load(tmp_path) == plan
+        assert leftovers(plan) == [h.netns for h in plan.hosts] + [h.veth for h in plan.hosts] + [plan.bridge]
+        a, b = plan.hosts
+        assert _answers(a.address) and _answers(b.address)
+        set_link(plan, "a", up=False)
+        assert not link_up(plan, "a") and not _answers(a.address) and _answers(b.address)
+        set_link(plan, "a", up=True)
+        deadline = time.monotonic() + 10
+        while not _answers(a.address) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert link_up(plan, "a") and _answers(a.address)
+        # a process in a namespace binds its host's address, and the root namespace reaches it there
+        out = subprocess.run(plan.exec_prefix("b") + [sys.executable, "-c", (
+            "import socket; s = socket.socket(); s.bind(('" + b.address + "', 0)); print(s.getsockname()[0])")],
+            capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == b.address, out.stderr
+    finally:
+        removed = teardown(tmp_path)
+    assert plan.bridge in removed and leftovers(plan) == []
