@@ -162,7 +162,14 @@ def down(argv: list[str]) -> int:
 
     header, entries = ProcessTable.read(args.state_dir)
     if not entries:
-        print(f"no devnet in {args.state_dir}")
+        from devnet.hosts import HostsError, teardown
+
+        try:  # a run that died after making its namespaces and before starting a process
+            removed = teardown(args.state_dir)
+        except HostsError as exc:
+            print(str(exc), file=sys.stderr)
+            return 1
+        print(f"no devnet in {args.state_dir}" + (f"; removed {len(removed)} namespaces/links" if removed else ""))
         return 0
     sup = header.get("supervisor")
     if sup is not None and running(int(sup), header.get("supervisor_start_time")):

@@ -100,9 +100,12 @@ class Network:
         if cfg.fresh and self.state.exists():
             _refuse_if_running(self.state)
             _refuse_if_foreign(self.state)
-            from devnet.hosts import teardown
+            from devnet.hosts import HostsError, teardown
 
-            teardown(self.state)  # a crashed run's namespaces, before their record goes
+            try:
+                teardown(self.state)  # a crashed run's namespaces, before their record goes
+            except HostsError as exc:
+                raise DevnetError(f"{exc}; the previous run's namespaces are still there") from None
             shutil.rmtree(self.state)
         self.state.mkdir(parents=True, exist_ok=True)
         self.hosts: HostPlan | None = None
