@@ -183,7 +183,7 @@ def down(argv: list[str]) -> int:
     left = [e for e in entries if e.alive() or e.group_members()]
     killed = stop_groups(left) if left else []
     still = [e.name for e in entries if e.alive() or e.group_members()]
-    removed: list[str] = []
+    removed = []
     if not still:  # a namespace outlives its record only while a process is in it: remove them after the roles
         from devnet.hosts import HostsError, teardown
 
