@@ -46,6 +46,14 @@ class _Metrics(Collector):
                                 value=self.service.reporter.reported)
         yield GaugeMetricFamily("prime_validator_chain_failures", "Failed chain transactions since start",
                                 value=self.service.reporter.failures)
+        stuck = GaugeMetricFamily("prime_validator_unreportable", "Verdicts given up since start because the chain "
+                                  "refuses them for good, by revert reason", labels=["reason"])
+        for name, n in sorted(self.service.reporter.unreportable.items()):
+            stuck.add_metric([name], n)
+        yield stuck
+        yield GaugeMetricFamily("prime_validator_report_deferred", "Verdicts whose transaction reverted for a reason "
+                                "that may pass, set aside to retry later, since start",
+                                value=self.service.reporter.deferred)
         yield GaugeMetricFamily("prime_validator_feed_items", "Accepted submissions in the trainer feed",
                                 value=self.service.ledger.feed_size())
         current = self.service.chain.current_version()

@@ -105,6 +105,11 @@ class ReporterSettings(Section):
     """How often the outbox is drained."""
     units_per_token: float = Field(1.0, gt=0.0)
     """Work units credited per generated token (rounded up, at least 1 per submission)."""
+    retry_backoff_s: float = Field(1.0, gt=0.0)
+    """First wait after the RPC failed (the whole outbox) or a row's transaction reverted for a reason that
+    may pass (that row only); doubled on each further failure."""
+    max_backoff_s: float = Field(300.0, gt=0.0)
+    """The longest such wait."""
 
 
 class ValidatorConfig(PrimeConfig):

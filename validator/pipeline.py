@@ -249,7 +249,7 @@ class Pipeline:
     def _soften_unreported(self, version: int) -> None:
         """Hard verdicts of `version` not yet on chain become `suspected_systemic` (the reporter holds hard
         verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
-        for row in self.ledger.unreported(10_000):
+        for row in self.ledger.unreported_hard(version):  # a page at a time, never every envelope at once
             if row.policy_version == version and row.outcome == Outcome.REJECTED_HARD.value:
                 sub = _parse_stored(row)
                 decision = self._decision(sub, row.envelope, Outcome.REJECTED_SOFT, Reason.SUSPECTED_SYSTEMIC,
@@ -584,7 +584,7 @@ class Pipeline:
             "policy_version": row.policy_version, "counter": row.counter, "state": row.state,
             "outcome": row.outcome, "reason": row.reason, "detail": row.detail,
             "measurements": json.loads(row.measurements) if row.measurements else None,
-            "evidence_hash": row.evidence_hash, "chain_tx": row.chain_tx,
+            "evidence_hash": row.evidence_hash, "chain_tx": row.chain_tx, "report_error": row.report_error,
             "verdict": row.verdict.decode() if row.verdict else None,
         }
 
