@@ -98,8 +98,22 @@ def build_app(service: Service) -> FastAPI:
     registry = CollectorRegistry()
     registry.register(_Metrics(service, announcer))
 
+    busy = [0]  # submission requests being read or checked (the event loop's thread alone changes it)
+
     @app.post("/v1/submissions", status_code=202, summary="Submit one signed Submission envelope (raw bytes)")
     async def submit(request: Request) -> Response:
+        if busy[0] >= cfg.flood.max_concurrent:  # refused at once: a queue would hold their bodies in memory
+            service.pipeline.count("refused_busy")
+            return JSONResponse({"error": "overloaded", "detail": f"{busy[0]} submissions are being taken in "
+                                 f"(limit {cfg.flood.max_concurrent})"}, status_code=503,
+                                headers={"Retry-After": "1", "Connection": "close"})
+        busy[0] += 1
+        try:
+            return await _submit(request)
+        finally:
+            busy[0] -= 1
+
+    async def _submit(request: Request) -> Response:
         limit = cfg.max_submission_bytes
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isascii() or not declared.isdigit() or int(declared) > limit):
@@ -198,6 +212,14 @@ def build_app(service: Service) -> FastAPI:
         if data is None:
             raise HTTPException(404, "no evidence with this hash")
         return Response(data, media_type="application/json")
+
+    @app.get("/v1/envelopes/{submission_hash}", summary="A submission envelope as received, by its SHA-256 (hard "
+                                                        "evidence names the submission by this hash)")
+    def envelope(submission_hash: str) -> Response:
+        row = service.ledger.by_hash(_key(submission_hash))
+        if row is None:
+            raise HTTPException(404, "no submission with this hash")
+        return Response(row.envelope, media_type="application/json")
 
     @app.get("/v1/feed", summary="Accepted (and appeal-restored) submissions after a cursor, each a validator-signed "
                                  "FeedItem envelope, and the signed FeedPage listing of their positions")

@@ -96,6 +96,30 @@ class SystemicSettings(Section):
     """...and at least this fraction of the nodes active in the window."""
 
 
+class FloodSettings(Section):
+    """Bounds on what submissions may cost this validator before any slash lands (disk, memory, CPU). Each
+    refusal comes before the envelope's nonce is used, so a refused node may send the same bytes again later."""
+
+    window_s: float = Field(300.0, gt=0.0)
+    """The window of `node_bytes_per_window`."""
+    node_bytes_per_window: int = Field(256 << 20, ge=1024)
+    """Submission bytes one node may have stored here per window (beyond it: 429 + Retry-After)."""
+    max_backlog: int = Field(20_000, ge=1)
+    """Submissions not yet decided or not yet reported on chain, all nodes together (beyond it: 503 +
+    Retry-After), so a flood waits at the senders instead of in this ledger."""
+    rate: float = Field(200.0, gt=0.0)
+    """Submissions per second from all nodes together (token bucket; beyond it: 503 + Retry-After)."""
+    burst: int = Field(400, ge=1)
+    """Bucket size of `rate`."""
+    max_concurrent: int = Field(16, ge=1)
+    """Submission requests read and checked at once (each holds up to `max_submission_bytes` in memory);
+    one more is answered 503 + Retry-After at once, never queued."""
+    hold_slashable: bool = True
+    """A node with a hard verdict here that is not on chain yet sends nothing more until it is (its slash
+    is coming: 429 + Retry-After), so it cannot keep filling the ledger while the verdict waits out the
+    systemic window."""
+
+
 class ReporterSettings(Section):
     enabled: bool = True
     """Report verdicts on chain (recordWorkBatch, invalidateHard/Soft)."""
@@ -162,6 +186,8 @@ class ValidatorConfig(PrimeConfig):
     """Submissions per second one node may sustain (token bucket; excess gets 429 + Retry-After)."""
     rate_burst: int = Field(20, ge=1)
     """Bucket size of the per-node rate limit."""
+    flood: FloodSettings = FloodSettings()
+    """Bounds on bytes per node, the global backlog, intake rate and concurrency."""
     checks: CheckSettings = CheckSettings()
     """Verdict thresholds (policy lives here; measurements are logged raw)."""
     systemic: SystemicSettings = SystemicSettings()

@@ -583,11 +583,13 @@ class Ledger:
         counts = self.counts()
         return counts.get("state:received", 0) + counts.get("state:decided", 0)
 
-    def hard_pending(self, node: str) -> bool:
-        """Whether `node` has a hard verdict here that is not on chain yet (the slash is still to come)."""
+    def hard_pending(self, node: str, *, reported_since: float | None = None) -> bool:
+        """Whether `node` has a hard verdict here that is not on chain yet (the slash is still to come), or
+        (with `reported_since`) one reported since then (the slash landed but may not have been read back)."""
+        recent = "" if reported_since is None else " OR (state = 'reported' AND reported_at >= ?)"
         return bool(self._db.execute(
-            "SELECT 1 FROM submissions WHERE node = ? AND state = 'decided' AND outcome = 'rejected_hard' LIMIT 1",
-            (node,)))
+            f"SELECT 1 FROM submissions WHERE node = ? AND outcome = 'rejected_hard' AND (state = 'decided'{recent}) "
+            "LIMIT 1", (node,) + (() if reported_since is None else (reported_since,))))
 
     def mark_reported(self, work_keys: Sequence[str], tx_hash: str | None, *, now: float | None = None,
                       outcome: str | None = None) -> None:
