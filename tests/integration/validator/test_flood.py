@@ -118,3 +118,18 @@ def test_concurrent_intake_requests_are_capped(make_validator):
         while (r := c.post("/v1/submissions", content=b"junk")).status_code != 400:  # their slots are free again
             assert r.status_code == 503 and time.monotonic() < deadline, r.text
             time.sleep(0.05)
+
+
+def test_the_replay_guard_of_the_intake_forgets_expired_nonces(make_validator, make_node):
+    """replay.sqlite holds only the nonces of the last age window (issue 23 item 13: it was given a monotonic
+    clock, against which no wall-clock expiry ever passed, so it grew forever)."""
+    node = make_node()
+    v = make_validator(**FAST)
+    guard, gate = v.service.replay, v.service.pipeline.gate
+    sent = time.time() - 2 * v.service.cfg.max_age_s
+    gate.check_and_record(v.service.domain, node.identity.address, 1, sent_at=sent, expires_at=sent + 1.0)
+    assert len(guard) == 1
+    with v.client() as c:
+        assert c.post("/v1/submissions", content=_cheap_failures(node, 1)[0]).status_code == 200
+    assert len(guard) == 1  # the expired nonce was pruned when the next one was recorded
+    assert guard.horizon == sent
