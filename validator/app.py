@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -234,11 +236,21 @@ def build_app(service: Service) -> FastAPI:
                 "items": [{"seq": seq, "work_key": key, "envelope": item.decode()} for seq, key, item in items],
                 "next": items[-1][0] if items else after, "listing": listing}
 
+    audit_cache: dict[str, Any] = {"at": -math.inf, "report": None}
+    audit_lock = threading.Lock()
+
     @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
                                   "hard with evidence, restored by an appeal with feed seq), for reconciliation "
-                                  "with the chain and the trainer")
-    def audit() -> dict[str, Any]:
-        report = service.ledger.audit()
+                                  "with the chain and the trainer; rows=false: the counts only")
+    def audit(rows: bool = True) -> dict[str, Any]:
+        if not rows:  # running tallies: a dashboard polling this never scans the ledger
+            report: dict[str, Any] = {"counts": service.ledger.audit_counts(), "feed_size": service.ledger.feed_size()}
+        else:
+            with audit_lock:  # one scan per `audit_cache_s`, however many ask
+                now = time.monotonic()
+                if audit_cache["report"] is None or now - audit_cache["at"] >= cfg.audit_cache_s:
+                    audit_cache.update(report=service.ledger.audit(), at=now)
+                report = dict(audit_cache["report"])
         report["validator"] = service.identity.address
         report["reported_on_chain"] = service.reporter.reported
         return report

@@ -180,6 +180,9 @@ class ValidatorConfig(PrimeConfig):
     explicit URLs above (`peers`, weight relays) work without it."""
     max_submission_bytes: int = Field(4 << 20, ge=1024)
     """Submissions larger than this are refused (413) before their body is read."""
+    audit_cache_s: float = Field(2.0, ge=0.0)
+    """`GET /v1/audit` with its row listings is built from a scan of the ledger at most this often (requests in
+    between get the same report); `?rows=false` answers the counts from running tallies, never a scan."""
     max_age_s: float = Field(600.0, gt=0.0)
     """Envelopes older than this are refused."""
     rate_per_node: float = Field(5.0, gt=0.0)

@@ -611,6 +611,15 @@ class Ledger:
             "SELECT kind, n FROM tallies WHERE n <> 0 AND (kind LIKE ? OR kind LIKE ?) ORDER BY kind",
             ("state:%", "outcome:%"))}
 
+    def audit_counts(self) -> dict[str, int]:
+        """The audit's `counts` (received = accepted + rejected_hard + rejected_soft + pending) from the tallies:
+        no scan, so dashboards may poll it."""
+        c = self.counts()
+        received = sum(n for kind, n in c.items() if kind.startswith("state:"))
+        return {"received": received, "accepted": c.get("outcome:accepted", 0),
+                "rejected_hard": c.get("outcome:rejected_hard", 0), "rejected_soft": c.get("outcome:rejected_soft", 0),
+                "pending": c.get("state:received", 0), "unreportable": c.get("state:unreportable", 0)}
+
     def audit(self) -> dict[str, Any]:
         """This validator's side of the audit (`GET /v1/audit`): row counts (received = accepted +
         rejected_hard + rejected_soft + pending), and per row kind the work keys an auditor reconciles
