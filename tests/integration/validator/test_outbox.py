@@ -87,3 +87,39 @@ def test_resigned_old_work_that_can_never_be_slashed_does_not_block_reporting(ma
     assert listed[old_keys[0]]["reported"] is False
     assert "InvalidationWindowClosed" in listed[old_keys[0]]["unreportable"]
     assert audit["counts"]["unreportable"] >= 1
+
+
+def test_the_rpc_failing_pauses_reporting_with_backoff_and_blames_no_row(published, tmp_path):
+    """A transient failure (the RPC unreachable) says nothing about the rows: none is deferred or given up,
+    the reporter waits (doubling) and then records them once the chain answers again."""
+    from chainfixtures import VALIDATOR
+    from netfixtures import free_port
+
+    from contracts.pool import PoolClient
+    from contracts.transactor import Transactor, connect
+    from validator.ledger import Decision, Ledger
+    from validator.reporter import Reporter
+
+    node = published.new_node()
+    ledger = Ledger.open(path=tmp_path / "ledger.sqlite")
+    key = "0x" + "ab" * 32
+    ledger.insert(work_key=key, submission_hash="0x" + "cd" * 32, node=node.address, policy_version=1, counter=0,
+                  envelope=b"{}", decision=Decision(outcome="accepted", reason="accepted", measurements={"units": 3}))
+    me = published.chain.account(VALIDATOR)
+    dead = f"http://127.0.0.1:{free_port()}"
+    down = PoolClient(connect(dead), published.deployment.pool, me, Transactor(connect(dead), me, retries=0))
+    reporter = Reporter(ledger, down, batch=4, hold_hard_s=0.0, retry_backoff_s=10.0, max_backoff_s=25.0)
+    t = time.time()
+    assert reporter.drain(now=t) == 0
+    assert reporter.paused_until == t + 10.0
+    assert reporter.drain(now=t + 5.0) == 0  # paused: not even tried
+    assert reporter.drain(now=t + 10.0) == 0 and reporter.paused_until == t + 30.0  # doubled
+    assert reporter.drain(now=t + 30.0) == 0 and reporter.paused_until == t + 55.0  # at most max_backoff_s
+    row = ledger.get(key)
+    assert row is not None and (row.state, row.report_error) == ("decided", None)  # no row blamed
+    assert reporter.deferred == 0 and not reporter.unreportable
+    reporter.pool = PoolClient(connect(published.chain.rpc_url), published.deployment.pool, me)  # the RPC is back
+    assert reporter.drain(now=t + 55.0) == 1
+    assert published.admin.get_work(key).status == WorkStatus.ACCEPTED
+    assert reporter.paused_until == t + 55.0 and reporter.drain(now=t + 56.0) == 0  # nothing left, no pause
+    ledger.close()
