@@ -305,6 +305,49 @@ def dup_diff_payload(net: Any, trial: int) -> Trial:
                  row["outcome"] == "rejected_hard" and row["reason"] == "equivocation", note="409 duplicate_work")
 
 
+def resigned_recorded(net: Any, trial: int) -> Trial:
+    """A node re-signs a different payload for its own old work, already recorded on chain and past its
+    invalidation window, so the equivocation verdict's `invalidateHard` reverts forever; it must not stop the
+    validator reporting: detected = that verdict leaves the outbox as `unreportable` (with the revert), and work
+    submitted afterwards still lands (an honest node's recorded, a cheater's slashed)."""
+    from chainfixtures import SETTINGS
+
+    from contracts.pool import WorkStatus
+
+    node = net.node()
+    sub, data = node.build(version=VERSION)
+    served, _ = net.assigned(node)
+    _, first = net.post(served, data)
+    key = first["work_key"]
+    if served.wait_reported(key)["outcome"] != "accepted":
+        return Trial("error", "honest work not accepted", False)
+    net.devchain.rpc("evm_increaseTime", [SETTINGS.invalidation_window + 10])  # its window closes
+    net.devchain.rpc("evm_mine")
+    s0 = sub.tasks[0].samples[0]
+    other = sub.model_copy(update={"tasks": (sub.tasks[0].model_copy(update={"samples": (
+        s0.model_copy(update={"reward": s0.reward + 1.0}), *sub.tasks[0].samples[1:])}), *sub.tasks[1:])})
+    status, _ = net.post(served, node.seal(other))
+    honest, cheater = net.node(), net.node()
+    h_served, _ = net.assigned(honest)
+    c_served, _ = net.assigned(cheater)
+    _, h = net.post(h_served, honest.build(version=VERSION)[1])
+    _, b = net.post(c_served, cheater.build(version=VERSION, cheat="other_seed")[1])
+    try:
+        h_served.wait_reported(h["work_key"], timeout=60)
+        c_served.wait_reported(b["work_key"], timeout=60)
+    except AssertionError:
+        return Trial("hard", "reporting blocked", False, note=f"re-sign HTTP {status}")
+    deadline = time.monotonic() + 60
+    while (row := served.service.ledger.get(key)) is not None and row.state == "decided" \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    landed = net.pools.admin.get_work(h["work_key"]).status == WorkStatus.ACCEPTED \
+        and net.pools.admin.get_work(b["work_key"]).status == WorkStatus.HARD_INVALIDATED
+    stuck = row is not None and row.state == "unreportable" and "InvalidationWindowClosed" in (row.report_error or "")
+    return Trial("hard", f"{row.reason if row else '-'}: {row.state if row else '-'}", status == 409 and landed and stuck,
+                 note="other work still lands")
+
+
 def dup_two_validators(different: bool) -> Callable[[Any, int], Trial]:
     """The assignment to its validator and again (same or another payload) to the other validator."""
     def run(net: Any, trial: int) -> Trial:
@@ -687,6 +730,7 @@ ATTACKS = [
     Attack("cherry_pick", "cherry-picked task (not assigned)", "hard", cheat("unassigned_task", expect={"wrong_task"})),
     Attack("dup_same_one", "same assignment twice, same payload, one validator", "refused", dup_same_payload),
     Attack("dup_diff_one", "same assignment twice, other payload, one validator", "hard", dup_diff_payload),
+    Attack("resigned_recorded", "re-signed old recorded work (slash reverts forever)", "hard", resigned_recorded),
     Attack("dup_same_two", "same assignment twice, same payload, two validators", "refused",
            dup_two_validators(False)),
     Attack("dup_diff_two", "same assignment twice, other payload, two validators", "refused",

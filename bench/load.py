@@ -38,10 +38,25 @@ Everything runs as real processes on 127.0.0.1:
     every shard against the signed manifest; then every installed file is compared (SHA-256) with the
     checkpoint. The relay's RSS is sampled. Anchor: one pull alone, same relay, same run.
 
+(c) Flood (issue 23 item 3). A few registered keys send cheap failures (an honest payload re-sealed
+    under other counters: wrong tasks, a hard verdict decided at intake, no model run) as fast as the
+    validator lets them (on 429/503 back after Retry-After, at most 0.25 s), for a fixed time, against
+    a validator process in two configurations, each on fresh keys:
+      defaults   the shipped `flood` bounds: a key with a hard verdict pending is held (429) until its
+                 slash lands (the systemic window is shortened to `slash_after_s` so it does in the run),
+                 then refused as inactive (403);
+      unheld     as if every slash were held back (a systemic window of an hour, the hold off) and each
+                 key were many (per-node rate 100/s): what bounds the ledger is then the bytes per node
+                 per window and the global backlog cap (both set small so the run reaches them).
+    Sampled every 0.5 s: the validator's RSS and its ledger's size on disk (database + WAL) and row count.
+    Bounded = the second half of the run adds (almost) nothing: rows, bytes and RSS growth in the second
+    half are printed beside the first half's. Anchors in the same run: RSS and ledger size before the flood.
+
 Bounded: a fixed number of requests and pulls, each phase with a deadline.
 
     python bench/load.py --json bench/measured/load.json            # 10,000 submissions, 100 pulls
     python bench/load.py --quick --json bench/measured/load_quick.json
+    python bench/load.py --quick --only flood                        # the flood alone (~2 min)
 """
 
 from __future__ import annotations
@@ -166,6 +181,8 @@ def validator_config(state: Path, deployment: Path, rpc_url: str, spec: Validato
         "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5},
         "max_age_s": 3600.0,  # honest work is built before the traffic starts
         "rate_per_node": spec.rate, "rate_burst": spec.burst,
+        # the global bounds are part (c)'s subject; here 100+ connections at once are the point
+        "flood": {"max_concurrent": 1024, "rate": 100_000.0, "burst": 100_000},
     })
 
 
@@ -523,6 +540,139 @@ def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
     }
 
 
+# -- (c) the flood -----------------------------------------------------------------------------------
+
+
+@dataclass
+class FloodLoad:
+    """Sizes of the flood part."""
+
+    keys: int = 3
+    duration_s: float = 60.0
+    """Flood time per configuration."""
+    slash_after_s: float = 10.0
+    """The systemic window (the reporter's hold on hard verdicts) in the `defaults` configuration."""
+    node_bytes_per_window: int = 4 << 20
+    """`flood.node_bytes_per_window` in the `unheld` configuration."""
+    max_backlog: int = 2_000
+    """`flood.max_backlog` in the `unheld` configuration."""
+    threads: int = 1
+
+
+def flood_config(state: Path, deployment: Path, rpc_url: str, spec: FloodLoad, unheld: bool) -> Any:
+    from validator.config import ValidatorConfig
+
+    run, model = _run_and_model()
+    values: dict[str, Any] = {
+        "state_dir": state, "run": run, "model": model, "threads": spec.threads,
+        "chain": {"deployment": deployment, "rpc_url": rpc_url, "poll_s": 0.5},
+        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5}, "max_age_s": 3600.0,
+        "systemic": {"window_s": spec.slash_after_s, "min_nodes": 1_000_000, "fraction": 1.0},
+    }
+    if unheld:
+        values.update(rate_per_node=100.0, rate_burst=100, systemic={"window_s": 3600.0, "min_nodes": 1_000_000,
+                                                                      "fraction": 1.0},
+                      flood={"hold_slashable": False, "node_bytes_per_window": spec.node_bytes_per_window,
+                             "max_backlog": spec.max_backlog})
+    return ValidatorConfig.model_validate(values)
+
+
+def _flood_sender(url: str, node: Any, sub: Any, domain: str, deadline: float, log: list[tuple[float, Any, int]],
+                  lock: threading.Lock) -> None:
+    import httpx
+
+    from protocol.envelope import seal
+    from protocol.nonce import random_nonce
+
+    with httpx.Client(base_url=url, timeout=30) as c:
+        i = 0
+        while time.monotonic() < deadline:
+            i += 1  # another counter: the assigned tasks differ from the ones in the payload (cheap, hard)
+            data = seal(node, sub.model_copy(update={"counter": i}), domain=domain, nonce=random_nonce()).to_bytes()
+            try:
+                r = c.post("/v1/submissions", content=data)
+                status: Any = r.status_code
+            except httpx.HTTPError as exc:
+                status, r = f"error:{type(exc).__name__}", None
+            with lock:
+                log.append((time.monotonic(), status, len(data)))
+            if status == 403:  # slashed: out of the pool
+                return
+            if status in (429, 503) and r is not None:
+                time.sleep(min(0.25, float(r.headers.get("Retry-After", "1"))))
+
+
+def _ledger_bytes(ledger: Path) -> int:
+    return sum(p.stat().st_size for p in (ledger, Path(f"{ledger}-wal")) if p.exists())
+
+
+def flood_load(spec: FloodLoad, tmp: Path) -> dict[str, Any]:
+    import httpx
+
+    from protocol.rollout import submission_domain
+
+    bench_validator = _bench_module("validator")
+    chain = bench_validator.Chain(2 * spec.keys, MANIFEST)
+    out: dict[str, Any] = {"keys": spec.keys, "duration_s": spec.duration_s}
+    try:
+        deployment = tmp / "deployment.json"
+        chain.deployment.save(deployment)
+        domain = submission_domain(chain.deployment.chain_id, chain.deployment.pool, "load")
+        honest, _ = build_honest(chain.nodes, 2 * spec.keys, domain)  # one payload per key, re-sealed below
+        for j, name in enumerate(("defaults", "unheld")):
+            cfg = flood_config(tmp / name, deployment, chain.rpc_url, spec, unheld=name == "unheld")
+            served = vhttp.Served(cfg, spec.threads, loops=True, tmp=tmp / f"{name}-served")
+            try:
+                keys = [(chain.nodes[s], sub) for s, sub, _, _, _ in honest[j * spec.keys:(j + 1) * spec.keys]]
+                time.sleep(1.0)  # the validator's chain view has read the registrations
+                rss0, bytes0 = vhttp.rss_kib(served.proc.pid)["VmRSS"], _ledger_bytes(served.ledger)
+                log: list[tuple[float, Any, int]] = []
+                lock = threading.Lock()
+                t0 = time.monotonic()
+                deadline = t0 + spec.duration_s
+                threads = [threading.Thread(target=_flood_sender, args=(served.url, node, sub, domain, deadline, log,
+                                                                        lock), daemon=True) for node, sub in keys]
+                for t in threads:
+                    t.start()
+                samples: list[tuple[float, float, float, int]] = []
+                with httpx.Client(base_url=served.url, timeout=30) as c:
+                    while time.monotonic() < deadline + 0.5:
+                        rows = int(c.get("/v1/audit", params={"rows": "false"}).json()["counts"]["received"])
+                        samples.append((time.monotonic() - t0, vhttp.rss_kib(served.proc.pid)["VmRSS"] / 1024,
+                                        _ledger_bytes(served.ledger) / (1 << 20), rows))
+                        time.sleep(0.5)
+                    for t in threads:
+                        t.join(timeout=60)
+                    counts = c.get("/v1/audit", params={"rows": "false"}).json()["counts"]
+                    metrics = _metric_lines(served.url, "prime_validator_events")
+            finally:
+                served.stop()
+            half = [s for s in samples if s[0] >= spec.duration_s / 2]
+            first = [s for s in samples if s[0] < spec.duration_s / 2]
+
+            def growth(part: list[tuple[float, float, float, int]], k: int) -> float:
+                return float(part[-1][k] - part[0][k]) if len(part) > 1 else 0.0
+
+            statuses = Counter(str(st) for _, st, _ in log)
+            size = max((n for _, _, n in log), default=0)
+            out[name] = {
+                "requests": len(log), "per_s": len(log) / spec.duration_s, "statuses": dict(statuses),
+                "submission_bytes": size, "rows": counts["received"], "counts": counts,
+                "ledger_mib_before": bytes0 / (1 << 20), "ledger_mib_after": samples[-1][2] if samples else None,
+                "rss_mib_before": rss0 / 1024, "rss_mib_peak": max(s[1] for s in samples) if samples else None,
+                "growth_first_half": {"rows": growth(first, 3), "ledger_mib": growth(first, 2), "rss_mib": growth(first, 1)},
+                "growth_second_half": {"rows": growth(half, 3), "ledger_mib": growth(half, 2), "rss_mib": growth(half, 1)},
+                "timeline_s_rss_mib_ledger_mib_rows": [(round(t, 1), round(r, 1), round(m, 2), n)
+                                                       for t, r, m, n in samples[:: max(1, len(samples) // 30)]],
+                "refusals": {k.split('"')[1]: v for k, v in metrics.items() if "refused" in k},
+                "bounds": {k: v for k, v in cfg.flood.model_dump().items()},
+                "systemic_window_s": cfg.systemic.window_s,
+            }
+    finally:
+        chain.stop()
+    return out
+
+
 # -- (b) the relay -----------------------------------------------------------------------------------
 
 
@@ -686,7 +836,20 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 
 def report(res: dict[str, Any]) -> None:
-    v, r = res.get("validator"), res.get("relay")
+    v, r, f = res.get("validator"), res.get("relay"), res.get("flood")
+    if f:
+        print(f"\nflood: {f['keys']} keys sending cheap failures for {f['duration_s']:.0f} s per configuration")
+        for name in ("defaults", "unheld"):
+            x = f.get(name)
+            if not x:
+                continue
+            g1, g2 = x["growth_first_half"], x["growth_second_half"]
+            print(f"  {name:<9} {x['requests']} requests ({x['per_s']:.0f}/s) {x['statuses']}; rows {x['rows']}; "
+                  f"ledger {x['ledger_mib_before']:.2f} -> {x['ledger_mib_after']:.2f} MiB; RSS {x['rss_mib_before']:.0f} "
+                  f"MiB before, peak {x['rss_mib_peak']:.0f}")
+            print(f"  {'':<9} growth 1st half: {g1['rows']:.0f} rows, {g1['ledger_mib']:+.2f} MiB ledger, "
+                  f"{g1['rss_mib']:+.1f} MiB RSS; 2nd half: {g2['rows']:.0f} rows, {g2['ledger_mib']:+.2f} MiB ledger, "
+                  f"{g2['rss_mib']:+.1f} MiB RSS; refusals {x['refusals']}")
     if v:
         print(f"\nvalidator: {v['requests_sent']} requests from {v['senders']} senders "
               f"({v['greedy_senders']} greedy on {v['greedy_conns']} connections) in {v['traffic_s']:.1f} s")
@@ -727,12 +890,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--honest", type=int, help="honest submissions (default 300; quick 100); at least --senders")
     ap.add_argument("--pulls", type=int, help="concurrent pulls (default 100; quick 20)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (validator and honest generation)")
-    ap.add_argument("--only", choices=["validator", "relay"], help="run one part")
+    ap.add_argument("--only", choices=["validator", "relay", "flood"], help="run one part")
+    ap.add_argument("--flood-s", type=float, help="flood time per configuration (default 60; quick 20)")
     args = ap.parse_args(argv)
     vspec = ValidatorLoad(senders=args.senders, threads=args.threads,
                           requests=args.requests or (2_000 if args.quick else 10_000),
                           honest=args.honest or (100 if args.quick else 300))
     rspec = RelayLoad(pulls=args.pulls or (20 if args.quick else 100))
+    fspec = FloodLoad(threads=args.threads, duration_s=args.flood_s or (20.0 if args.quick else 60.0))
+    if args.quick:
+        fspec.slash_after_s, fspec.node_bytes_per_window, fspec.max_backlog = 5.0, 256 << 10, 2_000
     if args.quick:
         rspec.ckpt_hidden, rspec.ckpt_layers, rspec.shard_mib = 256, 2, 4
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -743,6 +910,8 @@ def main(argv: list[str] | None = None) -> int:
             res["validator"] = validator_load(vspec, Path(tmp) / "v")
         if args.only in (None, "relay"):
             res["relay"] = relay_load(rspec, Path(tmp) / "r")
+        if args.only in (None, "flood"):
+            res["flood"] = flood_load(fspec, Path(tmp) / "f")
     res["info"]["load_average_end"] = list(os.getloadavg())
     report(res)
     if args.json:

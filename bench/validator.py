@@ -287,7 +287,7 @@ def time_intake(service: Any, datas: list[bytes], state: Path, profile: bool = F
         stages.wrap(Envelope, "from_bytes", "envelope parse + canonical check")
         stages.wrap(validator.pipeline, "open_envelope", "body validation + canonical body")
         stages.wrap(protocol.envelope, "recover_message", "signature recovery")
-        stages.wrap(p.gate, "check_and_record", "sender gate + replay guard (SQLite)")
+        stages.wrap(p.gate, "check", "sender gate + replay guard (SQLite)")
         stages.wrap(validator.pipeline, "submission_hash", "submission hash")
         stages.wrap(p.ledger, "by_hash", "ledger lookups")
         stages.wrap(p.ledger, "get", "ledger lookups")

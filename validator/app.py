@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,14 @@ class _Metrics(Collector):
                                 value=self.service.reporter.reported)
         yield GaugeMetricFamily("prime_validator_chain_failures", "Failed chain transactions since start",
                                 value=self.service.reporter.failures)
+        stuck = GaugeMetricFamily("prime_validator_unreportable", "Verdicts given up since start because the chain "
+                                  "refuses them for good, by revert reason", labels=["reason"])
+        for name, n in sorted(self.service.reporter.unreportable.items()):
+            stuck.add_metric([name], n)
+        yield stuck
+        yield GaugeMetricFamily("prime_validator_report_deferred", "Verdicts whose transaction reverted for a reason "
+                                "that may pass, set aside to retry later, since start",
+                                value=self.service.reporter.deferred)
         yield GaugeMetricFamily("prime_validator_feed_items", "Accepted submissions in the trainer feed",
                                 value=self.service.ledger.feed_size())
         current = self.service.chain.current_version()
@@ -90,8 +100,22 @@ def build_app(service: Service) -> FastAPI:
     registry = CollectorRegistry()
     registry.register(_Metrics(service, announcer))
 
+    busy = [0]  # submission requests being read or checked (the event loop's thread alone changes it)
+
     @app.post("/v1/submissions", status_code=202, summary="Submit one signed Submission envelope (raw bytes)")
     async def submit(request: Request) -> Response:
+        if busy[0] >= cfg.flood.max_concurrent:  # refused at once: a queue would hold their bodies in memory
+            service.pipeline.count("refused_busy")
+            return JSONResponse({"error": "overloaded", "detail": f"{busy[0]} submissions are being taken in "
+                                 f"(limit {cfg.flood.max_concurrent})"}, status_code=503,
+                                headers={"Retry-After": "1", "Connection": "close"})
+        busy[0] += 1
+        try:
+            return await _submit(request)
+        finally:
+            busy[0] -= 1
+
+    async def _submit(request: Request) -> Response:
         limit = cfg.max_submission_bytes
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isascii() or not declared.isdigit() or int(declared) > limit):
@@ -191,6 +215,14 @@ def build_app(service: Service) -> FastAPI:
             raise HTTPException(404, "no evidence with this hash")
         return Response(data, media_type="application/json")
 
+    @app.get("/v1/envelopes/{submission_hash}", summary="A submission envelope as received, by its SHA-256 (hard "
+                                                        "evidence names the submission by this hash)")
+    def envelope(submission_hash: str) -> Response:
+        row = service.ledger.by_hash(_key(submission_hash))
+        if row is None:
+            raise HTTPException(404, "no submission with this hash")
+        return Response(row.envelope, media_type="application/json")
+
     @app.get("/v1/feed", summary="Accepted (and appeal-restored) submissions after a cursor, each a validator-signed "
                                  "FeedItem envelope, and the signed FeedPage listing of their positions")
     def feed(after: int = Query(0, ge=0, lt=2**63), limit: int = Query(64, ge=1, le=1024)) -> dict[str, Any]:
@@ -204,11 +236,21 @@ def build_app(service: Service) -> FastAPI:
                 "items": [{"seq": seq, "work_key": key, "envelope": item.decode()} for seq, key, item in items],
                 "next": items[-1][0] if items else after, "listing": listing}
 
+    audit_cache: dict[str, Any] = {"at": -math.inf, "report": None}
+    audit_lock = threading.Lock()
+
     @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
                                   "hard with evidence, restored by an appeal with feed seq), for reconciliation "
-                                  "with the chain and the trainer")
-    def audit() -> dict[str, Any]:
-        report = service.ledger.audit()
+                                  "with the chain and the trainer; rows=false: the counts only")
+    def audit(rows: bool = True) -> dict[str, Any]:
+        if not rows:  # running tallies: a dashboard polling this never scans the ledger
+            report: dict[str, Any] = {"counts": service.ledger.audit_counts(), "feed_size": service.ledger.feed_size()}
+        else:
+            with audit_lock:  # one scan per `audit_cache_s`, however many ask
+                now = time.monotonic()
+                if audit_cache["report"] is None or now - audit_cache["at"] >= cfg.audit_cache_s:
+                    audit_cache.update(report=service.ledger.audit(), at=now)
+                report = dict(audit_cache["report"])
         report["validator"] = service.identity.address
         report["reported_on_chain"] = service.reporter.reported
         return report

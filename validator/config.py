@@ -96,6 +96,30 @@ class SystemicSettings(Section):
     """...and at least this fraction of the nodes active in the window."""
 
 
+class FloodSettings(Section):
+    """Bounds on what submissions may cost this validator before any slash lands (disk, memory, CPU). Each
+    refusal comes before the envelope's nonce is used, so a refused node may send the same bytes again later."""
+
+    window_s: float = Field(300.0, gt=0.0)
+    """The window of `node_bytes_per_window`."""
+    node_bytes_per_window: int = Field(256 << 20, ge=1024)
+    """Submission bytes one node may have stored here per window (beyond it: 429 + Retry-After)."""
+    max_backlog: int = Field(20_000, ge=1)
+    """Submissions not yet decided or not yet reported on chain, all nodes together (beyond it: 503 +
+    Retry-After), so a flood waits at the senders instead of in this ledger."""
+    rate: float = Field(200.0, gt=0.0)
+    """Submissions per second from all nodes together (token bucket; beyond it: 503 + Retry-After)."""
+    burst: int = Field(400, ge=1)
+    """Bucket size of `rate`."""
+    max_concurrent: int = Field(16, ge=1)
+    """Submission requests read and checked at once (each holds up to `max_submission_bytes` in memory);
+    one more is answered 503 + Retry-After at once, never queued."""
+    hold_slashable: bool = True
+    """A node with a hard verdict here that is not on chain yet sends nothing more until it is (its slash
+    is coming: 429 + Retry-After), so it cannot keep filling the ledger while the verdict waits out the
+    systemic window."""
+
+
 class ReporterSettings(Section):
     enabled: bool = True
     """Report verdicts on chain (recordWorkBatch, invalidateHard/Soft)."""
@@ -105,6 +129,11 @@ class ReporterSettings(Section):
     """How often the outbox is drained."""
     units_per_token: float = Field(1.0, gt=0.0)
     """Work units credited per generated token (rounded up, at least 1 per submission)."""
+    retry_backoff_s: float = Field(1.0, gt=0.0)
+    """First wait after the RPC failed (the whole outbox) or a row's transaction reverted for a reason that
+    may pass (that row only); doubled on each further failure."""
+    max_backoff_s: float = Field(300.0, gt=0.0)
+    """The longest such wait."""
 
 
 class ValidatorConfig(PrimeConfig):
@@ -151,12 +180,17 @@ class ValidatorConfig(PrimeConfig):
     explicit URLs above (`peers`, weight relays) work without it."""
     max_submission_bytes: int = Field(4 << 20, ge=1024)
     """Submissions larger than this are refused (413) before their body is read."""
+    audit_cache_s: float = Field(2.0, ge=0.0)
+    """`GET /v1/audit` with its row listings is built from a scan of the ledger at most this often (requests in
+    between get the same report); `?rows=false` answers the counts from running tallies, never a scan."""
     max_age_s: float = Field(600.0, gt=0.0)
     """Envelopes older than this are refused."""
     rate_per_node: float = Field(5.0, gt=0.0)
     """Submissions per second one node may sustain (token bucket; excess gets 429 + Retry-After)."""
     rate_burst: int = Field(20, ge=1)
     """Bucket size of the per-node rate limit."""
+    flood: FloodSettings = FloodSettings()
+    """Bounds on bytes per node, the global backlog, intake rate and concurrency."""
     checks: CheckSettings = CheckSettings()
     """Verdict thresholds (policy lives here; measurements are logged raw)."""
     systemic: SystemicSettings = SystemicSettings()

@@ -4,7 +4,15 @@ States of a row (column `state`), each change one transaction:
 
     received ──(checks)──► decided ──(chain reporter)──► reported
                  │  (our failure: attempts += 1, retried; soft after `retries`)
+                 │                  └──(a revert no retry can fix)──► unreportable (`report_error` says why)
                  └─ decided at once when a cheap check already failed
+
+A decided row whose transaction failed for a reason that may pass (budget, pause) waits until
+`report_after` (`defer_report`), so it never holds up the rows behind it; the reporter reads the
+outbox by kind (`outbox`), without envelopes, one page at a time.
+
+Row counts by state and outcome (`counts`, for /metrics and the audit) are tallies kept in the same
+transactions as the rows they count (`tallies`), so reading them never scans the ledger.
 
 `outcome`/`reason` are set with `decided`. An accepted row enters the `feed` table in the same
 transaction (the trainer's queue: `feed.seq` is its cursor), so an accepted rollout is always either
@@ -65,6 +73,10 @@ _SCHEMA = [
     )""",
     "CREATE INDEX IF NOT EXISTS submissions_state ON submissions (state)",
     "CREATE INDEX IF NOT EXISTS submissions_node ON submissions (node)",
+    """CREATE TABLE IF NOT EXISTS tallies (
+        kind TEXT PRIMARY KEY,
+        n BIGINT NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS evidence (
         hash TEXT PRIMARY KEY,
         data {blob} NOT NULL,
@@ -104,10 +116,23 @@ _SCHEMA = [
     )""",
 ]
 
+# Columns added after the first release (older ledgers get them at open): the outbox's own bookkeeping.
+_ADDED_COLUMNS = [
+    ("report_attempts", "INTEGER NOT NULL DEFAULT 0"),
+    ("report_after", "DOUBLE PRECISION"),
+    ("report_error", "TEXT"),
+]
+_INDEXES = [  # after the added columns exist
+    "CREATE INDEX IF NOT EXISTS submissions_outbox ON submissions (state, outcome, decided_at)",
+    "CREATE INDEX IF NOT EXISTS submissions_node_state ON submissions (node, state, outcome)",
+]
+
 _COLUMNS = (
     "work_key, submission_hash, node, policy_version, counter, received_at, envelope, state, outcome, "
-    "reason, detail, measurements, evidence_hash, verdict, decided_at, attempts, reported_at, chain_tx"
+    "reason, detail, measurements, evidence_hash, verdict, decided_at, attempts, reported_at, chain_tx, "
+    "report_error"
 )
+_OUTBOX_COLUMNS = "work_key, node, outcome, reason, measurements, evidence_hash, decided_at, report_attempts"
 
 
 @dataclass(frozen=True)
@@ -132,6 +157,26 @@ class Row:
     attempts: int
     reported_at: float | None
     chain_tx: str | None
+    report_error: str | None = None
+    """Why the verdict could not be reported (yet): the last revert, or the one that made it `unreportable`."""
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """What the chain reporter needs of a decided row (no envelope: a page of these stays small)."""
+
+    work_key: str
+    node: str
+    outcome: str
+    reason: str
+    measurements: str | None
+    evidence_hash: str | None
+    decided_at: float
+    report_attempts: int
+
+    @property
+    def units(self) -> int:
+        return int(json.loads(self.measurements or "{}").get("units", 1))
 
 
 @dataclass(frozen=True)
@@ -187,6 +232,8 @@ class AppealRow:
 class _Db(Protocol):
     skip_locked: str
     """Appended to the claim's row selection: concurrent claimers pass over each other's rows."""
+    for_update: str
+    """Appended to a selection whose rows the transaction then changes (PostgreSQL locks them)."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
@@ -195,6 +242,9 @@ class _Db(Protocol):
 
     def lock(self, key: int) -> None:
         """Inside a transaction: wait for, and hold until it ends, the database-wide lock `key`."""
+
+    def add_column(self, table: str, name: str, decl: str) -> None:
+        """Inside a transaction: add a column unless the table has it (a ledger from an older release)."""
 
     def close(self) -> None: ...
 
@@ -205,7 +255,7 @@ _LOCK_FEED = 0x7072696D65_02  # feed numbers are taken in commit order (see `_de
 
 
 class _Sqlite:
-    blob, serial, skip_locked = "BLOB", "INTEGER PRIMARY KEY AUTOINCREMENT", ""
+    blob, serial, skip_locked, for_update = "BLOB", "INTEGER PRIMARY KEY AUTOINCREMENT", "", ""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -242,13 +292,17 @@ class _Sqlite:
     def lock(self, key: int) -> None:
         pass  # BEGIN IMMEDIATE holds the database's only write lock
 
+    def add_column(self, table: str, name: str, decl: str) -> None:
+        if name not in {row[1] for row in self.execute(f"PRAGMA table_info({table})")}:
+            self.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
 
 
 class _Postgres:
-    blob, serial, skip_locked = "BYTEA", "BIGSERIAL PRIMARY KEY", " FOR UPDATE SKIP LOCKED"
+    blob, serial, skip_locked, for_update = "BYTEA", "BIGSERIAL PRIMARY KEY", " FOR UPDATE SKIP LOCKED", " FOR UPDATE"
 
     def __init__(self, dsn: str) -> None:
         try:
@@ -300,6 +354,9 @@ class _Postgres:
     def lock(self, key: int) -> None:
         self.execute("SELECT pg_advisory_xact_lock(?)", (key,))
 
+    def add_column(self, table: str, name: str, decl: str) -> None:
+        self.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {decl}")
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -318,6 +375,12 @@ class Ledger:
             db.lock(_LOCK_SCHEMA)
             for stmt in _SCHEMA:
                 db.execute(stmt.format(blob=blob, serial=serial))
+            for name, decl in _ADDED_COLUMNS:
+                db.add_column("submissions", name, decl)
+            for stmt in _INDEXES:
+                db.execute(stmt)
+            if not db.execute("SELECT n FROM tallies WHERE kind = ?", (_TALLIES_MARK,)):
+                _count_from_rows(db)  # a ledger from before the tallies: counted once, kept from now on
 
     @classmethod
     def open(cls, *, dsn: str | None = None, path: str | Path | None = None, owner: str | None = None) -> Ledger:
@@ -365,12 +428,21 @@ class Ledger:
             )
             if not done:
                 return False
+            change = {"state:received": 1}
             if decision is not None:
-                self._decide(db, work_key, decision, t)
+                self._decide(db, work_key, decision, t, change)
+            _tally(db, change)
         return True
 
-    def _decide(self, db: _Db, work_key: str, d: Decision, now: float, *, only_received: bool = True) -> bool:
+    def _decide(self, db: _Db, work_key: str, d: Decision, now: float, change: dict[str, int], *,
+                only_received: bool = True) -> bool:
+        """Inside a transaction: record the verdict; what it changes in the tallies is added to `change` (the
+        caller applies it once, at the end: every transaction takes the tally rows in one order)."""
         which = "work_key = ? AND state = 'received'" if only_received else "work_key = ?"
+        before: list[tuple[Any, ...]] = [("received", None)]
+        if not only_received:
+            before = db.execute(f"SELECT state, outcome FROM submissions WHERE work_key = ?{db.for_update}",
+                                (work_key,))
         done = db.execute(
             "UPDATE submissions SET state = 'decided', outcome = ?, reason = ?, detail = ?, measurements = ?, "
             f"evidence_hash = ?, verdict = ?, decided_at = ?, lease_until = NULL, lease_owner = NULL WHERE {which} "
@@ -380,6 +452,10 @@ class Ledger:
         )
         if not done:
             return False
+        old_state, old_outcome = before[0]
+        for kind, n in ((f"state:{old_state}", -1), ("state:decided", 1), (f"outcome:{d.outcome}", 1),
+                        *(((f"outcome:{old_outcome}", -1),) if old_outcome is not None else ())):
+            change[kind] = change.get(kind, 0) + n
         if d.evidence is not None and d.evidence_hash is not None:
             db.execute("INSERT INTO evidence (hash, data, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                        (d.evidence_hash, d.evidence, now))
@@ -387,8 +463,9 @@ class Ledger:
             # Trainers read the feed by `seq` cursor, so numbers must become visible in order: with
             # several writers, one that took seq N and commits after N+1 was read would be skipped.
             db.lock(_LOCK_FEED)
-            db.execute("INSERT INTO feed (work_key, created_at, item) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-                       (work_key, now, d.feed_item))
+            if db.execute("INSERT INTO feed (work_key, created_at, item) VALUES (?, ?, ?) ON CONFLICT DO NOTHING "
+                          "RETURNING seq", (work_key, now, d.feed_item)):
+                change["feed"] = change.get("feed", 0) + 1
         return True
 
     def decide(self, work_key: str, decision: Decision, *, now: float | None = None) -> bool:
@@ -398,7 +475,10 @@ class Ledger:
         when two checkers held it (a lease that ran out mid-check). Use `redecide` to replace one.
         """
         with self._db.transaction() as db:
-            return self._decide(db, work_key, decision, time.time() if now is None else now)
+            change: dict[str, int] = {}
+            done = self._decide(db, work_key, decision, time.time() if now is None else now, change)
+            _tally(db, change)
+            return done
 
     def redecide(self, work_key: str, decision: Decision, *, now: float | None = None) -> None:
         """Replace a verdict (equivocation turns an accepted row hard); the row is reported again.
@@ -406,10 +486,14 @@ class Ledger:
         A rejection also takes the row's item out of the feed, so a trainer that has not fetched it yet
         never will (one already fetched, or a Parquet file already written, cannot be called back)."""
         with self._db.transaction() as db:
-            db.execute("UPDATE submissions SET reported_at = NULL, chain_tx = NULL WHERE work_key = ?", (work_key,))
-            if decision.outcome != "accepted":
-                db.execute("DELETE FROM feed WHERE work_key = ?", (work_key,))
-            self._decide(db, work_key, decision, time.time() if now is None else now, only_received=False)
+            db.execute("UPDATE submissions SET reported_at = NULL, chain_tx = NULL, report_attempts = 0, "
+                       "report_after = NULL, report_error = NULL WHERE work_key = ?", (work_key,))
+            change: dict[str, int] = {}
+            if decision.outcome != "accepted" and db.execute("DELETE FROM feed WHERE work_key = ? RETURNING seq",
+                                                             (work_key,)):
+                change["feed"] = -1
+            self._decide(db, work_key, decision, time.time() if now is None else now, change, only_received=False)
+            _tally(db, change)
 
     def claim(self, limit: int, *, lease_s: float = 300.0, now: float | None = None) -> list[Row]:
         """Lease up to `limit` received rows for checking, oldest first. Another claimer (thread or
@@ -447,6 +531,66 @@ class Ledger:
     def unreported(self, limit: int) -> list[Row]:
         return self._rows("WHERE state = 'decided' ORDER BY decided_at LIMIT ?", (limit,))
 
+    def unreported_hard(self, policy_version: int, page: int = 64) -> Iterator[Row]:
+        """Hard verdicts of `policy_version` not yet on chain, oldest first, read `page` rows at a time (their
+        envelopes never all in memory at once). A row redecided meanwhile is no longer hard: not read again."""
+        after: tuple[float, str] = (float("-inf"), "")
+        while True:
+            rows = self._rows(
+                "WHERE state = 'decided' AND outcome = 'rejected_hard' AND policy_version = ? AND "
+                "(decided_at > ? OR (decided_at = ? AND work_key > ?)) ORDER BY decided_at, work_key LIMIT ?",
+                (policy_version, after[0], after[0], after[1], page))
+            yield from rows
+            if len(rows) < page:
+                return
+            after = (float(rows[-1].decided_at or 0.0), rows[-1].work_key)
+
+    def outbox(self, outcome: str, limit: int, *, now: float | None = None,
+               decided_before: float | None = None) -> list[OutboxRow]:
+        """Decided rows of `outcome` to report now, oldest first: decided at or before `decided_before`
+        (the reporter holds hard verdicts for the systemic window), and not waiting out a `defer_report`.
+        Each kind is read on its own, so a backlog of one kind never hides another."""
+        t = time.time() if now is None else now
+        return [OutboxRow(k, n, o, r, m, e, float(d), int(a)) for k, n, o, r, m, e, d, a in self._db.execute(
+            f"SELECT {_OUTBOX_COLUMNS} FROM submissions WHERE state = 'decided' AND outcome = ? AND decided_at <= ? "
+            "AND (report_after IS NULL OR report_after <= ?) ORDER BY decided_at, work_key LIMIT ?",
+            (outcome, t if decided_before is None else decided_before, t, limit))]
+
+    def defer_report(self, work_key: str, error: str, *, after: float, outcome: str) -> int:
+        """The row's transaction failed for a reason that may pass: try again at `after` (unix time); rows
+        behind it are reported meanwhile. Returns the row's count of failed reports."""
+        rows = self._db.execute(
+            "UPDATE submissions SET report_attempts = report_attempts + 1, report_after = ?, report_error = ? "
+            "WHERE work_key = ? AND state = 'decided' AND outcome = ? RETURNING report_attempts",
+            (after, error[:500], work_key, outcome))
+        return int(rows[0][0]) if rows else 0
+
+    def mark_unreportable(self, work_key: str, error: str, *, outcome: str, now: float | None = None) -> bool:
+        """The verdict can never land on chain (a revert no retry changes): it leaves the outbox with the reason.
+        Only while the row still has `outcome` (a verdict replaced meanwhile is reported anew)."""
+        t = time.time() if now is None else now
+        with self._db.transaction() as db:
+            done = db.execute(
+                "UPDATE submissions SET state = 'unreportable', reported_at = ?, report_error = ? "
+                "WHERE work_key = ? AND state = 'decided' AND outcome = ? RETURNING work_key",
+                (t, error[:500], work_key, outcome))
+            if done:
+                _tally(db, {"state:decided": -1, "state:unreportable": 1})
+        return bool(done)
+
+    def backlog(self) -> int:
+        """Rows not yet decided or not yet reported (from the tallies: no scan)."""
+        counts = self.counts()
+        return counts.get("state:received", 0) + counts.get("state:decided", 0)
+
+    def hard_pending(self, node: str, *, reported_since: float | None = None) -> bool:
+        """Whether `node` has a hard verdict here that is not on chain yet (the slash is still to come), or
+        (with `reported_since`) one reported since then (the slash landed but may not have been read back)."""
+        recent = "" if reported_since is None else " OR (state = 'reported' AND reported_at >= ?)"
+        return bool(self._db.execute(
+            f"SELECT 1 FROM submissions WHERE node = ? AND outcome = 'rejected_hard' AND (state = 'decided'{recent}) "
+            "LIMIT 1", (node,) + (() if reported_since is None else (reported_since,))))
+
     def mark_reported(self, work_keys: Sequence[str], tx_hash: str | None, *, now: float | None = None,
                       outcome: str | None = None) -> None:
         """Rows are reported. With `outcome`, only while the row still has that outcome: a verdict replaced
@@ -454,36 +598,44 @@ class Ledger:
         t = time.time() if now is None else now
         same = "" if outcome is None else " AND outcome = ?"
         with self._db.transaction() as db:
+            moved = 0
             for key in work_keys:
-                db.execute("UPDATE submissions SET state = 'reported', reported_at = ?, chain_tx = ? "
-                           f"WHERE work_key = ? AND state = 'decided'{same}",
-                           (t, tx_hash, key) + (() if outcome is None else (outcome,)))
+                moved += len(db.execute("UPDATE submissions SET state = 'reported', reported_at = ?, chain_tx = ? "
+                                        f"WHERE work_key = ? AND state = 'decided'{same} RETURNING work_key",
+                                        (t, tx_hash, key) + (() if outcome is None else (outcome,))))
+            _tally(db, {"state:decided": -moved, "state:reported": moved})
 
     def counts(self) -> dict[str, int]:
-        """Rows per state and per outcome (for /metrics and the audit)."""
-        out: dict[str, int] = {}
-        for state, n in self._db.execute("SELECT state, COUNT(*) FROM submissions GROUP BY state"):
-            out[f"state:{state}"] = int(n)
-        for outcome, n in self._db.execute(
-                "SELECT outcome, COUNT(*) FROM submissions WHERE outcome IS NOT NULL GROUP BY outcome"):
-            out[f"outcome:{outcome}"] = int(n)
-        return out
+        """Rows per state and per outcome (for /metrics and the audit), from the tallies: no scan."""
+        return {kind: int(n) for kind, n in self._db.execute(
+            "SELECT kind, n FROM tallies WHERE n <> 0 AND (kind LIKE ? OR kind LIKE ?) ORDER BY kind",
+            ("state:%", "outcome:%"))}
+
+    def audit_counts(self) -> dict[str, int]:
+        """The audit's `counts` (received = accepted + rejected_hard + rejected_soft + pending) from the tallies:
+        no scan, so dashboards may poll it."""
+        c = self.counts()
+        received = sum(n for kind, n in c.items() if kind.startswith("state:"))
+        return {"received": received, "accepted": c.get("outcome:accepted", 0),
+                "rejected_hard": c.get("outcome:rejected_hard", 0), "rejected_soft": c.get("outcome:rejected_soft", 0),
+                "pending": c.get("state:received", 0), "unreportable": c.get("state:unreportable", 0)}
 
     def audit(self) -> dict[str, Any]:
         """This validator's side of the audit (`GET /v1/audit`): row counts (received = accepted +
         rejected_hard + rejected_soft + pending), and per row kind the work keys an auditor reconciles
         with the chain and the trainer: accepted (node, units, feed seq, chain tx), hard (reason,
         evidence hash, whether the evidence is stored) and soft (reason); and `restored`: work whose hard verdict
-        (another validator's) this validator overturned on appeal, with its feed seq (it is trained too)."""
+        (another validator's) this validator overturned on appeal, with its feed seq (it is trained too). A verdict
+        that can never land on chain is listed `reported: false` with `unreportable` (the revert that said so)."""
         rows = self._db.execute("SELECT work_key, node, state, outcome, reason, measurements, evidence_hash, "
-                                "chain_tx FROM submissions ORDER BY received_at, work_key")
+                                "chain_tx, report_error FROM submissions ORDER BY received_at, work_key")
         # after the rows: an accepted row entered the feed (and its evidence was stored) in its own transaction
         feed = {k: int(s) for s, k in self._db.execute("SELECT seq, work_key FROM feed")}
         stored = {h for (h,) in self._db.execute("SELECT hash FROM evidence")}
         accepted, hard, soft = [], [], []
         per_node: dict[str, dict[str, int]] = {}
-        pending = 0
-        for key, node, state, outcome, reason, measurements, evidence_hash, tx in rows:
+        pending = unreportable = 0
+        for key, node, state, outcome, reason, measurements, evidence_hash, tx, report_error in rows:
             counts = per_node.setdefault(node, {"received": 0, "accepted": 0, "rejected_hard": 0,
                                                 "rejected_soft": 0, "pending": 0})
             counts["received"] += 1
@@ -493,16 +645,19 @@ class Ledger:
                 continue
             counts[outcome] = counts.get(outcome, 0) + 1
             reported = state == "reported"
+            extra = {"unreportable": report_error} if state == "unreportable" else {}
+            unreportable += bool(extra)
             if outcome == "accepted":
                 units = int(json.loads(measurements or "{}").get("units", 1))
                 accepted.append({"work_key": key, "node": node, "units": units, "feed_seq": feed.get(key),
-                                 "reported": reported, "chain_tx": tx})
+                                 "reported": reported, "chain_tx": tx, **extra})
             elif outcome == "rejected_hard":
                 hard.append({"work_key": key, "node": node, "reason": reason, "evidence_hash": evidence_hash,
-                             "evidence_stored": evidence_hash in stored, "reported": reported, "chain_tx": tx})
+                             "evidence_stored": evidence_hash in stored, "reported": reported, "chain_tx": tx,
+                             **extra})
             else:
                 soft.append({"work_key": key, "node": node, "reason": reason, "reported": reported,
-                             "chain_tx": tx})
+                             "chain_tx": tx, **extra})
         # work this validator restored by overturning another's hard verdict: fed to the trainer like accepted work
         restored = [{"work_key": key, "node": node, "units": int(units), "feed_seq": feed.get(key),
                      "resolved": resolved is not None, "chain_tx": tx}
@@ -511,7 +666,8 @@ class Ledger:
                         "ORDER BY received_at, work_key")]
         return {
             "counts": {"received": sum(c["received"] for c in per_node.values()), "accepted": len(accepted),
-                       "rejected_hard": len(hard), "rejected_soft": len(soft), "pending": pending},
+                       "rejected_hard": len(hard), "rejected_soft": len(soft), "pending": pending,
+                       "unreportable": unreportable},
             "nodes": per_node, "accepted": accepted, "rejected_hard": hard, "rejected_soft": soft,
             "restored": restored, "feed_size": len(feed),
         }
@@ -576,7 +732,9 @@ class Ledger:
         self._db.execute("UPDATE feed SET file_written = 1 WHERE seq = ?", (seq,))
 
     def feed_size(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM feed")[0][0])
+        rows = self._db.execute("SELECT n FROM tallies WHERE kind = 'feed'")
+        return int(rows[0][0]) if rows else 0
+
     # -- appeals -------------------------------------------------------------------------------
 
     def appeal(self, work_key: str) -> AppealRow | None:
@@ -600,14 +758,19 @@ class Ledger:
                        (row.evidence_hash, evidence, row.received_at))
             if feed_item is not None:
                 db.lock(_LOCK_FEED)  # feed numbers in commit order (see `_decide`)
-                db.execute("INSERT INTO feed (work_key, created_at, item) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-                           (row.work_key, row.received_at, feed_item))
+                if db.execute("INSERT INTO feed (work_key, created_at, item) VALUES (?, ?, ?) ON CONFLICT DO NOTHING "
+                              "RETURNING seq", (row.work_key, row.received_at, feed_item)):
+                    _tally(db, {"feed": 1})
         return True
 
     def withdraw_feed(self, work_key: str) -> bool:
         """Take a work key's item out of the feed (a restoration the chain settled the other way); True if it was
         there. A trainer that fetched it already, or a Parquet file already written, cannot be called back."""
-        return bool(self._db.execute("DELETE FROM feed WHERE work_key = ? RETURNING work_key", (work_key,)))
+        with self._db.transaction() as db:
+            gone = bool(db.execute("DELETE FROM feed WHERE work_key = ? RETURNING work_key", (work_key,)))
+            if gone:
+                _tally(db, {"feed": -1})
+        return gone
 
     def unresolved_appeals(self, limit: int) -> list[AppealRow]:
         """Decided appeals not yet resolved on chain, oldest first."""
@@ -619,3 +782,25 @@ class Ledger:
         self._db.execute("UPDATE appeals SET resolved_at = ?, chain_tx = ? WHERE work_key = ? AND resolved_at IS NULL",
                          (time.time() if now is None else now, tx_hash, work_key))
 
+
+_TALLIES_MARK = "tallies:v1"
+
+
+def _tally(db: _Db, change: dict[str, int]) -> None:
+    """Inside the transaction that changes the rows: add `change` to the tallies."""
+    for kind, n in sorted(change.items()):  # one order: two writers never wait on each other's rows crosswise
+        if n:
+            db.execute("INSERT INTO tallies (kind, n) VALUES (?, ?) ON CONFLICT (kind) DO UPDATE SET "
+                       "n = tallies.n + excluded.n", (kind, n))
+
+
+def _count_from_rows(db: _Db) -> None:
+    """Inside the schema transaction: the tallies of the rows as they are (once, for a ledger that predates them)."""
+    db.execute("DELETE FROM tallies")
+    change: dict[str, int] = {_TALLIES_MARK: 1}
+    for state, n in db.execute("SELECT state, COUNT(*) FROM submissions GROUP BY state"):
+        change[f"state:{state}"] = int(n)
+    for outcome, n in db.execute("SELECT outcome, COUNT(*) FROM submissions WHERE outcome IS NOT NULL GROUP BY outcome"):
+        change[f"outcome:{outcome}"] = int(n)
+    change["feed"] = int(db.execute("SELECT COUNT(*) FROM feed")[0][0])
+    _tally(db, change)

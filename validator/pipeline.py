@@ -11,8 +11,9 @@ batched prefill per weights version (`toploc.validation.measure`: TOPLOC, sampli
 termination, logprobs) and decides. A failure on our side (weights not here, the model failing, a
 grader that could not grade) is retried or soft, never hard.
 
-Every hard verdict carries evidence (the submission bytes, what was measured, the thresholds, this
-software's version) whose SHA-256 goes on chain. Before recording a hard verdict the validator asks
+Every hard verdict carries evidence (the submission's hash, what was measured, the thresholds, this
+software's version) whose SHA-256 goes on chain; the submission itself is stored once, in its ledger row,
+and served by its hash (`GET /v1/envelopes/{submission_hash}`), so a flood of failures is not stored twice. Before recording a hard verdict the validator asks
 whether many distinct nodes failed at the same version in the window; if so it suspects itself
 (`suspected_systemic`, soft) and converts that version's not-yet-reported hard verdicts too.
 """
@@ -88,6 +89,22 @@ class RateLimitedError(ProtocolError):
         self.retry_after = retry_after
 
 
+class NodeQuotaError(RateLimitedError):
+    """The signer stored its share of bytes for this window, or has a hard verdict here not yet on chain."""
+
+    code = "node_quota"
+
+
+class OverloadedError(ProtocolError):
+    """This validator takes no more work now (backlog full or global rate reached); retry after `retry_after`."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @dataclass
 class Answer:
     """What the HTTP layer returns for one POST."""
@@ -104,33 +121,86 @@ class _Bucket:
         self.tokens, self.at = tokens, at
 
 
-class _SenderGate:
-    """A replay guard that first checks the (already authenticated) sender: active on chain, within its
-    rate. Raising here keeps the nonce unconsumed, so a refused node can resend the same envelope."""
+def _take(b: _Bucket, rate: float, burst: int, now: float) -> float:
+    """Take one token from `b`; 0 when taken, else the seconds until one is there."""
+    b.tokens = min(float(burst), b.tokens + (now - b.at) * rate)
+    b.at = now
+    if b.tokens < 1.0:
+        return (1.0 - b.tokens) / rate
+    b.tokens -= 1.0
+    return 0.0
 
-    def __init__(self, inner: NonceGuard, chain: ChainView, rate: float, burst: int) -> None:
-        self.inner, self.chain, self.rate, self.burst = inner, chain, rate, burst
+
+class _SenderGate:
+    """A replay guard that first checks the (already authenticated) sender, cheapest first: active on chain,
+    within its rate, within the global rate, within its bytes for the window, no hard verdict of it pending
+    here, room in the backlog. Raising here keeps the nonce unconsumed, so a refused node can resend the same
+    envelope. `sized(n)` is the guard for one request of `n` bytes."""
+
+    def __init__(self, inner: NonceGuard, chain: ChainView, ledger: Ledger, cfg: ValidatorConfig) -> None:
+        self.inner, self.chain, self.ledger = inner, chain, ledger
+        self.rate, self.burst, self.flood = cfg.rate_per_node, cfg.rate_burst, cfg.flood
+        self.retry_hold_s = cfg.systemic.window_s
+        self.read_back_s = 2 * cfg.chain.poll_s + 1.0  # a landed slash is in the chain view by then
         self._buckets: dict[str, _Bucket] = {}
+        self._global = _Bucket(float(cfg.flood.burst), time.monotonic())
+        self._bytes: dict[str, tuple[int, int]] = {}
+        """node -> (window number, bytes admitted in it); only the current window's nodes are kept."""
         self._lock = threading.Lock()
+
+    def sized(self, size: int) -> _SizedGate:
+        return _SizedGate(self, size)
+
+    def check(self, domain: str, signer: str, nonce: int, *, size: int, sent_at: float, expires_at: float) -> None:
+        if not self.chain.node_active_fresh(signer, CATCHUP_S):
+            raise NodeInactiveError(f"{signer} is not an active, staked node of this pool")
+        mono, f = time.monotonic(), self.flood
+        window = int(time.time() // f.window_s)
+        with self._lock:
+            b = self._buckets.get(signer)
+            if b is None:
+                b = self._buckets[signer] = _Bucket(float(self.burst), mono)
+            wait = _take(b, self.rate, self.burst, mono)
+            if wait:
+                raise RateLimitedError(f"{signer} is over {self.rate}/s", wait)
+            wait = _take(self._global, f.rate, f.burst, mono)
+            if wait:
+                raise OverloadedError(f"this validator takes at most {f.rate} submissions/s", wait)
+            at, used = self._bytes.get(signer, (window, 0))
+            used = used if at == window else 0
+            if used + size > f.node_bytes_per_window:
+                raise NodeQuotaError(f"{signer} stored {used} bytes here in this {f.window_s:.0f} s window (limit "
+                                     f"{f.node_bytes_per_window})", (window + 1) * f.window_s - time.time())
+        if f.hold_slashable and self.ledger.hard_pending(signer, reported_since=time.time() - self.read_back_s):
+            raise NodeQuotaError(f"{signer} has a hard verdict here that is not on chain yet", self.retry_hold_s)
+        backlog = self.ledger.backlog()
+        if backlog >= f.max_backlog:
+            raise OverloadedError(f"{backlog} submissions wait to be checked or reported (limit {f.max_backlog})",
+                                  min(f.window_s, 10.0))
+        # wall-clock time: the guard prunes nonces whose (wall-clock) expiry has passed
+        self.inner.check_and_record(domain, signer, nonce, sent_at=sent_at, expires_at=expires_at)
+        with self._lock:
+            if len(self._bytes) > 4 * len(self._buckets) + 64:  # forget nodes of past windows
+                self._bytes = {k: v for k, v in self._bytes.items() if v[0] == window}
+            at, used = self._bytes.get(signer, (window, 0))
+            self._bytes[signer] = (window, (used if at == window else 0) + size)
 
     def check_and_record(
         self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
     ) -> None:
-        if not self.chain.node_active_fresh(signer, CATCHUP_S):
-            raise NodeInactiveError(f"{signer} is not an active, staked node of this pool")
-        tick = time.monotonic()  # the rate buckets' clock; the replay guard below keeps the caller's wall clock
-        with self._lock:
-            b = self._buckets.get(signer)
-            if b is None:
-                b = self._buckets[signer] = _Bucket(float(self.burst), tick)
-            b.tokens = min(float(self.burst), b.tokens + (tick - b.at) * self.rate)
-            b.at = tick
-            if b.tokens < 1.0:
-                raise RateLimitedError(f"{signer} is over {self.rate}/s", (1.0 - b.tokens) / self.rate)
-            b.tokens -= 1.0
-        # `now` is the wall time open_envelope judged the message by: the guard prunes expired nonces by it (given
-        # a monotonic clock it never pruned, and replay.sqlite grew forever: issue 23 item 13)
-        self.inner.check_and_record(domain, signer, nonce, sent_at=sent_at, expires_at=expires_at, now=now)
+        self.check(domain, signer, nonce, size=0, sent_at=sent_at, expires_at=expires_at)
+
+
+class _SizedGate:
+    """`_SenderGate` for one request of `size` bytes (what `open_envelope` calls as its replay guard)."""
+
+    def __init__(self, gate: _SenderGate, size: int) -> None:
+        self.gate, self.size = gate, size
+
+    def check_and_record(
+        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
+    ) -> None:
+        self.gate.check(domain, signer, nonce, size=self.size, sent_at=sent_at, expires_at=expires_at)
 
 
 def _hex(data: bytes) -> str:
@@ -155,7 +225,7 @@ class Pipeline:
         self.peers = peers
         self.domain = domain
         self.nonces = nonces
-        self.gate = _SenderGate(replay_guard, chain, cfg.rate_per_node, cfg.rate_burst)
+        self.gate = _SenderGate(replay_guard, chain, ledger, cfg)
         self.env: Environment = get_environment(self.run.env, self.run.env_version)
         c = cfg.checks
         self.thresholds = ToplocThresholds(
@@ -206,7 +276,9 @@ class Pipeline:
         if outcome is Outcome.REJECTED_HARD:
             evidence = canonical_bytes({
                 "software": SOFTWARE, "work_key": _hex(key), "reason": reason.value, "detail": detail,
-                "submission": envelope_bytes.decode(), "measurements": measurements or {},
+                # the envelope is stored once, in its ledger row (served at /v1/envelopes/{hash}): the
+                # evidence names it by hash, which the hash of the evidence on chain then commits to
+                "submission_hash": _hex(sub_hash), "measurements": measurements or {},
                 "thresholds": self.cfg.checks.model_dump(mode="json"), "run": self.run.model_dump(mode="json"),
                 **(extra_evidence or {})})
             evidence_hash = _hex(hashlib.sha256(evidence).digest())
@@ -251,7 +323,7 @@ class Pipeline:
     def _soften_unreported(self, version: int) -> None:
         """Hard verdicts of `version` not yet on chain become `suspected_systemic` (the reporter holds hard
         verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
-        for row in self.ledger.unreported(10_000):
+        for row in self.ledger.unreported_hard(version):  # a page at a time, never every envelope at once
             if row.policy_version == version and row.outcome == Outcome.REJECTED_HARD.value:
                 sub = _parse_stored(row)
                 decision = self._decision(sub, row.envelope, Outcome.REJECTED_SOFT, Reason.SUSPECTED_SYSTEMIC,
@@ -274,7 +346,8 @@ class Pipeline:
         envelope: Envelope | None = None
         try:
             envelope = Envelope.from_bytes(data, max_bytes=self.cfg.max_submission_bytes)
-            body = open_envelope(envelope, domain=self.domain, replay_guard=self.gate, body_types=[Submission],
+            body = open_envelope(envelope, domain=self.domain, replay_guard=self.gate.sized(len(data)),
+                                 body_types=[Submission],
                                  max_age_s=self.cfg.max_age_s)
         except OversizeError as exc:
             return self._refuse(413, exc, None)
@@ -282,8 +355,9 @@ class Pipeline:
             return self._refuse(401, exc, None)
         except NodeInactiveError as exc:
             return self._refuse(403, exc, envelope.signer if envelope else None)
-        except RateLimitedError as exc:
-            answer = self._refuse(429, exc, envelope.signer if envelope else None)
+        except (RateLimitedError, OverloadedError) as exc:
+            answer = self._refuse(429 if isinstance(exc, RateLimitedError) else 503, exc,
+                                  envelope.signer if envelope else None)
             answer.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
             return answer
         except ReplayError as exc:
@@ -326,7 +400,9 @@ class Pipeline:
         if existing.outcome != Outcome.REJECTED_HARD.value:
             decision = self._reject(body, data, Reason.EQUIVOCATION,
                                     f"a second, different payload for assignment #{body.counter} at "
-                                    f"v{body.policy_version}", extra_evidence={"first": existing.envelope.decode()})
+                                    f"v{body.policy_version}", extra_evidence={
+                                        # the second payload is stored nowhere else; the first is the row's
+                                        "submission": data.decode(), "first_submission_hash": existing.submission_hash})
             if not self.ledger.decide(existing.work_key, decision):  # the checker decided it first
                 self.ledger.redecide(existing.work_key, decision)
         row = self.ledger.get(existing.work_key)
@@ -586,7 +662,7 @@ class Pipeline:
             "policy_version": row.policy_version, "counter": row.counter, "state": row.state,
             "outcome": row.outcome, "reason": row.reason, "detail": row.detail,
             "measurements": json.loads(row.measurements) if row.measurements else None,
-            "evidence_hash": row.evidence_hash, "chain_tx": row.chain_tx,
+            "evidence_hash": row.evidence_hash, "chain_tx": row.chain_tx, "report_error": row.report_error,
             "verdict": row.verdict.decode() if row.verdict else None,
         }
 

@@ -71,7 +71,8 @@ class Service:
                                   self.pool if cfg.reporter.enabled else None, self.pipeline, self.weights,
                                   domain=self.domain, replay_guard=self.replay, nonces=self.nonces)
         self.reporter = Reporter(self.ledger, self.pool if cfg.reporter.enabled else None,
-                                 batch=cfg.reporter.batch, hold_hard_s=cfg.systemic.window_s)
+                                 batch=cfg.reporter.batch, hold_hard_s=cfg.systemic.window_s,
+                                 retry_backoff_s=cfg.reporter.retry_backoff_s, max_backoff_s=cfg.reporter.max_backoff_s)
         self.feed_files = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -56,3 +56,16 @@ def test_relay_serves_concurrent_pulls_that_all_verify(load: Any, tmp_path: Path
     assert res["completed"] == res["verified_same"] == 6
     assert res["hash_failures"] == 0
     assert res["relay_rss_samples"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_a_flood_of_cheap_failures_leaves_the_ledger_bounded(load: Any, tmp_path: Path) -> None:
+    spec = load.FloodLoad(keys=2, duration_s=6.0, slash_after_s=1.0, node_bytes_per_window=48 << 10, max_backlog=2000)
+    res = load.flood_load(spec, tmp_path)
+    held, unheld = res["defaults"], res["unheld"]
+    # the shipped bounds: one row per key, held until its slash lands, then out of the pool
+    assert held["rows"] == 2 and held["statuses"].get("403") == 2
+    # slashes held back: the bytes per node per window bound each key (two fixed windows at most)
+    per_key = 2 * (spec.node_bytes_per_window // unheld["submission_bytes"])
+    assert 2 <= unheld["rows"] <= 2 * per_key and unheld["statuses"].get("429", 0) > 0
+    assert unheld["refusals"].get("refused_node_quota", 0) > 0

@@ -139,7 +139,11 @@ def test_evidence_hash_is_the_sha256_of_what_is_served(make_validator, make_node
         ev = c.get(f"/v1/evidence/{row['evidence_hash']}")
         assert ev.status_code == 200
         assert "0x" + hashlib.sha256(ev.content).hexdigest() == row["evidence_hash"]
-        assert json.loads(ev.content)["submission"] == data.decode()
+        # the submission is stored once (its row), named in the evidence by hash and served by it
+        assert json.loads(ev.content)["submission_hash"] == row["submission_hash"] == "0x" + hashlib.sha256(data).hexdigest()
+        assert data not in ev.content and len(ev.content) < len(data)
+        assert c.get(f"/v1/envelopes/{row['submission_hash']}").content == data
+        assert c.get("/v1/envelopes/0x" + "00" * 32).status_code == 404
         assert c.get("/v1/evidence/0x" + "00" * 32).status_code == 404
         assert c.get("/v1/evidence/nothex").status_code == 400
 

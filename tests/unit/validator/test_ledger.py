@@ -463,3 +463,112 @@ def test_an_appeal_is_decided_once_with_its_evidence_and_resolved_once(ledger: L
     stored = ledger.appeal("0xk1")
     assert stored is not None and (stored.resolved_at, stored.chain_tx) == (T0 + 1, "0xtx")
     assert ledger.unresolved_appeals(10) == []
+
+
+# -- the outbox (issue 23 items 2 and 3) ---------------------------------------------------------
+
+
+def test_outbox_reads_each_kind_on_its_own_and_passes_over_deferred_rows(ledger: Ledger) -> None:
+    for i in range(5):
+        add(ledger, f"h{i}", decision=hard(f"h{i}"), at=T0 + i)
+    add(ledger, "a0", decision=accepted("a0"), at=T0 + 10)
+    add(ledger, "a1", decision=accepted("a1"), at=T0 + 11)
+    add(ledger, "s0", decision=soft("s0"), at=T0 + 12)
+    # a backlog of hard verdicts ahead never hides the accepted work behind it
+    assert keys(ledger.outbox("accepted", 10, now=T0 + 20)) == ["a0", "a1"]
+    assert keys(ledger.outbox("rejected_hard", 2, now=T0 + 20)) == ["h0", "h1"]
+    assert keys(ledger.outbox("rejected_hard", 10, now=T0 + 20, decided_before=T0 + 2)) == ["h0", "h1", "h2"]
+    assert [r.units for r in ledger.outbox("accepted", 10, now=T0 + 20)] == [7, 7]
+    # a row whose transaction reverted for a reason that may pass waits; the rows behind it go on
+    assert ledger.defer_report("a0", "InsufficientRewardBudget", after=T0 + 30, outcome="accepted") == 1
+    assert keys(ledger.outbox("accepted", 10, now=T0 + 20)) == ["a1"]
+    assert keys(ledger.outbox("accepted", 10, now=T0 + 30)) == ["a0", "a1"]
+    assert ledger.outbox("accepted", 10, now=T0 + 30)[0].report_attempts == 1
+    assert ledger.get("a0").report_error == "InsufficientRewardBudget"  # type: ignore[union-attr]
+
+
+def test_an_unreportable_verdict_leaves_the_outbox_with_its_reason(ledger: Ledger) -> None:
+    add(ledger, "k1", decision=hard("k1"), at=T0)
+    add(ledger, "k2", decision=hard("k2"), at=T0)
+    assert not ledger.mark_unreportable("k1", "InvalidationWindowClosed", outcome="accepted")  # not its verdict
+    assert ledger.mark_unreportable("k1", "InvalidationWindowClosed", outcome="rejected_hard", now=T0 + 5)
+    row = ledger.get("k1")
+    assert row is not None and (row.state, row.report_error, row.chain_tx) == (
+        "unreportable", "InvalidationWindowClosed", None)
+    assert keys(ledger.outbox("rejected_hard", 10, now=T0 + 10)) == ["k2"]
+    assert ledger.counts() == {"state:decided": 1, "state:unreportable": 1, "outcome:rejected_hard": 2}
+    audit = ledger.audit()
+    assert audit["counts"]["unreportable"] == 1
+    assert {h["work_key"]: h.get("unreportable") for h in audit["rejected_hard"]} == {
+        "k1": "InvalidationWindowClosed", "k2": None}
+    # a verdict replaced later is reported anew
+    ledger.redecide("k1", accepted("k1"))
+    assert keys(ledger.outbox("accepted", 10)) == ["k1"] and ledger.get("k1").report_error is None  # type: ignore[union-attr]
+
+
+def test_unreported_hard_pages_through_one_version(ledger: Ledger) -> None:
+    for i in range(7):
+        add(ledger, f"h{i}", decision=hard(f"h{i}"), at=T0 + i)
+    add(ledger, "other", version=2, decision=hard("other"))
+    add(ledger, "ok", decision=accepted("ok"))
+    seen = []
+    for row in ledger.unreported_hard(1, page=3):
+        seen.append(row.work_key)
+        ledger.redecide(row.work_key, soft(row.work_key, "suspected_systemic"))  # what the softening does
+    assert seen == [f"h{i}" for i in range(7)]
+    assert list(ledger.unreported_hard(1)) == []
+
+
+def test_counts_are_tallies_that_match_the_rows_through_every_change(open_ledger: OpenLedger) -> None:
+    ledger = open_ledger()
+    add(ledger, "k1", decision=accepted("k1"))
+    add(ledger, "k2", decision=hard("k2"))
+    add(ledger, "k3")
+    add(ledger, "k4")
+    ledger.decide("k3", soft("k3"))
+    ledger.redecide("k1", hard("k1"))  # accepted -> hard: its feed item goes
+    ledger.mark_reported(["k1", "k2", "k2"], "0xtx")
+    ledger.mark_unreportable("k3", "WorkNotAccepted", outcome="rejected_soft")
+
+    def recount() -> dict[str, int]:  # the same numbers from a scan of every row (the audit's listing)
+        a = ledger.audit()
+        rows = a["accepted"] + a["rejected_hard"] + a["rejected_soft"]
+        reported = sum(r["reported"] for r in rows)
+        unreportable = sum("unreportable" in r for r in rows)
+        return {"state:received": a["counts"]["pending"], "state:decided": len(rows) - reported - unreportable,
+                "state:reported": reported, "state:unreportable": unreportable,
+                "outcome:accepted": len(a["accepted"]), "outcome:rejected_hard": len(a["rejected_hard"]),
+                "outcome:rejected_soft": len(a["rejected_soft"])}
+
+    expected = {"state:received": 1, "state:reported": 2, "state:unreportable": 1, "outcome:rejected_hard": 2,
+                "outcome:rejected_soft": 1}
+    assert ledger.counts() == expected
+    assert {k: v for k, v in recount().items() if v} == expected
+    assert ledger.feed_size() == 0 and ledger.backlog() == 1
+    # another process sees the same tallies; a ledger from before them is counted once when opened
+    assert open_ledger().counts() == expected
+
+
+def test_a_ledger_from_before_the_outbox_columns_and_tallies_is_migrated(tmp_path: Any) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    old = Ledger.open(path=path)
+    add(old, "k1", decision=accepted("k1"))
+    add(old, "k2")
+    old.close()
+    conn = sqlite3.connect(path)  # the ledger as the previous release left it
+    conn.execute("DROP TABLE tallies")
+    conn.execute("DROP INDEX submissions_outbox")
+    conn.execute("DROP INDEX submissions_node_state")
+    for col in ("report_attempts", "report_after", "report_error"):
+        conn.execute(f"ALTER TABLE submissions DROP COLUMN {col}")
+    conn.commit()
+    conn.close()
+    ledger = Ledger.open(path=path)
+    try:
+        assert ledger.counts() == {"state:received": 1, "state:decided": 1, "outcome:accepted": 1}
+        assert ledger.feed_size() == 1
+        assert keys(ledger.outbox("accepted", 10)) == ["k1"]
+    finally:
+        ledger.close()

@@ -1,0 +1,135 @@
+"""Flood bounds of a real validator on 127.0.0.1 against anvil (issue 23 item 3): bytes stored per node per
+window, a node with a slash coming is held until it lands, a global cap on the backlog, a global intake
+rate and a cap on concurrent intake requests. Every refusal says when to come back (Retry-After)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from contracts.pool import WorkStatus
+
+pytestmark = pytest.mark.timeout(240)
+
+FAST = {"rate_per_node": 1000.0, "rate_burst": 1000}  # the per-node rate limit out of the way
+
+
+def _cheap_failures(node: Any, n: int, start: int = 0) -> list[bytes]:
+    """`n` distinct submissions of `node` that fail a cheap check (wrong tasks) at intake, one generation."""
+    sub, _ = node.build(counter=start, cheat="unassigned_task")
+    return [node.seal(sub.model_copy(update={"counter": start + i})) for i in range(n)]
+
+
+def _rows(v: Any, node: str) -> int:
+    with v.client() as c:
+        verdicts = c.get(f"/v1/nodes/{node}").json()["verdicts"]
+    return sum(n for by_reason in verdicts.values() for n in by_reason.values())
+
+
+def test_bytes_stored_per_node_per_window_are_bounded(make_validator, make_node):
+    flooder, other = make_node(), make_node()
+    floods = _cheap_failures(flooder, 12)
+    size = len(floods[0])
+    quota = 3 * size + size // 2  # room for three
+    v = make_validator(**FAST, flood={"node_bytes_per_window": quota, "window_s": 3600, "hold_slashable": False})
+    answers = []
+    with v.client() as c:
+        for data in floods:
+            answers.append(c.post("/v1/submissions", content=data))
+        ok = [r for r in answers if r.status_code == 200]
+        refused = [r for r in answers if r.status_code == 429]
+        assert len(ok) == 3 and len(refused) == len(floods) - 3, [r.status_code for r in answers]
+        assert all(r.json()["error"] == "node_quota" and int(r.headers["Retry-After"]) >= 1 for r in refused)
+        assert _rows(v, flooder.identity.address) == 3
+        # another node's bytes are its own
+        r = c.post("/v1/submissions", content=_cheap_failures(other, 1)[0])
+        assert r.status_code == 200, r.text
+
+
+def test_a_node_whose_slash_is_coming_is_held_until_it_lands(make_validator, make_node, published):
+    flooder, other = make_node(), make_node()
+    floods = _cheap_failures(flooder, 5)
+    v = make_validator(**FAST, systemic={"window_s": 2.0, "min_nodes": 100, "fraction": 1.0})
+    with v.client() as c:
+        first = c.post("/v1/submissions", content=floods[0])
+        assert first.status_code == 200 and first.json()["outcome"] == "rejected_hard"
+        held = c.post("/v1/submissions", content=floods[1])  # the verdict waits out the systemic window
+        assert held.status_code == 429 and held.json()["error"] == "node_quota", held.text
+        assert int(held.headers["Retry-After"]) >= 1
+        assert c.post("/v1/submissions", content=_cheap_failures(other, 1)[0]).status_code == 200
+    v.wait_reported(first.json()["work_key"])  # the slash lands: the node is out of the pool
+    assert published.admin.get_work(first.json()["work_key"]).status == WorkStatus.HARD_INVALIDATED
+    deadline = time.monotonic() + 30
+    with v.client() as c:
+        while (r := c.post("/v1/submissions", content=floods[2])).status_code != 403:
+            assert r.status_code == 429 and time.monotonic() < deadline, r.text
+            time.sleep(0.1)
+    assert _rows(v, flooder.identity.address) == 1
+
+
+def test_the_backlog_of_undecided_and_unreported_work_is_capped(make_validator, make_node):
+    a, b = make_node(), make_node()
+    floods = _cheap_failures(a, 6)
+    # hard verdicts wait out a long systemic window: they stay in the outbox
+    v = make_validator(**FAST, flood={"max_backlog": 4, "hold_slashable": False},
+                       systemic={"window_s": 3600, "min_nodes": 100, "fraction": 1.0})
+    with v.client() as c:
+        codes = [c.post("/v1/submissions", content=data).status_code for data in floods]
+        assert codes == [200] * 4 + [503] * 2
+        r = c.post("/v1/submissions", content=_cheap_failures(b, 1)[0])  # the cap is for everyone
+        assert r.status_code == 503 and r.json()["error"] == "overloaded" and int(r.headers["Retry-After"]) >= 1
+        audit = c.get("/v1/audit").json()["counts"]
+    assert audit["received"] == 4
+
+
+def test_the_intake_rate_of_all_nodes_together_is_capped(make_validator, make_node):
+    nodes = [make_node() for _ in range(3)]
+    built = [_cheap_failures(n, 1)[0] for n in nodes]
+    v = make_validator(**FAST, flood={"rate": 0.001, "burst": 2})
+    with v.client() as c:
+        answers = [c.post("/v1/submissions", content=data) for data in built]
+    assert [r.status_code for r in answers] == [200, 200, 503]
+    assert answers[2].json()["error"] == "overloaded" and int(answers[2].headers["Retry-After"]) >= 1
+
+
+def _slow_upload(url: str) -> socket.socket:
+    """A connection that sends a submission's headers and the first byte of its body, then nothing."""
+    u = urlparse(url)
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    s.sendall(b"POST /v1/submissions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n{")
+    return s
+
+
+def test_concurrent_intake_requests_are_capped(make_validator):
+    v = make_validator(flood={"max_concurrent": 2})
+    slow = [_slow_upload(v.url) for _ in range(2)]
+    with v.client() as c:
+        deadline = time.monotonic() + 30
+        while (r := c.post("/v1/submissions", content=b"junk")).status_code != 503:  # the two are being read
+            assert r.status_code == 400 and time.monotonic() < deadline, r.text
+            time.sleep(0.05)
+        assert r.json()["error"] == "overloaded" and r.headers["Retry-After"] == "1"
+        for s in slow:
+            s.close()
+        while (r := c.post("/v1/submissions", content=b"junk")).status_code != 400:  # their slots are free again
+            assert r.status_code == 503 and time.monotonic() < deadline, r.text
+            time.sleep(0.05)
+
+
+def test_the_replay_guard_of_the_intake_forgets_expired_nonces(make_validator, make_node):
+    """replay.sqlite holds only the nonces of the last age window (issue 23 item 13: it was given a monotonic
+    clock, against which no wall-clock expiry ever passed, so it grew forever)."""
+    node = make_node()
+    v = make_validator(**FAST)
+    guard, gate = v.service.replay, v.service.pipeline.gate
+    sent = time.time() - 2 * v.service.cfg.max_age_s
+    gate.check_and_record(v.service.domain, node.identity.address, 1, sent_at=sent, expires_at=sent + 1.0)
+    assert len(guard) == 1
+    with v.client() as c:
+        assert c.post("/v1/submissions", content=_cheap_failures(node, 1)[0]).status_code == 200
+    assert len(guard) == 1  # the expired nonce was pruned when the next one was recorded
+    assert guard.horizon == sent

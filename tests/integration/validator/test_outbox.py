@@ -1,0 +1,125 @@
+"""The chain reporter against a real anvil and a real validator: a verdict the chain refuses for good leaves
+the outbox with its reason and a metric, and never holds up the verdicts behind it (issue 23 item 2)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from chainfixtures import SETTINGS
+
+from contracts.pool import WorkStatus
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _post(v: Any, data: bytes) -> str:
+    with v.client() as c:
+        r = c.post("/v1/submissions", content=data)
+        assert r.status_code in (200, 202), r.text
+        return str(r.json()["work_key"])
+
+
+def _wait_state(v: Any, key: str, state: str, timeout: float = 60.0) -> dict[str, Any]:
+    with v.client() as c:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            row = c.get(f"/v1/submissions/{key}").json()
+            if row["state"] == state:
+                return dict(row)
+            time.sleep(0.1)
+    raise AssertionError(f"{key} not {state} within {timeout} s: {row}")
+
+
+def test_resigned_old_work_that_can_never_be_slashed_does_not_block_reporting(make_validator, make_node, published):
+    attacker, honest, cheater = make_node(), make_node(), make_node()
+    # batch 1: the old reporter read 10 rows a round, so 10 stuck rows at the head blocked everything
+    v = make_validator(reporter={"interval_s": 0.2, "batch": 1}, audit_cache_s=0.0,
+                       systemic={"window_s": 0.3, "min_nodes": 100, "fraction": 1.0})
+    built = [attacker.build() for _ in range(10)]
+    old_keys = [_post(v, data) for _, data in built]
+    for key in old_keys:
+        assert v.wait_reported(key)["outcome"] == "accepted"
+        assert published.admin.get_work(key).status == WorkStatus.ACCEPTED
+    # the invalidation window of that work closes: invalidateHard of it reverts, now and forever
+    published.chain.rpc("evm_increaseTime", [SETTINGS.invalidation_window + 10])
+    published.chain.rpc("evm_mine")
+    with v.client() as c:
+        for sub, _ in built:  # a different payload re-signed for each recorded assignment: equivocation
+            first = sub.tasks[0].samples[0]
+            other = sub.model_copy(update={"tasks": (sub.tasks[0].model_copy(update={"samples": (
+                first.model_copy(update={"reward": first.reward + 1.0}), *sub.tasks[0].samples[1:])}),
+                *sub.tasks[1:])})
+            r = c.post("/v1/submissions", content=attacker.seal(other))
+            # 409: an equivocation verdict; 429: the node is held back while a hard verdict of it is pending
+            assert r.status_code in (409, 429), r.text
+    # work submitted afterwards is still recorded, and other slashes still land
+    honest_key = _post(v, honest.build()[1])
+    bad_key = _post(v, cheater.build(cheat="other_seed")[1])
+    assert v.wait_reported(honest_key)["outcome"] == "accepted"
+    assert published.admin.get_work(honest_key).status == WorkStatus.ACCEPTED
+    bad = v.wait_reported(bad_key)
+    assert (bad["outcome"], bad["reason"]) == ("rejected_hard", "sampling_mismatch")
+    assert published.admin.get_work(bad_key).status == WorkStatus.HARD_INVALIDATED
+    stuck = _wait_state(v, old_keys[0], "unreportable")
+    assert (stuck["outcome"], stuck["reason"]) == ("rejected_hard", "equivocation")
+    assert "InvalidationWindowClosed" in stuck["report_error"]
+    assert stuck["chain_tx"] is None and stuck["evidence_hash"]  # the verdict and its evidence stay here
+    assert published.admin.get_work(old_keys[0]).status == WorkStatus.ACCEPTED
+    with v.client() as c:
+        metrics = c.get("/metrics").text
+        assert 'prime_validator_unreportable{reason="InvalidationWindowClosed"}' in metrics
+        deadline = time.monotonic() + 30
+        while True:  # read while nothing moves (a late re-signed row may still be on its way out)
+            audit = c.get("/v1/audit").json()
+            counts = c.get("/v1/audit?rows=false").json()
+            metrics_after = c.get("/metrics").text
+            if c.get("/v1/audit").json() == audit or time.monotonic() > deadline:
+                break
+    # the counts dashboards poll come from running tallies (no listing, no scan) and match the full scan
+    assert "rejected_hard" not in counts and counts["counts"] == audit["counts"]
+    assert counts["feed_size"] == audit["feed_size"] == len(audit["accepted"])
+    hard_rows = len(audit["rejected_hard"])
+    assert f'prime_validator_ledger_rows{{kind="outcome:rejected_hard"}} {float(hard_rows)}' in metrics_after
+    assert f'prime_validator_feed_items {float(audit["feed_size"])}' in metrics_after
+    listed = {h["work_key"]: h for h in audit["rejected_hard"]}
+    assert listed[old_keys[0]]["reported"] is False
+    assert "InvalidationWindowClosed" in listed[old_keys[0]]["unreportable"]
+    assert audit["counts"]["unreportable"] >= 1
+
+
+def test_the_rpc_failing_pauses_reporting_with_backoff_and_blames_no_row(published, tmp_path):
+    """A transient failure (the RPC unreachable) says nothing about the rows: none is deferred or given up,
+    the reporter waits (doubling) and then records them once the chain answers again."""
+    from chainfixtures import VALIDATOR
+    from netfixtures import free_port
+
+    from contracts.pool import PoolClient
+    from contracts.transactor import Transactor, connect
+    from validator.ledger import Decision, Ledger
+    from validator.reporter import Reporter
+
+    node = published.new_node()
+    ledger = Ledger.open(path=tmp_path / "ledger.sqlite")
+    key = "0x" + "ab" * 32
+    ledger.insert(work_key=key, submission_hash="0x" + "cd" * 32, node=node.address, policy_version=1, counter=0,
+                  envelope=b"{}", decision=Decision(outcome="accepted", reason="accepted", measurements={"units": 3}))
+    me = published.chain.account(VALIDATOR)
+    dead = f"http://127.0.0.1:{free_port()}"
+    down = PoolClient(connect(dead), published.deployment.pool, me, Transactor(connect(dead), me, retries=0))
+    reporter = Reporter(ledger, down, batch=4, hold_hard_s=0.0, retry_backoff_s=10.0, max_backoff_s=25.0)
+    t = time.time()
+    assert reporter.drain(now=t) == 0
+    assert reporter.paused_until == t + 10.0
+    assert reporter.drain(now=t + 5.0) == 0  # paused: not even tried
+    assert reporter.drain(now=t + 10.0) == 0 and reporter.paused_until == t + 30.0  # doubled
+    assert reporter.drain(now=t + 30.0) == 0 and reporter.paused_until == t + 55.0  # at most max_backoff_s
+    row = ledger.get(key)
+    assert row is not None and (row.state, row.report_error) == ("decided", None)  # no row blamed
+    assert reporter.deferred == 0 and not reporter.unreportable
+    reporter.pool = PoolClient(connect(published.chain.rpc_url), published.deployment.pool, me)  # the RPC is back
+    assert reporter.drain(now=t + 55.0) == 1
+    assert published.admin.get_work(key).status == WorkStatus.ACCEPTED
+    assert reporter.paused_until == t + 55.0 and reporter.drain(now=t + 56.0) == 0  # nothing left, no pause
+    ledger.close()
