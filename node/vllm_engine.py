@@ -94,6 +94,8 @@ class _WorkerState:
         self.rows_in: torch.Tensor | None = None
         self.traces: dict[str, _Trace] = {}
         self.hooked = False
+        self.resumed = 0
+        """Protocol requests re-added with outputs already generated (resumed after a preemption)."""
 
     def capture(self, _module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         self.rows_in = args[1]  # LogitsProcessor.forward(lm_head, hidden_states, ...)
@@ -179,6 +181,8 @@ class ProtocolSampler(LogitsProcessor):  # type: ignore[misc]
             if prime is None:
                 self.rows.pop(index, None)
                 continue
+            if output:
+                _STATE.resumed += 1
             self.rows[index] = _Row(str(prime["key"]), int(prime["seed"]), ProtocolParams(
                 temperature=prime["temperature"], top_k=prime["top_k"], top_p=prime["top_p"]), output)
         for a, b, direction in batch_update.moved:
@@ -209,6 +213,9 @@ class PrimeWorkerExtension:
 
     def prime_collect(self, keys: list[str], with_hidden: bool = False) -> dict[str, dict[str, Any]]:
         return _STATE.collect(keys, with_hidden)
+
+    def prime_stats(self) -> dict[str, int]:
+        return {"resumed": _STATE.resumed, "pending": len(_STATE.traces)}
 
     def prime_reload(self, path: str) -> None:
         self.model_runner.reload_weights(weights_path=path)
@@ -275,6 +282,7 @@ class _Runtime:
 
     def __init__(self, settings: VllmEngineSettings, model: ModelSpec) -> None:
         self.settings = settings
+        self.model = model
         self.lock = threading.Lock()
         self.base = _checkpoint(model)
         self.weights = self.base.path
@@ -371,6 +379,10 @@ class _Runtime:
                                           finish_reason=finish, proofs=[bytes(p) for p in mine["proofs"]]))
         return completions, collected, keys
 
+    def preemptions(self) -> int:
+        """Requests that vLLM preempted and resumed so far (seen by the sampler)."""
+        return int(self.llm.collective_rpc("prime_stats")[0]["resumed"])
+
     def _shutdown(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
         core = getattr(engine, "engine_core", None)
@@ -394,11 +406,16 @@ _RUNTIMES_LOCK = threading.Lock()
 
 
 def runtime_for(settings: VllmEngineSettings, model: ModelSpec) -> _Runtime:
-    """The one vLLM runtime of these settings in this process (pre-flight and the work loop share it:
-    a second `LLM` would double the memory), started with `model`'s weights on first use."""
+    """The one vLLM runtime of these settings in this process (pre-flight and the work loop share it: a
+    second `LLM` would double the memory), started with `model`'s weights on first use. A policy version's
+    checkpoint (a directory) reuses it; another base model replaces it."""
     key = settings.model_dump_json()
     with _RUNTIMES_LOCK:
         rt = _RUNTIMES.get(key)
+        if rt is not None and not isinstance(model, HFModelSpec) and rt.model != model:
+            logger.info("vLLM: base model %s replaces %s", model.type, rt.model.type)
+            _RUNTIMES.pop(key).close()
+            rt = None
         if rt is None:
             if _vllm_version() != TESTED_VLLM:
                 logger.warning("vLLM %s is installed; the vLLM engine is tested with %s", _vllm_version(),
@@ -408,7 +425,8 @@ def runtime_for(settings: VllmEngineSettings, model: ModelSpec) -> _Runtime:
 
 
 @atexit.register
-def _close_all() -> None:
+def close_all() -> None:
+    """Stop every vLLM engine process this process started (also at exit)."""
     with _RUNTIMES_LOCK:
         for rt in _RUNTIMES.values():
             try:

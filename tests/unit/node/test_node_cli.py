@@ -36,3 +36,29 @@ def test_help_imports_no_torch_or_web3() -> None:
     assert out.returncode == 0, out.stderr
     assert "--chain.rpc-url" in out.stdout and "--engine.device" in out.stdout
     # the time is printed for the curious; tests assert behaviour, not timing (CONVENTIONS 12)
+
+
+def test_gpu_flag_picks_vllm_when_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import node.engines
+
+    monkeypatch.setattr(node.engines, "vllm_importable", lambda: True)
+    cfg = load_config(expand_flags(["--gpu", "0"]))
+    assert (cfg.engine.type, cfg.engine.device) == ("vllm", "cuda:0")
+    explicit = load_config(expand_flags(["--gpu=1", "--engine.type", "cpu"]))  # an explicit choice stands
+    assert (explicit.engine.type, explicit.engine.device) == ("cpu", "cuda:1")
+    monkeypatch.setattr(node.engines, "vllm_importable", lambda: False)
+    assert load_config(expand_flags(["--gpu", "0"])).engine.type == "cpu"
+
+
+def test_engine_type_vllm_without_vllm_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import node.engines
+    from protocol.errors import ConfigError
+    from protocol.model_spec import TinyModelSpec
+
+    cfg = load_config(["--engine.type", "vllm", "--engine.dtype", "float32"])
+    assert cfg.engine.type == "vllm" and cfg.engine.dtype == "float32"
+    monkeypatch.setattr(node.engines, "vllm_importable", lambda: False)
+    with pytest.raises(ConfigError, match=r"make setup-vllm.*|.*\[gpu\]"):
+        node.engines.build_engine(cfg.engine, TinyModelSpec())
+    with pytest.raises(Exception, match="does not match any of the expected tags"):
+        load_config(["--engine.type", "sglang"])
