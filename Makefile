@@ -42,7 +42,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 # The vLLM engine's tests (conformance through a real validator, hidden states vs the models/ prefill).
 test-vllm: setup-vllm
-	$(VLLM_PY) -m pytest -m "vllm and not gpu" $(ARGS)
+	VLLM_CONFIGURE_LOGGING=0 $(VLLM_PY) -m pytest -m "vllm and not gpu" $(ARGS)
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error

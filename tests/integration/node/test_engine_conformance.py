@@ -7,6 +7,7 @@ and bf16, the tiny model and SmolLM2); elsewhere its cases are skipped, saying w
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from protocol.model_spec import ModelSpec, SmolLM2Spec
 from protocol.seeds import work_key
 
 pytestmark = pytest.mark.timeout(900)
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's own log handler writes to streams pytest closes
 SMOLLM2_RUN = RUN.model_copy(update={"env": "reverse-text", "tasks_per_batch": 1, "samples_per_task": 2,
                                      "max_new_tokens": 24})
 MODELS = [pytest.param(TINY, RUN, id="tiny"),
@@ -88,5 +90,5 @@ def test_every_engine_here_produces_work_the_validator_accepts(
 
     report = run_preflight(build_engine(settings, model), model, run, {}, batches=1)
     with capsys.disabled():
-        print(f"\n[{settings.device} {settings.dtype}]\n" + "\n".join(report.lines()))
+        print(f"\n[{settings.type} {settings.device} {settings.dtype} {model.type}]\n" + "\n".join(report.lines()))
     assert report.ok and next(c for c in report.checks if c.name == "sampling mismatches").worst == 0
