@@ -1,4 +1,10 @@
-"""Generation throughput: the models/ engine against Hugging Face `generate`, same model and prompts.
+"""Generation throughput: the models/ engine against Hugging Face `generate` and vLLM, same model and prompts.
+
+`--engines` picks the generators (default `models,hf`; add `vllm` where vLLM is installed, e.g. in
+.venv-vllm after `make setup-vllm`): vLLM runs as the node runs it (`node/vllm_engine.py`: the
+protocol's sampler forced inside vLLM, TOPLOC proofs built in its worker, `--threads` OpenMP threads),
+one engine per dtype and model, started before the rows are timed. The JSON keeps `ratio_vs_hf` (the
+models/ engine over HF) and adds `ratio_vs_vllm` (the models/ engine over vLLM), keyed `dtype/model/batch`.
 
 For each model (tiny, SmolLM2-135M-Instruct) and batch size (1, 16, 64) both generators get the
 same prompts, the same thread count and temperature-1 sampling with no top-k/top-p (HF with its own
@@ -122,6 +128,18 @@ def run_engine(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -
     return dt, sum(len(g.tokens) for g in gens), ctx
 
 
+def run_vllm(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -> tuple[float, int]:
+    from node.engines import Request
+    from protocol.run import RunSpec
+
+    run = RunSpec(run_id="bench", max_new_tokens=max_new, temperature=1.0)
+    requests = [Request(p, seed * 1000 + i) for i, p in enumerate(prompts)]
+    t0 = CLOCK()
+    completions = engine.generate(requests, run)
+    dt = CLOCK() - t0
+    return dt, sum(len(c.tokens) for c in completions)
+
+
 def matmul_rates(dtype: str, seconds: float) -> dict[str, Any]:
     """Dense square matmul GFLOP/s of every kernel path the engine can pick for weights in ``dtype``.
 
@@ -199,6 +217,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="short run (a few minutes)")
     ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of: tiny, smollm2")
+    ap.add_argument("--engines", default="models,hf",
+                    help="comma list of: models (the models/ engine), hf (Hugging Face generate), vllm (needs vLLM; "
+                    "the tiny model runs in vLLM only with head_dim >= 32, so vllm rows use TinyModelSpec(hidden_size=128))")
     ap.add_argument("--batches", default="1,16,64", help="comma list of batch sizes")
     ap.add_argument("--max-new", type=int, default=None, help="max new tokens (default 128, quick 16)")
     ap.add_argument(
@@ -254,6 +275,10 @@ def main() -> int:
     if args.extra_repeats_within is None:
         args.extra_repeats_within = 20.0 if args.quick else 0.0
     batches = [int(b) for b in args.batches.split(",")]
+    engines = args.engines.split(",")
+    for e in engines:
+        if e not in ("models", "hf", "vllm"):
+            ap.error(f"unknown engine {e!r}")
     dtypes = args.dtypes.split(",")
     for dt_name in dtypes:
         if dt_name not in ("float32", "bfloat16"):
@@ -271,6 +296,7 @@ def main() -> int:
         "torch": torch.__version__,
         "dtypes": dtypes,
         "max_new_tokens": max_new,
+        "engines": engines,
         "repeats": args.repeats,
         "extra_repeats_within_s": args.extra_repeats_within,
         "kernel": args.kernel,
@@ -288,14 +314,24 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     kernels: dict[str, Any] = {}
     header = (
-        f"{'dtype':8} {'model':8} {'batch':>5} {'hf tok/s':>9} {'engine tok/s':>12} {'ratio':>6} "
-        f"{'eng GFLOP/s':>11} {'of peak':>7}  kernels"
+        f"{'dtype':8} {'model':8} {'batch':>5} {'hf tok/s':>9} {'vllm tok/s':>10} {'engine tok/s':>12} "
+        f"{'vs hf':>6} {'vs vllm':>7} {'eng GFLOP/s':>11} {'of peak':>7}  kernels"
     )
     print(header)
     for dtype, name in [(d, m) for d in dtypes for m in args.models.split(",")]:
         peak = peaks[dtype]
-        spec = TinyModelSpec() if name == "tiny" else SmolLM2Spec()
+        # vLLM's CPU attention needs head_dim >= 32: with vllm in the mix every engine runs that tiny shape
+        spec = (TinyModelSpec(hidden_size=128) if "vllm" in engines else TinyModelSpec()) if name == "tiny" \
+            else SmolLM2Spec()
         loaded = load(spec, dtype=dtype)
+        vllm = None
+        if "vllm" in engines:
+            from node.config import VllmEngineSettings
+            from node.vllm_engine import VllmEngine
+
+            t0 = time.perf_counter()
+            vllm = VllmEngine(VllmEngineSettings(dtype=dtype, threads=args.threads, max_num_seqs=max(batches)), spec)
+            info.setdefault("vllm_start_seconds", {})[f"{dtype}/{name}"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         engine = Engine(loaded, kernel=args.kernel, kernel_cache=kernel_cache)
         build_s = time.perf_counter() - t0
@@ -305,7 +341,10 @@ def main() -> int:
             kernels[f"{dtype}/{name}"] = {**choice.to_json(), "engine_build_seconds": build_s}
         warm = prompts_for(loaded, 2, name == "tiny")
         run_engine(engine, warm, 4, 0)
-        run_hf(loaded, warm, 4, 0)
+        if "hf" in engines:
+            run_hf(loaded, warm, 4, 0)
+        if vllm is not None:
+            run_vllm(vllm, warm, 4, 0)
         for b in batches:
             # Small batches run several groups one after another over the same prompt mix, so
             # batch 1 is not a single (possibly one-word) answer.
@@ -314,15 +353,20 @@ def main() -> int:
             prompts = pool
             # Alternate the two and keep each one's fastest run: on a shared machine the best run
             # is the one least disturbed by other processes.
-            hf_runs, en_runs = [], []
+            hf_runs, en_runs, vl_runs = [], [], []
             row_t0, r = time.perf_counter(), 0
             while r < args.repeats or (r < 3 and time.perf_counter() - row_t0 < args.extra_repeats_within):
-                hf = [run_hf(loaded, g, max_new, seed=b * 100 + r) for g in groups]
-                hf_runs.append((sum(x[0] for x in hf), sum(x[1] for x in hf)))
+                if "hf" in engines:
+                    hf = [run_hf(loaded, g, max_new, seed=b * 100 + r) for g in groups]
+                    hf_runs.append((sum(x[0] for x in hf), sum(x[1] for x in hf)))
+                if vllm is not None:
+                    vl = [run_vllm(vllm, g, max_new, seed=b * 100 + r) for g in groups]
+                    vl_runs.append((sum(x[0] for x in vl), sum(x[1] for x in vl)))
                 en = [run_engine(engine, g, max_new, seed=b * 100 + r) for g in groups]
                 en_runs.append((sum(x[0] for x in en), sum(x[1] for x in en), sum(x[2] for x in en)))
                 r += 1
-            hf_dt, hf_n = max(hf_runs, key=lambda x: x[1] / x[0])
+            hf_dt, hf_n = max(hf_runs, key=lambda x: x[1] / x[0]) if hf_runs else (float("nan"), 0)
+            vl_dt, vl_n = max(vl_runs, key=lambda x: x[1] / x[0]) if vl_runs else (float("nan"), 0)
             en_dt, en_n, ctx = max(en_runs, key=lambda x: x[1] / x[0])
             flops = engine_flops(loaded, prompts, en_n, ctx) / en_dt
             row = {
@@ -339,26 +383,45 @@ def main() -> int:
                 "engine_tokens": en_n,
                 "engine_seconds": en_dt,
                 "engine_tok_s": en_n / en_dt,
-                "ratio_vs_hf": (en_n / en_dt) / (hf_n / hf_dt),
+                "ratio_vs_hf": (en_n / en_dt) / (hf_n / hf_dt) if hf_runs else None,
+                "vllm_runs_tok_s": [n / dt for dt, n in vl_runs],
+                "vllm_tokens": vl_n,
+                "vllm_seconds": vl_dt,
+                "vllm_tok_s": vl_n / vl_dt if vl_runs else None,
+                "ratio_vs_vllm": (en_n / en_dt) / (vl_n / vl_dt) if vl_runs else None,
                 "engine_flops": flops,
                 "fraction_of_matmul_peak": flops / peak,
             }
             results.append(row)
+            def cell(v: float | None, width: int, fmt: str) -> str:
+                return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
+
             print(
-                f"{dtype:8} {name:8} {b:>5} {row['hf_tok_s']:>9.1f} {row['engine_tok_s']:>12.1f} {row['ratio_vs_hf']:>5.2f}x "
+                f"{dtype:8} {name:8} {b:>5} {cell(row['hf_tok_s'] if hf_runs else None, 9, '.1f')} "
+                f"{cell(row['vllm_tok_s'], 10, '.1f')} {row['engine_tok_s']:>12.1f} "
+                f"{cell(row['ratio_vs_hf'], 5, '.2f')}x {cell(row['ratio_vs_vllm'], 6, '.2f')}x "
                 f"{flops / 1e9:>11.2f} {flops / peak:>6.1%}  {paths}",
                 flush=True,
             )
+        if vllm is not None:
+            vllm.close()
         del engine, loaded
-    ratio_vs_hf = {f"{r['dtype']}/{r['model']}/{r['batch']}": r["ratio_vs_hf"] for r in results}
+    ratio_vs_hf = {f"{r['dtype']}/{r['model']}/{r['batch']}": r["ratio_vs_hf"] for r in results
+                   if r["ratio_vs_hf"] is not None}
+    ratio_vs_vllm = {f"{r['dtype']}/{r['model']}/{r['batch']}": r["ratio_vs_vllm"] for r in results
+                     if r["ratio_vs_vllm"] is not None}
     below = {k: v for k, v in ratio_vs_hf.items() if v < 1.0}
-    print("all rows at least 1x HF generate" if not below else f"rows below 1x HF: {below}")
+    if ratio_vs_hf:
+        print("all rows at least 1x HF generate" if not below else f"rows below 1x HF: {below}")
+    if ratio_vs_vllm:
+        faster = sorted(k for k, v in ratio_vs_vllm.items() if v >= 1.0)
+        print(f"models/ engine at least as fast as vLLM on {len(faster)} of {len(ratio_vs_vllm)} rows: "
+              f"{', '.join(faster) or 'none'}")
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {"info": info, "kernels": kernels, "results": results, "ratio_vs_hf": ratio_vs_hf}, indent=2
-            )
-        )
+        out = {"info": info, "kernels": kernels, "results": results, "ratio_vs_hf": ratio_vs_hf}
+        if ratio_vs_vllm:
+            out["ratio_vs_vllm"] = ratio_vs_vllm
+        args.json.write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json}")
     return 0
 
