@@ -86,6 +86,9 @@ class DevnetConfig(PrimeConfig):
     """Seconds between two live summary lines."""
     node_threads: int = Field(1, ge=1)
     """torch threads per node."""
+    node_engine: Literal["cpu", "vllm"] = "cpu"
+    """The nodes' inference engine: `cpu` (the models/ engine) or `vllm` (run `prime-devnet` from .venv-vllm,
+    `make setup-vllm`; one vLLM engine process per node)."""
     restart: bool = False
     """Restart a role whose process dies (a crash, `kill -9`) with the same command and environment, as a
     process manager would (the fault suite, bench/faults.py, uses it); the chain is never restarted (anvil

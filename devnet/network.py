@@ -305,7 +305,7 @@ class Network:
                 "state_dir": str(self.state / f"node-{i}"), "validators": v_urls,
                 "key": {"key_env": "PRIME_DEVNET_NODE_KEY"},
                 "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 1.0},
-                "engine": {"threads": cfg.node_threads}, "weights": weights,
+                "engine": {"type": cfg.node_engine, "threads": cfg.node_threads}, "weights": weights,
                 "preflight": {"skip": True}, "monitor": {"host": self.address(name), "port": p},
                 "submit": {"max_pending": 4, "backoff_s": 0.2, "max_backoff_s": 5.0},
             })
