@@ -71,13 +71,15 @@ def _report(model: ModelSpec, dtype: str, requests: list[Request], run: RunSpec,
     rollouts = [Rollout(r.prompt, c.tokens, c.proofs, r.seed, run.max_new_tokens)
                 for r, c in zip(requests, completions, strict=True)]
     reports = measure(loaded, rollouts, params, cfg)
-    worst_exp, worst_mean, worst_margin, worst_row = 0, 0.0, 0.0, 0.0
+    worst_exp, worst_mean, worst_margin, worst_row, worst_lp = 0, 0.0, 0.0, 0.0, 0.0
     for r, c, t, rep in zip(requests, completions, traced, reports, strict=True):
         assert rep.error is None, rep.error
         assert rep.sampling is not None and not rep.sampling.mismatch_positions, rep.sampling
         assert not cfg.failing_chunks(rep.proofs), rep.proofs
         assert rep.termination is not None and not rep.termination.violations, rep.termination
-        assert c.logprobs == pytest.approx(list(rep.logprobs), abs=0.05)
+        # the trainer learns from the validator's logprobs; the node's own differ by bf16 rounding of the logits
+        assert c.logprobs == pytest.approx(list(rep.logprobs), abs=1e-3 if dtype == "float32" else 0.5)
+        worst_lp = max([worst_lp] + [abs(a - b) for a, b in zip(c.logprobs, rep.logprobs, strict=True)])
         ids = torch.tensor([r.prompt + c.tokens[:-1]])
         with torch.inference_mode():
             rows = prefill(loaded, ids).hidden[0, len(r.prompt) - 1:].float()
@@ -90,7 +92,7 @@ def _report(model: ModelSpec, dtype: str, requests: list[Request], run: RunSpec,
     print(f"\n[vllm {model.type} {dtype}] {len(requests)} seqs, {sum(len(c.tokens) for c in completions)} tokens: "
           f"TOPLOC worst exp mismatches {worst_exp}/{cfg.max_exp_mismatches}, worst mantissa mean "
           f"{worst_mean:.2f}/{cfg.max_mant_err_mean}; sampling worst margin {worst_margin:.4f}/"
-          f"{cfg.sampling_margin_tolerance}; max |vLLM row - prefill row| {worst_row:.3g}")
+          f"{cfg.sampling_margin_tolerance}; max |vLLM row - prefill row| {worst_row:.3g}; max |logprob - validator's| {worst_lp:.3g}")
 
 
 MODELS = [pytest.param(TINY, "float32", id="tiny-float32"),
