@@ -40,9 +40,11 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_PY) -c "import vllm, transformers, node.vllm_engine"
 	touch $@
 
-# The vLLM engine's tests (conformance through a real validator, hidden states vs the models/ prefill).
+# The vLLM engine's tests (conformance through a real validator, hidden states vs the models/ prefill);
+# they live under VLLM_TESTS (collecting the whole suite in .venv-vllm costs ~1.5 min); ARGS replaces it.
+VLLM_TESTS := tests/integration/node
 test-vllm: setup-vllm
-	VLLM_CONFIGURE_LOGGING=0 $(VLLM_PY) -m pytest -m "vllm and not gpu" $(ARGS)
+	VLLM_CONFIGURE_LOGGING=0 $(VLLM_PY) -m pytest -m "vllm and not gpu" $(or $(ARGS),$(VLLM_TESTS))
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
