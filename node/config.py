@@ -79,7 +79,7 @@ class VllmEngineSettings(Section):
     max_num_batched_tokens: int | None = Field(None, ge=16)
     """Tokens per engine step (default vLLM's); a small value splits long prompts into chunked prefills."""
     kv_cache_gib: float = Field(1.0, gt=0.0)
-    """KV cache size on a CPU (GiB; vLLM's `VLLM_CPU_KVCACHE_SPACE`)."""
+    """KV cache size on a CPU (GiB; vLLM's `kv_cache_memory_bytes`)."""
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
     """Share of the GPU's memory vLLM may take (GPU only)."""
     enforce_eager: bool = True
