@@ -11,12 +11,11 @@ Nothing above this module sees torch tensors.
 
 from __future__ import annotations
 
-import abc
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from node.config import CpuEngineSettings, EngineSettings, VllmEngineSettings
+from node.inference import Completion, InferenceEngine, Request
 from protocol.errors import ConfigError
 from protocol.model_spec import ModelSpec
 from protocol.run import RunSpec
@@ -24,41 +23,10 @@ from protocol.run import RunSpec
 if TYPE_CHECKING:
     from models.loading import LoadedModel
 
+__all__ = ["Completion", "InferenceEngine", "Request", "ModelsEngine", "available_engines", "vllm_engines",
+           "build_engine", "vllm_importable", "VLLM_INSTALL"]
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Request:
-    """One completion to generate: the prompt and the seed the protocol derived for it."""
-
-    prompt: list[int]
-    seed: int
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What an engine returns for one request."""
-
-    tokens: list[int]
-    logprobs: list[float]
-    finish_reason: Literal["eos", "length"]
-    proofs: list[bytes]
-
-
-class InferenceEngine(abc.ABC):
-    """Generate with the protocol's seeded sampler and prove what was generated."""
-
-    @property
-    @abc.abstractmethod
-    def tokenizer(self) -> Any:
-        """The model's tokenizer (prompts are rendered and completions decoded with it)."""
-
-    @abc.abstractmethod
-    def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
-        """One completion per request, sampled with `run`'s sampler settings and each request's seed."""
-
-    def close(self) -> None:  # noqa: B027 - optional: most engines hold nothing outside this process
-        """Release what the engine holds outside Python objects (vLLM's engine process)."""
 
 
 class ModelsEngine(InferenceEngine):

@@ -50,7 +50,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from models.sampling import SamplingParams as ProtocolParams
 from models.sampling import sample, seed_tensor
-from node.engines import Completion, InferenceEngine, Request
+from node.inference import Completion, InferenceEngine, Request
 from protocol.errors import ModelError
 from protocol.model_spec import HFModelSpec, ModelSpec, SmolLM2Spec, TinyModelSpec
 from protocol.run import RunSpec
