@@ -218,17 +218,9 @@ def _margins(row: dict[str, Any]) -> dict[str, float]:
 
 def perturbed(loaded: Any, scale: float, seed: int) -> Any:
     """A copy of `loaded` with every weight multiplied by (1 + scale * N(0, 1))."""
-    import copy
+    from validator_harness import perturbed as noised
 
-    import torch
-
-    other = copy.copy(loaded)
-    other.model = copy.deepcopy(loaded.model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in other.model.parameters():
-            p.mul_(1 + scale * torch.randn(p.shape, generator=gen))
-    return other
+    return noised(loaded, scale, seed)
 
 
 def lower_precision(loaded: Any, dtype: str) -> Any:

@@ -88,12 +88,25 @@ class AppealSettings(Section):
 
 
 class SystemicSettings(Section):
+    """The correlation guard (`validator.guard`): when the validator may blame itself for failures. Only
+    failures in the drift band can be softened, established nodes (accepted history x stake) pull the
+    trigger, and the validator re-checks known-good work before it stops slashing."""
+
     window_s: float = Field(300.0, gt=0.0)
-    """Hard failures inside this sliding window (per policy version) are compared."""
+    """Drift-band failures inside this sliding window (per policy version) are compared; history before
+    it weighs; a self-test result stands this long."""
     min_nodes: int = Field(3, ge=2)
-    """At least this many distinct failing nodes before the validator suspects itself."""
+    """At least this many distinct established nodes (accepted history before the window) failing in the
+    drift band before the validator tests itself."""
     fraction: float = Field(0.5, gt=0.0, le=1.0)
-    """...and at least this fraction of the nodes active in the window."""
+    """...and at least this fraction of the active nodes' weight (fresh keys weigh nothing)."""
+    drift_band_factor: float = Field(2.0, ge=1.0)
+    """A failure counts as possible honest drift only while each measurement that crosses a threshold
+    (TOPLOC chunk statistics, sampling margin, logprob error) is within this multiple of it."""
+    history_cap: int = Field(100, ge=1)
+    """Accepted submissions counted per node in its weight (so no single history dominates)."""
+    self_test_submissions: int = Field(3, ge=1)
+    """Known-good submissions of the version re-measured by a self-test; it fails when most of them fail."""
 
 
 class FloodSettings(Section):
@@ -194,7 +207,8 @@ class ValidatorConfig(PrimeConfig):
     checks: CheckSettings = CheckSettings()
     """Verdict thresholds (policy lives here; measurements are logged raw)."""
     systemic: SystemicSettings = SystemicSettings()
-    """Correlation-aware slashing: when many nodes fail at once, suspect ourselves."""
+    """The correlation guard: when established nodes fail in the drift band and our self-test fails, suspect
+    ourselves."""
     appeals: AppealSettings = AppealSettings()
     """Re-checking other validators' hard verdicts that nodes appeal (looser thresholds)."""
     reporter: ReporterSettings = ReporterSettings()

@@ -13,9 +13,10 @@ grader that could not grade) is retried or soft, never hard.
 
 Every hard verdict carries evidence (the submission's hash, what was measured, the thresholds, this
 software's version) whose SHA-256 goes on chain; the submission itself is stored once, in its ledger row,
-and served by its hash (`GET /v1/envelopes/{submission_hash}`), so a flood of failures is not stored twice. Before recording a hard verdict the validator asks
-whether many distinct nodes failed at the same version in the window; if so it suspects itself
-(`suspected_systemic`, soft) and converts that version's not-yet-reported hard verdicts too.
+and served by its hash (`GET /v1/envelopes/{submission_hash}`), so a flood of failures is not stored twice.
+A hard verdict whose measurements lie in the band honest drift produces may be softened to
+`suspected_systemic` by the correlation guard, only after the validator's own self-test fails
+(`validator.guard`); every other hard verdict stands.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from protocol.rollout import (
 )
 from protocol.seeds import sampling_seed, task_seed, validator_ranking, work_key
 from validator.chainview import CATCHUP_S, ChainView
+from validator.guard import SystemicGuard, drift_band
 from validator.ledger import Decision, Ledger, Row
 from validator.peers import PeerWatch
 from validator.weights import WeightStore, WeightsUnavailable
@@ -236,7 +238,7 @@ class Pipeline:
             "checks": c.model_dump(mode="json"), "run": self.run.model_dump(mode="json")})).digest())
         self.stats: dict[str, int] = {}
         self._stats_lock = threading.Lock()
-        self._systemic_versions: set[int] = set()
+        self.guard = SystemicGuard(self)
 
     # -- small helpers -------------------------------------------------------------------------
 
@@ -296,39 +298,16 @@ class Pipeline:
     def _reject(self, sub: Submission, envelope_bytes: bytes, reason: Reason, detail: str,
                 measurements: dict[str, Any] | None = None, **kw: Any) -> Decision:
         outcome = Outcome.REJECTED_HARD if reason.hard else Outcome.REJECTED_SOFT
-        if outcome is Outcome.REJECTED_HARD and self._systemic(sub.node, sub.policy_version):
-            detail = f"{reason.value} ({detail}) while many nodes fail at v{sub.policy_version}: suspecting ourselves"
-            reason, outcome = Reason.SUSPECTED_SYSTEMIC, Outcome.REJECTED_SOFT
+        if outcome is Outcome.REJECTED_HARD and measurements is not None and "samples" in measurements:
+            c = self.cfg.checks
+            measurements = {**measurements, "drift_band": drift_band(
+                reason, measurements, self.thresholds, c.logprob_tolerance, self.cfg.systemic.drift_band_factor)}
+            if self.guard.softens(sub, reason, measurements):
+                detail = f"{reason.value} ({detail}) and our self-test of v{sub.policy_version} failed: suspecting " \
+                         "ourselves"
+                reason, outcome = Reason.SUSPECTED_SYSTEMIC, Outcome.REJECTED_SOFT
+                measurements["drift_band"] = False  # a softened row never counts as a failure again
         return self._decision(sub, envelope_bytes, outcome, reason, detail, measurements, **kw)
-
-    # -- correlation-aware slashing -----------------------------------------------------------
-
-    def _systemic(self, node: str, version: int, now: float | None = None) -> bool:
-        """Would a hard verdict for `node` at `version` make failures look systemic?"""
-        s = self.cfg.systemic
-        t = time.time() if now is None else now
-        failing = set(self.ledger.hard_failures_since(version, t - s.window_s)) | {node}
-        active = set(self.ledger.active_nodes_since(t - s.window_s)) | {node}
-        if len(failing) < s.min_nodes or len(failing) / len(active) < s.fraction:
-            return False
-        if version not in self._systemic_versions:
-            self._systemic_versions.add(version)
-            log.error("SYSTEMIC: %d of %d active nodes failed hard at v%d within %.0f s; slashing stops for this "
-                      "version (check our weights, software and thresholds)", len(failing), len(active), version,
-                      s.window_s)
-        self.count("systemic_suspected")
-        self._soften_unreported(version)
-        return True
-
-    def _soften_unreported(self, version: int) -> None:
-        """Hard verdicts of `version` not yet on chain become `suspected_systemic` (the reporter holds hard
-        verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
-        for row in self.ledger.unreported_hard(version):  # a page at a time, never every envelope at once
-            if row.policy_version == version and row.outcome == Outcome.REJECTED_HARD.value:
-                sub = _parse_stored(row)
-                decision = self._decision(sub, row.envelope, Outcome.REJECTED_SOFT, Reason.SUSPECTED_SYSTEMIC,
-                                          f"was {row.reason}: {row.detail}")
-                self.ledger.redecide(row.work_key, decision)
 
     # -- intake (cheap checks) ----------------------------------------------------------------
 

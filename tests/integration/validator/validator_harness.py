@@ -135,7 +135,8 @@ class SimNode:
         (generate with `model`), `other_prompt` (another system prompt), `edit_token`, `cheap_tokens`
         (`model`'s tokens, proved and scored by an honest prefill), `other_seed`, `early_stop`,
         `inflate_reward`, `unassigned_task`, `steer_logprobs` (honest work whose claimed logprobs are moved
-        inside the tolerance, see `steer_logprobs`) (bench/attacks.py runs each of them)."""
+        inside the tolerance, see `steer_logprobs`) (bench/attacks.py runs each of them), `junk` (free: one
+        made-up token per sample, no model run)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         if cheat in (None, "steer_logprobs"):  # honest work is exactly what prime-node builds
@@ -145,6 +146,8 @@ class SimNode:
                 sub = steer_logprobs(sub)
             return sub, self.seal(sub)
         run, env = self.run, get_environment(self.run.env, self.run.env_version)
+        if cheat == "junk":
+            return self._junk(version, counter)
         gen_model = model or self.loaded
         draw_counter = counter + 1000 if cheat == "unassigned_task" else counter
         tasks = env.sample(task_seed(self.identity.address, version, draw_counter, run_id=run.run_id),
@@ -197,6 +200,17 @@ class SimNode:
                          tasks=tuple(task_rollouts))
         data = self.seal(sub)
         return sub, data
+
+    def _junk(self, version: int, counter: int) -> tuple[Submission, bytes]:
+        run, env = self.run, get_environment(self.run.env, self.run.env_version)
+        tasks = env.sample(task_seed(self.identity.address, version, counter, run_id=run.run_id), run.tasks_per_batch)
+        junk = SampleRollout(tokens=(5,), logprobs=(-1.0,), finish_reason="length", reward=0.0,
+                             proofs=(bytes(258),))
+        sub = Submission(run_id=run.run_id, node=self.identity.address, policy_version=version,
+                         manifest_hash=self.manifest_hash, counter=counter, env=run.env, env_version=run.env_version,
+                         tasks=tuple(TaskRollouts(task_id=t.task_id, samples=(junk,) * run.samples_per_task)
+                                     for t in tasks))
+        return sub, self.seal(sub)
 
     def seal(self, sub: Submission) -> bytes:
         data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
@@ -252,6 +266,21 @@ def _prefill_hidden(loaded: LoadedModel, prompt: list[int], tokens: list[int]) -
     ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
     out = prefill(loaded, ids, torch.ones_like(ids), logits_last_only=True)
     return out.hidden[0, len(prompt) - 1 :]
+
+
+def perturbed(loaded: LoadedModel, scale: float, seed: int) -> LoadedModel:
+    """A copy of `loaded` with every weight multiplied by (1 + scale * N(0, 1))."""
+    import copy
+
+    import torch
+
+    other = copy.copy(loaded)
+    other.model = copy.deepcopy(loaded.model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.mul_(1 + scale * torch.randn(p.shape, generator=gen))
+    return other
 
 
 def tiny(seed: int = 0) -> LoadedModel:
