@@ -63,26 +63,13 @@ class CheckSettings(Section):
 class AppealSettings(Section):
     """How this validator re-checks another validator's hard verdict when the node appeals (`POST /v1/appeals`).
 
-    The re-check runs every check again on the node's own copy of the submission, with the thresholds
-    below for the measured ones: looser than `checks` by default, so that honest work that a strict or
-    miscalibrated validator slashed passes, while cheating (far outside any honest margin) still fails.
-    Deterministic checks (assignment, schema, rewards, the exact sampling replay within its margin) are
-    the same as at intake."""
+    The re-check runs every check again on the node's own copy of the submission with exactly the intake
+    thresholds (`checks.*`): an appeal corrects a validator's mistakes (wrong weights, a miscalibrated or
+    too strict threshold, a bug), never pays work that intake here would reject. Looser appeal limits
+    would be a band a cheat could aim for: slashed, appealed, overturned, paid."""
 
     enabled: bool = True
     """Answer appeals and resolve them on chain."""
-    max_exp_mismatches: int = Field(64, ge=0)
-    """TOPLOC: a chunk fails with more exponent mismatches than this (of top-k 128); intake uses 38."""
-    max_mant_err_mean: float = Field(16.0, ge=0.0)
-    """TOPLOC: a chunk fails when its mean mantissa error is above this; intake uses 10."""
-    max_mant_err_median: float = Field(12.0, ge=0.0)
-    """TOPLOC: a chunk fails when its median mantissa error is above this; intake uses 8."""
-    sampling_margin_tolerance: float = Field(1.0, ge=0.0)
-    """A token counts as a sampling mismatch when the replayed winner beats it by more than this (intake 0.5)."""
-    max_sampling_mismatches: int = Field(0, ge=0)
-    """A sample fails with more sampling mismatches than this."""
-    logprob_tolerance: float = Field(1.0, ge=0.0)
-    """A claimed sampling logprob further than this from the replayed one fails (intake 0.5)."""
     max_appeal_bytes: int = Field(16 << 20, ge=4096)
     """Appeals larger than this (they carry the whole submission) are refused (413) before parsing."""
 
@@ -210,7 +197,7 @@ class ValidatorConfig(PrimeConfig):
     """The correlation guard: when established nodes fail in the drift band and our self-test fails, suspect
     ourselves."""
     appeals: AppealSettings = AppealSettings()
-    """Re-checking other validators' hard verdicts that nodes appeal (looser thresholds)."""
+    """Re-checking other validators' hard verdicts that nodes appeal (with the intake thresholds)."""
     reporter: ReporterSettings = ReporterSettings()
     """The chain reporter."""
     threads: int = Field(1, ge=1)

@@ -136,7 +136,8 @@ class SimNode:
         (`model`'s tokens, proved and scored by an honest prefill), `other_seed`, `early_stop`,
         `inflate_reward`, `unassigned_task`, `steer_logprobs` (honest work whose claimed logprobs are moved
         inside the tolerance, see `steer_logprobs`) (bench/attacks.py runs each of them), `junk` (free: one
-        made-up token per sample, no model run)."""
+        made-up token per sample, no model run), `logprob_shift` (every claimed logprob 0.51 lower: just over
+        the 0.5 tolerance)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         if cheat in (None, "steer_logprobs"):  # honest work is exactly what prime-node builds
@@ -185,6 +186,8 @@ class SimNode:
                     hidden = _prefill_hidden(self.loaded, prompt, tokens)
                     logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seeds[t * run.samples_per_task + i],
                                               run.max_new_tokens, params)
+                if cheat == "logprob_shift":
+                    logprobs = [x - 0.51 for x in logprobs]
                 if cut and len(tokens) > 4:  # stop 3 tokens early, claim an EOS ending
                     tokens, logprobs, hidden, finish = tokens[:-3], logprobs[:-3], hidden[:-3], "eos"
                     cut = False
