@@ -56,7 +56,7 @@ from protocol.rollout import FeedItem, Outcome, Reason, Submission, Verdict, sub
 from protocol.seeds import work_key
 from validator.chainview import ChainView
 from validator.ledger import AppealRow, Ledger
-from validator.pipeline import SOFTWARE, Answer, Pipeline
+from validator.pipeline import SOFTWARE, Answer, Pipeline, paid_tokens
 from validator.weights import WeightStore, WeightsUnavailable
 
 if TYPE_CHECKING:
@@ -356,7 +356,7 @@ class AppealDesk:
         row = AppealRow(
             work_key=key, node=sub.node, slasher=slasher, appellant=appellant, received_at=time.time(), appeal=data,
             original_reason=verdict.reason.value, outcome=outcome.value, reason=reason.value, detail=detail,
-            measurements=json.dumps(measurements), units=p.units(sub), evidence_hash=evidence_hash, decision=signed,
+            measurements=json.dumps(measurements), units=p.units(sub, paid_tokens(measurements.get("samples") or [])), evidence_hash=evidence_hash, decision=signed,
             resolved_at=None, chain_tx=None)
         feed_bytes = None
         if feed is not None:

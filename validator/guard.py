@@ -59,7 +59,7 @@ def drift_band(reason: Reason, measurements: dict[str, Any] | None, th: ToplocTh
     if reason not in DRIFT_REASONS or not measurements or not measurements.get("samples"):
         return False
     for m in measurements["samples"]:
-        if m.get("error") is not None or m.get("termination") or m.get("eos_near_ties"):
+        if m.get("error") is not None or m.get("termination") or m.get("eos_skips"):
             return False
         stats = m.get("toploc") or []
         for i in m.get("failing_chunks") or []:

@@ -569,8 +569,12 @@ class Pipeline:
     def _verdict(self, loaded: LoadedModel, row: Row, sub: Submission, tasks: list[Task],
                  rewards: list[list[float]], reports: list[Any]) -> Decision:
         failure, per_sample = self.judge(sub, reports, self.thresholds, self.cfg.checks.logprob_tolerance)
+        near = sum(int(m.get("near_ties", 0)) for m in per_sample)
+        near_eos = sum(len(m.get("eos_near_ties", ())) for m in per_sample)
         measurements = {"samples": per_sample, "rewards": rewards, "thresholds_hash": self.thresholds_hash,
-                        "units": self.units(sub)}
+                        "units": self.units(sub, paid_tokens(per_sample)), "near_ties": near, "eos_near_ties": near_eos}
+        self.count("near_tie_disagreements", near)
+        self.count("eos_near_ties", near_eos)
         if failure is not None:
             return self._reject(sub, row.envelope, *failure, measurements)
         return self._decision(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
@@ -609,6 +613,12 @@ class Pipeline:
                 m["sampling_max_margin"] = rep.sampling.max_margin
                 m["sampling_mismatches"] = list(rep.sampling.mismatch_positions)
                 m["termination"] = list(rep.termination.violations)
+                m["near_ties"] = len(rep.sampling.near_ties)
+                eos_ties = [(i, rep.sampling.margins[i]) for i in rep.termination.eos_near_ties]
+                m["eos_near_ties"] = [[i, margin] for i, margin in eos_ties]
+                skipped = [i for i, margin in eos_ties if margin > self.cfg.checks.eos_tie_drift]
+                m["eos_skips"] = skipped
+                m["paid_tokens"] = rep.termination.replay_end
                 lp_err = max((abs(a - b) for a, b in zip(s.logprobs, rep.logprobs, strict=True)), default=0.0)
                 m["logprob_max_error"] = lp_err
                 if chunks:
@@ -619,6 +629,10 @@ class Pipeline:
                 if rep.termination.violations or (s.finish_reason == "eos") != rep.termination.ends_with_eos:
                     failures.setdefault(Reason.TERMINATION, f"sample {j}: {list(rep.termination.violations)} "
                                         f"(finish_reason {s.finish_reason})")
+                if skipped:
+                    failures.setdefault(Reason.TERMINATION, f"sample {j}: an EOS the replay ranks first was replaced "
+                                        f"at {skipped[:8]} by margins beyond the measured honest drift "
+                                        f"{self.cfg.checks.eos_tie_drift}")
                 if lp_err > tol:
                     failures.setdefault(Reason.LOGPROB_MISMATCH, f"sample {j}: logprob off by {lp_err:.3f}")
             else:
@@ -630,8 +644,9 @@ class Pipeline:
                 return (reason, failures[reason]), per_sample
         return None, per_sample
 
-    def units(self, sub: Submission) -> int:
-        return max(1, math.ceil(sub.n_tokens() * self.cfg.reporter.units_per_token))
+    def units(self, sub: Submission, paid: int | None = None) -> int:
+        """Work units for `sub`: `paid` tokens (counted from the replay, see `paid_tokens`) or all its tokens."""
+        return max(1, math.ceil((sub.n_tokens() if paid is None else paid) * self.cfg.reporter.units_per_token))
 
     # -- views ------------------------------------------------------------------------------------
 
@@ -650,6 +665,14 @@ def prompt_tokens(loaded: LoadedModel, task: Task) -> list[int]:
     ids = render_prompt(loaded.tokenizer, task, tokenize=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     return [int(t) for t in ids]
+
+
+def paid_tokens(per_sample: list[dict[str, Any]]) -> int | None:
+    """Tokens a node is paid for, from the replay: each sample up to the replay's first EOS (tokens a node
+    generated after an EOS it skipped are never paid). None when a sample could not be measured."""
+    if not per_sample or any(m.get("paid_tokens") is None for m in per_sample):
+        return None
+    return sum(int(m["paid_tokens"]) for m in per_sample)
 
 
 def _parse_stored(row: Row) -> Submission:
