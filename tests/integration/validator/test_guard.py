@@ -10,7 +10,7 @@ from validator_harness import SimNode, perturbed
 
 from contracts.pool import WorkStatus
 
-WINDOW_S = 5.0
+WINDOW_S = 8.0  # hard verdicts wait this long before going on chain: room for a busy machine
 GUARD = {"window_s": WINDOW_S, "min_nodes": 3, "fraction": 0.5}
 
 
