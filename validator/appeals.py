@@ -356,7 +356,8 @@ class AppealDesk:
         row = AppealRow(
             work_key=key, node=sub.node, slasher=slasher, appellant=appellant, received_at=time.time(), appeal=data,
             original_reason=verdict.reason.value, outcome=outcome.value, reason=reason.value, detail=detail,
-            measurements=json.dumps(measurements), units=p.units(sub, paid_tokens(measurements.get("samples") or [])), evidence_hash=evidence_hash, decision=signed,
+            measurements=json.dumps(measurements), units=p.units(sub, paid_tokens(measurements.get("samples") or [])),
+            evidence_hash=evidence_hash, decision=signed,
             resolved_at=None, chain_tx=None)
         feed_bytes = None
         if feed is not None:

@@ -34,15 +34,17 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from protocol.errors import ModelError
-from protocol.rollout import Outcome, Reason
+from protocol.errors import PrimeError
+from protocol.rollout import Reason
 
 if TYPE_CHECKING:
     from protocol.rollout import Submission
     from toploc.thresholds import ToplocThresholds
-    from validator.pipeline import Pipeline
+    from validator.chainview import ChainView
+    from validator.config import ValidatorConfig
+    from validator.ledger import Ledger, Row
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +88,29 @@ class SelfTest:
     at: float
 
 
+class Checker(Protocol):
+    """What the guard needs of the check pipeline (`validator.pipeline.Pipeline`)."""
+
+    cfg: ValidatorConfig
+    ledger: Ledger
+    chain: ChainView
+    thresholds: ToplocThresholds
+
+    def count(self, name: str, n: int = 1) -> None: ...
+
+    def recheck(self, version: int, rows: list[Row]) -> list[tuple[Reason, str] | None]:
+        """Each stored submission's first failure (or None) re-measured with the current weights and thresholds."""
+        ...
+
+    def soften_unreported(self, version: int) -> None:
+        """The version's drift-band hard verdicts not yet on chain become `suspected_systemic`."""
+        ...
+
+
 class SystemicGuard:
     """Decides whether a drift-band failure is softened (see the module docstring)."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Checker) -> None:
         self.p = pipeline
         self.cfg = pipeline.cfg.systemic
         self._suspect: dict[int, SelfTest] = {}
@@ -152,15 +173,12 @@ class SystemicGuard:
         self.p.count("systemic_suspected")
         log.error("SYSTEMIC: self-test of v%d failed (%s); drift-band failures of this version are soft until a "
                   "self-test passes (check our weights, software and thresholds)", version, result.detail)
-        self.soften_unreported(version)
+        self.p.soften_unreported(version)
         return True
 
     def self_test(self, version: int, now: float) -> SelfTest:
         """Re-measure up to `systemic.self_test_submissions` known-good submissions of `version` (accepted,
         by established nodes) with our current weights and thresholds."""
-        from validator.pipeline import _parse_stored
-        from validator.weights import WeightsUnavailable
-
         p = self.p
         rows = p.ledger.recent_accepted(version, 8 * self.cfg.self_test_submissions)
         if rows:
@@ -170,29 +188,11 @@ class SystemicGuard:
             return SelfTest(False, f"no known-good work of v{version} to re-check: cannot vouch for our weights",
                             now)
         try:
-            loaded = p.weights.get(version)
-            subs = [_parse_stored(r) for r in rows]
-            reports = p.measure(loaded, [(sub, p.tasks(sub.node, sub.policy_version, sub.counter)) for sub in subs])
-        except (WeightsUnavailable, ModelError, RuntimeError, MemoryError) as exc:
+            results = p.recheck(version, rows)
+        except (PrimeError, RuntimeError, MemoryError) as exc:  # weights gone, the model failing: cannot vouch
             return SelfTest(False, f"could not re-measure known-good work: {exc}", now)
-        failed = []
-        for row, sub, rep in zip(rows, subs, reports, strict=True):
-            failure, _ = p.judge(sub, rep, p.thresholds, p.cfg.checks.logprob_tolerance)
-            if failure is not None:
-                failed.append(f"{row.work_key[:10]}: {failure[0].value}")
+        failed = [f"{row.work_key[:10]}: {failure[0].value}" for row, failure in zip(rows, results, strict=True)
+                  if failure is not None]
         detail = f"{len(rows) - len(failed)} of {len(rows)} known-good submissions still pass" + (
             f" ({'; '.join(failed)})" if failed else "")
         return SelfTest(2 * len(failed) <= len(rows), detail, now)
-
-    def soften_unreported(self, version: int) -> None:
-        """This version's drift-band hard verdicts not yet on chain become `suspected_systemic` (the reporter
-        holds hard verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
-        from validator.pipeline import _parse_stored
-
-        p = self.p
-        for row in p.ledger.unreported_drift_failures(version):
-            if row.outcome != Outcome.REJECTED_HARD.value:
-                continue
-            decision = p._decision(_parse_stored(row), row.envelope, Outcome.REJECTED_SOFT, Reason.SUSPECTED_SYSTEMIC,
-                                   f"was {row.reason}: {row.detail}")
-            p.ledger.redecide(row.work_key, decision)

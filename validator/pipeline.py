@@ -309,6 +309,25 @@ class Pipeline:
                 measurements["drift_band"] = False  # a softened row never counts as a failure again
         return self._decision(sub, envelope_bytes, outcome, reason, detail, measurements, **kw)
 
+    def soften_unreported(self, version: int) -> None:
+        """This version's drift-band hard verdicts not yet on chain become `suspected_systemic` (the reporter
+        holds hard verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
+        for row in self.ledger.unreported_drift_failures(version):
+            if row.outcome != Outcome.REJECTED_HARD.value:
+                continue
+            decision = self._decision(_parse_stored(row), row.envelope, Outcome.REJECTED_SOFT,
+                                      Reason.SUSPECTED_SYSTEMIC, f"was {row.reason}: {row.detail}")
+            self.ledger.redecide(row.work_key, decision)
+
+    def recheck(self, version: int, rows: list[Row]) -> list[tuple[Reason, str] | None]:
+        """Stored submissions of `version` judged again with the current weights and thresholds (the guard's
+        self-test); `WeightsUnavailable`, `ModelError` or the model's own errors when that cannot run."""
+        loaded = self.weights.get(version)
+        subs = [_parse_stored(r) for r in rows]
+        reports = self.measure(loaded, [(sub, self.tasks(sub.node, sub.policy_version, sub.counter)) for sub in subs])
+        return [self.judge(sub, rep, self.thresholds, self.cfg.checks.logprob_tolerance)[0]
+                for sub, rep in zip(subs, reports, strict=True)]
+
     # -- intake (cheap checks) ----------------------------------------------------------------
 
     def intake(self, data: bytes) -> Answer:
