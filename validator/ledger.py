@@ -704,11 +704,6 @@ class Ledger:
             "SELECT DISTINCT node FROM submissions WHERE policy_version = ? AND decided_at >= ? AND "
             "outcome = 'rejected_hard' AND measurements LIKE ?", (policy_version, since, _DRIFT_MARK))]
 
-    def unreported_drift_failures(self, policy_version: int, limit: int = 1000) -> list[Row]:
-        """Hard drift-band verdicts of `policy_version` not yet on chain (the guard may still soften them)."""
-        return self._rows("WHERE state = 'decided' AND policy_version = ? AND outcome = 'rejected_hard' AND "
-                          "measurements LIKE ? ORDER BY decided_at LIMIT ?", (policy_version, _DRIFT_MARK, limit))
-
     def active_nodes_since(self, since: float) -> list[str]:
         return [n for (n,) in self._db.execute(
             "SELECT DISTINCT node FROM submissions WHERE received_at >= ?", (since,))]

@@ -312,8 +312,8 @@ class Pipeline:
     def soften_unreported(self, version: int) -> None:
         """This version's drift-band hard verdicts not yet on chain become `suspected_systemic` (the reporter
         holds hard verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
-        for row in self.ledger.unreported_drift_failures(version):
-            if row.outcome != Outcome.REJECTED_HARD.value:
+        for row in self.ledger.unreported_hard(version):  # a page at a time, never every envelope at once
+            if row.outcome != Outcome.REJECTED_HARD.value or not json.loads(row.measurements or "{}").get("drift_band"):
                 continue
             decision = self._decision(_parse_stored(row), row.envelope, Outcome.REJECTED_SOFT,
                                       Reason.SUSPECTED_SYSTEMIC, f"was {row.reason}: {row.detail}")
