@@ -55,6 +55,8 @@ for helper in ("tests", "tests/integration/validator", "tests/unit/contracts", "
     sys.path.insert(0, str(ROOT / helper))
 
 VERSION = 3  # work is done at v3; v1 is outside the async window (stale), v9 is not on chain
+GUARD = {"window_s": 1.0, "min_nodes": 3, "fraction": 0.5}
+"""The validators' correlation guard (`systemic.*`): the defaults but for a short window."""
 KiB = 1024
 
 
@@ -119,12 +121,11 @@ class Network:
         path = deployment.save(tmp / "deployment.json")
         self.validator_accounts = [c.account(VALIDATOR), c.account(second)]
         addresses = [a.address for a in self.validator_accounts]
-        # The systemic guard (many nodes failing at once: the validator suspects itself) is off here: every
-        # attack trial is a distinct failing node, which is exactly what the guard reads as "our fault".
-        # tests/integration/validator/test_cheats.py covers the guard.
+        # The correlation guard is on, as deployed (a short window): every attack trial is a fresh node with no
+        # accepted history, which weighs nothing in it; `sybil_shield` attacks the guard itself.
         self.validators = [serve(validator_config(tmp / f"v{i}", path, c.rpc_url, model=spec, validators=addresses,
-                                                  systemic={"window_s": 0.5, "min_nodes": 1_000_000, "fraction": 1.0}),
-                                 account) for i, account in enumerate(self.validator_accounts)]
+                                                  systemic=GUARD), account)
+                           for i, account in enumerate(self.validator_accounts)]
         self.domain = submission_domain(deployment.chain_id, deployment.pool, RUN.run_id)
         self.max_bytes = self.validators[0].service.cfg.max_submission_bytes
         self.thresholds = self.validators[0].service.pipeline.thresholds
@@ -144,6 +145,21 @@ class Network:
         if register:  # validators learn registrations from pool events (polled): wait until both have seen it
             self.wait_active(identity.address)
         return SimNode(identity, self.loaded, self.domain)
+
+    def node_at(self, served: Any, version: int = VERSION) -> Any:
+        """A registered node whose work at `version` goes to `served` (a key ground offline, as a Sybil would)."""
+        from chainfixtures import SETTINGS
+        from validator_harness import SimNode
+
+        from protocol.identity import Identity
+
+        while True:
+            identity = Identity.create()
+            node = SimNode(identity, self.loaded, self.domain)
+            if self.assigned(node, version)[0] is served:
+                self.pools.operator.register(identity, SETTINGS.min_stake)
+                self.wait_active(identity.address)
+                return node
 
     def wait_active(self, address: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -218,17 +234,9 @@ def _margins(row: dict[str, Any]) -> dict[str, float]:
 
 def perturbed(loaded: Any, scale: float, seed: int) -> Any:
     """A copy of `loaded` with every weight multiplied by (1 + scale * N(0, 1))."""
-    import copy
+    from validator_harness import perturbed as noised
 
-    import torch
-
-    other = copy.copy(loaded)
-    other.model = copy.deepcopy(loaded.model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in other.model.parameters():
-            p.mul_(1 + scale * torch.randn(p.shape, generator=gen))
-    return other
+    return noised(loaded, scale, seed)
 
 
 def lower_precision(loaded: Any, dtype: str) -> Any:
@@ -519,6 +527,73 @@ def oversized(net: Any, trial: int) -> Trial:
     return Trial("refused", error, r.status_code == 413, note="chunked" if trial % 2 else "content-length")
 
 
+def sybil_shield(net: Any, trial: int) -> Trial:
+    """Issue 23 item 1: 4 established honest nodes at one validator; 4 Sybil keys ground onto it send free junk
+    (counters out of range, one-token samples) while a fifth proves a noised copy of the weights (TOPLOC just
+    over the limits, the drift band). Detected when the noised work and every junk submission are hard."""
+    from validator_harness import perturbed
+
+    served = net.validators[trial % 2]
+    honest = [net.node_at(served) for _ in range(4)]
+    keys = [net.post(served, n.build(version=VERSION)[1])[1]["work_key"] for n in honest]
+    for k in keys:
+        served.wait_decided(k)
+    time.sleep(GUARD["window_s"] + 0.2)  # their history now lies before the guard's window
+    sybils = [net.node_at(served) for _ in range(5)]
+    junk = [s.build(version=VERSION, counter=10**6 if i % 2 else None, cheat="junk")[1]
+            for i, s in enumerate(sybils[:4])]
+    _, noised = sybils[4].build(version=VERSION, cheat="other_weights",
+                                model=perturbed(net.loaded, 0.07 if net.spec_type == "tiny" else 0.02, 500 + trial))
+    for n in honest:
+        net.post(served, n.build(version=VERSION)[1])
+    junk_trials = [net.outcome(served, *net.post(served, data)) for data in junk]
+    t = net.outcome(served, *net.post(served, noised), expect_reasons=PROOF)
+    t.detected = t.detected and t.klass == "hard" and all(j.klass == "hard" for j in junk_trials)
+    t.note = f"junk: {','.join(sorted({j.reason for j in junk_trials}))}"
+    return t
+
+
+def appeal_band(net: Any, trial: int) -> Trial:
+    """Issue 23 item 8: logprobs 0.51 off (just past the 0.5 intake tolerance), slashed, appealed on chain and to
+    the other validator. Detected when the appeal is upheld (the stake stays slashed)."""
+    from protocol.appeal import Appeal
+    from protocol.envelope import seal
+    from protocol.nonce import random_nonce
+
+    node = net.node()
+    _, data = node.build(version=VERSION, cheat="logprob_shift")
+    mine, other = net.assigned(node)
+    t = net.outcome(mine, *net.post(mine, data), expect_reasons={"logprob_mismatch"})
+    if t.klass != "hard":
+        return t
+    key = net.hard_keys[-1][1]
+    row = mine.wait_reported(key)
+    net.pools.operator.appeal(key)
+    body = Appeal(run_id=net.run.run_id, node=node.identity.address, work_key=bytes.fromhex(key[2:]),
+                  verdict=row["verdict"], submission=data.decode())
+    with other.client() as c:
+        r = c.post("/v1/appeals", content=seal(node.identity, body, domain=net.domain, nonce=random_nonce()).to_bytes())
+    answer = r.json()
+    upheld = r.status_code == 200 and answer.get("outcome") == "upheld"
+    return Trial("hard" if upheld else "accepted" if answer.get("outcome") == "overturned" else "error",
+                 str(answer.get("reason") or answer.get("error")), upheld, note="appeal upheld" if upheld else "")
+
+
+def eos_skip(net: Any, trial: int) -> Trial:
+    """Issue 23 item 9: a node replaces every EOS that won the seeded draw by at most the sampling margin and keeps
+    generating (a key whose first assignment has such an EOS, found offline)."""
+    from chainfixtures import SETTINGS
+    from validator_harness import SimNode, narrow_eos_node
+
+    drift = net.validators[0].service.cfg.checks.eos_tie_drift
+    identity = narrow_eos_node(net.loaded, net.run, VERSION, above=drift)
+    net.pools.operator.register(identity, SETTINGS.min_stake)
+    net.wait_active(identity.address)
+    node = SimNode(identity, net.loaded, net.domain)
+    _, data = node.build(version=VERSION, cheat="skip_eos")
+    return net.submit(node, data, expect_reasons={"termination"})
+
+
 # -- relay attacks ---------------------------------------------------------------------------------------
 
 
@@ -741,6 +816,9 @@ ATTACKS = [
     Attack("steered_logprobs", "logprobs steered 0.49 by advantage (trainer input)", "accepted", steered_logprobs),
     Attack("malformed_proofs", "malformed or crashing proofs", "hard", malformed_proofs),
     Attack("oversized", "oversized payload", "refused", oversized),
+    Attack("sybil_shield", "Sybils (junk + noised prover) vs the correlation guard", "hard", sybil_shield),
+    Attack("appeal_band", "appeal of logprobs 0.51 off (intake tolerance 0.5)", "hard", appeal_band),
+    Attack("eos_skip", "skips every EOS that won within the margin", "hard", eos_skip, tiny_only=True),
     Attack("relay_flip", "relay flips bytes in a shard", "refused", relay_attack("relay_flip")),
     Attack("forged_manifest", "forged manifest (edited / other key)", "refused", relay_attack("forged_manifest")),
     Attack("rolled_back_manifest", "rolled-back manifest (v1's as v2 / v2 hidden)", "refused",
@@ -913,7 +991,7 @@ def main(argv: list[str] | None = None) -> int:
     trials = args.trials or (3 if args.quick else 20)
     honest = args.honest if args.honest is not None else (64 if args.quick else 1000)
     wanted = set(args.only.split(",")) if args.only else None
-    attacks = [a for a in ATTACKS if wanted is None or a.name in wanted]
+    attacks = [a for a in ATTACKS if (wanted is None or a.name in wanted) and not (a.tiny_only and args.model != "tiny")]
     if wanted and len(attacks) != len(wanted):
         parser.error(f"unknown attacks: {sorted(wanted - {a.name for a in ATTACKS})}")
     from validator_harness import TINY

@@ -6,7 +6,8 @@ another validator B: the verdict envelope exactly as A signed it and the node's 
 exactly as it was sent (its SHA-256 is the verdict's `submission_hash`); for an equivocation verdict also
 A's evidence document (both envelopes the key signed for the assignment), which B checks on its own. The `Appeal` itself is sealed
 by the node key or its operator's key, with a fresh nonce, so it cannot be replayed. B re-checks the
-submission with its appeal thresholds and answers with an `AppealDecision` it signs, and resolves the
+submission with the same thresholds it applies at intake (an appeal corrects a validator's mistake; it
+is never a looser second chance) and answers with an `AppealDecision` it signs, and resolves the
 appeal on chain (`resolveAppeal`): overturned returns the slashed stake and restores the work.
 
 Schema only: `validator.appeals` does the checking, `node.appeal` the sending.
@@ -66,7 +67,7 @@ class AppealOutcome(StrEnum):
     """What the re-check concluded."""
 
     OVERTURNED = "overturned"
-    """The submission passes the appeal thresholds: the slash is reversed and the work restored."""
+    """The submission passes the intake thresholds: the slash is reversed and the work restored."""
     UPHELD = "upheld"
     """It fails them too: the verdict stands and the escrowed stake goes to the treasury."""
 

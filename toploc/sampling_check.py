@@ -40,6 +40,10 @@ class SamplingCheck:
     """Positions whose margin exceeds `tolerance`."""
     tolerance: float
     """The tolerance these positions were measured with."""
+    near_ties: tuple[int, ...] = ()
+    """Near-tie disagreements: positions where the replay picks another token than the submitted one, but by
+    no more than `tolerance` (not mismatches). Honest float drift flips such a near-tie rarely and whatever
+    the tokens; a node choosing among near-ties on purpose does it every time it gains."""
 
     @property
     def max_margin(self) -> float:
@@ -101,7 +105,8 @@ def check_sampling(
         margins.extend(float(m) for m in margin.tolist())
         winners.extend(int(w) for w in arg.tolist())
     bad = tuple(i for i, m in enumerate(margins) if m > tolerance)
-    return SamplingCheck(tuple(margins), tuple(winners), bad, tolerance)
+    near = tuple(i for i, (m, w) in enumerate(zip(margins, winners, strict=True)) if w != ids[i] and m <= tolerance)
+    return SamplingCheck(tuple(margins), tuple(winners), bad, tolerance, near)
 
 
 def _replay_block(
@@ -169,6 +174,13 @@ class TerminationCheck:
     missed_eos: tuple[int, ...]
     """Positions where the replayed draw picks EOS but another token was submitted (beyond the
     sampling tolerance): the node should have stopped there. Empty without a sampling check."""
+    eos_near_ties: tuple[int, ...] = ()
+    """Positions where the replayed draw picks EOS and the submitted token, not EOS, lost by no more than the
+    sampling tolerance: an EOS that won narrowly and was skipped. Not a violation by itself (the validator
+    decides whether measured honest drift explains it). Empty without a sampling check."""
+    replay_end: int | None = None
+    """Tokens up to and including the first position where the replayed draw picks EOS (the whole length when
+    it never does): what the node may be paid for. None without a sampling check."""
 
     @property
     def violations(self) -> tuple[str, ...]:
@@ -204,11 +216,15 @@ def check_termination(
     ends = n > 0 and ids[-1] in eos
     early_eos = tuple(i for i, t in enumerate(ids[:-1]) if t in eos)
     missed: tuple[int, ...] = ()
+    near_eos: tuple[int, ...] = ()
+    end: int | None = None
     if sampling is not None:
         if len(sampling.winners) != n:
             raise ProtocolError(f"sampling check covers {len(sampling.winners)} tokens, sequence has {n}")
         bad = set(sampling.mismatch_positions)
         missed = tuple(i for i, w in enumerate(sampling.winners) if w in eos and ids[i] not in eos and i in bad)
+        near_eos = tuple(i for i in sampling.near_ties if sampling.winners[i] in eos and ids[i] not in eos)
+        end = next((i + 1 for i, w in enumerate(sampling.winners) if w in eos), n)
     return TerminationCheck(
         length=n,
         max_tokens=max_tokens,
@@ -217,4 +233,6 @@ def check_termination(
         stopped_early=(not ends) and n < max_tokens,
         over_limit=n > max_tokens,
         missed_eos=missed,
+        eos_near_ties=near_eos,
+        replay_end=end,
     )

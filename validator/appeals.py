@@ -13,9 +13,10 @@ own `Submission` envelope as it sent it. Checks, cheapest first, each with its o
 3. the chain: the key is hard-invalidated for this node by the verdict's signer, and the node filed its
    appeal inside the window (409 `not_filed`, 410 `appeal_window_closed` when the window is over,
    409 `already_resolved`);
-4. the re-check, with `appeals.*` thresholds (looser than intake's): cheap checks (less the async window:
-   the work was inside it when it was submitted), rewards recomputed, one prefill for TOPLOC, the seeded
-   sampling replay, termination and logprobs.
+4. the re-check, with exactly the intake thresholds (`checks.*`; an appeal corrects a validator's
+   mistakes, it is not a looser second chance): cheap checks (less the async window: the work was inside
+   it when it was submitted), rewards recomputed, one prefill for TOPLOC, the seeded sampling replay,
+   termination and logprobs.
 
 An equivocation verdict is re-checked from its evidence alone: the appeal carries the slasher's evidence
 document (its SHA-256 is the verdict's `evidence_hash`, 400 `bad_evidence` otherwise), and the verdict is
@@ -55,7 +56,7 @@ from protocol.rollout import FeedItem, Outcome, Reason, Submission, Verdict, sub
 from protocol.seeds import work_key
 from validator.chainview import ChainView
 from validator.ledger import AppealRow, Ledger
-from validator.pipeline import SOFTWARE, Answer, Pipeline
+from validator.pipeline import SOFTWARE, Answer, Pipeline, paid_tokens
 from validator.weights import WeightStore, WeightsUnavailable
 
 if TYPE_CHECKING:
@@ -120,16 +121,10 @@ class AppealDesk:
     def __init__(self, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView,
                  pool: PoolClient | None, pipeline: Pipeline, weights: WeightStore, *, domain: str,
                  replay_guard: NonceGuard, nonces: NonceCounter) -> None:
-        from toploc.thresholds import ToplocThresholds
-
         self.cfg, self.identity, self.ledger, self.chain, self.pool = cfg, identity, ledger, chain, pool
         self.pipeline, self.weights, self.domain = pipeline, weights, domain
         self.replay_guard, self.nonces = replay_guard, nonces
-        a = cfg.appeals
-        self.thresholds = ToplocThresholds(
-            max_exp_mismatches=a.max_exp_mismatches, max_mant_err_mean=a.max_mant_err_mean,
-            max_mant_err_median=a.max_mant_err_median, sampling_margin_tolerance=a.sampling_margin_tolerance,
-            max_sampling_mismatches=a.max_sampling_mismatches)
+        self.thresholds = pipeline.thresholds  # the intake thresholds, never looser ones
         self._lock = threading.Lock()  # one re-check at a time (appeals are rare; the checker has the model)
         self._resolve_lock = threading.Lock()
 
@@ -332,7 +327,7 @@ class AppealDesk:
                     (reports,) = p.measure(loaded, [(sub, tasks)], self.thresholds)
                 except (ModelError, RuntimeError, MemoryError) as exc:
                     raise _CannotCheck(f"model stage: {exc}") from exc
-                failure, per_sample = p.judge(sub, reports, self.thresholds, self.cfg.appeals.logprob_tolerance)
+                failure, per_sample = p.judge(sub, reports, self.thresholds, self.cfg.checks.logprob_tolerance)
                 measurements["samples"] = per_sample
                 if failure is None:  # restored work reaches the trainer like accepted work, with our replay's numbers
                     feed = p.feed_item(loaded, verdict.work_key, sub, tasks, rewards, reports)
@@ -344,13 +339,13 @@ class AppealDesk:
         """Sign, store and count the decision (`failure` None: overturned), with the restored work's feed item."""
         p = self.pipeline
         outcome = AppealOutcome.UPHELD if failure is not None else AppealOutcome.OVERTURNED
-        reason, detail = failure if failure is not None else (Reason.ACCEPTED, f"passes the appeal thresholds "
+        reason, detail = failure if failure is not None else (Reason.ACCEPTED, f"passes the intake thresholds "
                                                               f"({sub.n_samples()} samples, {sub.n_tokens()} tokens)")
         key = _hex(verdict.work_key)
         evidence = canonical_bytes({
             "software": SOFTWARE, "kind": "appeal", "work_key": key, "appeal": data.decode(), "slasher": slasher,
             "original_reason": verdict.reason.value, "outcome": outcome.value, "reason": reason.value,
-            "detail": detail, "measurements": measurements, "thresholds": self.cfg.appeals.model_dump(mode="json"),
+            "detail": detail, "measurements": measurements, "thresholds": self.cfg.checks.model_dump(mode="json"),
             "run": self.cfg.run.model_dump(mode="json")})
         evidence_hash = _hex(hashlib.sha256(evidence).digest())
         decision = AppealDecision(
@@ -361,7 +356,8 @@ class AppealDesk:
         row = AppealRow(
             work_key=key, node=sub.node, slasher=slasher, appellant=appellant, received_at=time.time(), appeal=data,
             original_reason=verdict.reason.value, outcome=outcome.value, reason=reason.value, detail=detail,
-            measurements=json.dumps(measurements), units=p.units(sub), evidence_hash=evidence_hash, decision=signed,
+            measurements=json.dumps(measurements), units=p.units(sub, paid_tokens(measurements.get("samples") or [])),
+            evidence_hash=evidence_hash, decision=signed,
             resolved_at=None, chain_tx=None)
         feed_bytes = None
         if feed is not None:

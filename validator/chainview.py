@@ -114,6 +114,12 @@ class ChainView:
                 self.try_refresh()
         return self.node_active(node)
 
+    def stake(self, node: str) -> int:
+        """The node's stake as of the last refresh (0 when unknown)."""
+        with self._lock:
+            view = self._nodes.get(checksum(node))
+            return view.stake if view is not None else 0
+
     def known(self, node: str) -> bool:
         """Ever registered in this pool (whatever its state now)."""
         with self._lock:

@@ -48,6 +48,9 @@ class LedgerError(PrimeError):
     code = "ledger"
 
 
+_DRIFT_MARK = '%"drift_band": true%'
+"""How a hard verdict in the drift band is marked in its stored measurements (`json.dumps` spelling)."""
+
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS submissions (
         work_key TEXT PRIMARY KEY,
@@ -694,15 +697,33 @@ class Ledger:
             "SELECT reason, count FROM refusals WHERE node = ?", (node,))}
         return {"node": node, "verdicts": verdicts, "pending": int(pending[0][0]), "refused": refused}
 
-    def hard_failures_since(self, policy_version: int, since: float) -> list[str]:
-        """Distinct nodes with a hard verdict at `policy_version` decided since `since`."""
+    def drift_failures_since(self, policy_version: int, since: float) -> list[str]:
+        """Distinct nodes with a hard verdict in the drift band (`validator.guard.drift_band`) at
+        `policy_version` decided since `since`. Softened rows (`suspected_systemic`) never count again."""
         return [n for (n,) in self._db.execute(
             "SELECT DISTINCT node FROM submissions WHERE policy_version = ? AND decided_at >= ? AND "
-            "(outcome = 'rejected_hard' OR reason = 'suspected_systemic')", (policy_version, since))]
+            "outcome = 'rejected_hard' AND measurements LIKE ?", (policy_version, since, _DRIFT_MARK))]
 
     def active_nodes_since(self, since: float) -> list[str]:
         return [n for (n,) in self._db.execute(
             "SELECT DISTINCT node FROM submissions WHERE received_at >= ?", (since,))]
+
+    def accepted_before(self, nodes: Sequence[str], before: float) -> dict[str, int]:
+        """Accepted submissions per node decided before `before` (the guard's history weight)."""
+        out: dict[str, int] = {}
+        for at in range(0, len(nodes), 500):
+            chunk = list(nodes[at : at + 500])
+            marks = ", ".join("?" for _ in chunk)
+            for node, n in self._db.execute(
+                    f"SELECT node, COUNT(*) FROM submissions WHERE node IN ({marks}) AND outcome = 'accepted' AND "
+                    "decided_at < ? GROUP BY node", [*chunk, before]):
+                out[node] = int(n)
+        return out
+
+    def recent_accepted(self, policy_version: int, limit: int) -> list[Row]:
+        """The most recently accepted submissions of `policy_version` (the guard's known-good work)."""
+        return self._rows("WHERE policy_version = ? AND outcome = 'accepted' ORDER BY decided_at DESC LIMIT ?",
+                          (policy_version, limit))
 
     # -- refusals (requests that never became a row, counted per signed sender) ------------------
 

@@ -13,9 +13,10 @@ grader that could not grade) is retried or soft, never hard.
 
 Every hard verdict carries evidence (the submission's hash, what was measured, the thresholds, this
 software's version) whose SHA-256 goes on chain; the submission itself is stored once, in its ledger row,
-and served by its hash (`GET /v1/envelopes/{submission_hash}`), so a flood of failures is not stored twice. Before recording a hard verdict the validator asks
-whether many distinct nodes failed at the same version in the window; if so it suspects itself
-(`suspected_systemic`, soft) and converts that version's not-yet-reported hard verdicts too.
+and served by its hash (`GET /v1/envelopes/{submission_hash}`), so a flood of failures is not stored twice.
+A hard verdict whose measurements lie in the band honest drift produces may be softened to
+`suspected_systemic` by the correlation guard, only after the validator's own self-test fails
+(`validator.guard`); every other hard verdict stands.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from protocol.rollout import (
 )
 from protocol.seeds import sampling_seed, task_seed, validator_ranking, work_key
 from validator.chainview import CATCHUP_S, ChainView
+from validator.guard import SystemicGuard, drift_band
 from validator.ledger import Decision, Ledger, Row
 from validator.peers import PeerWatch
 from validator.weights import WeightStore, WeightsUnavailable
@@ -236,7 +238,7 @@ class Pipeline:
             "checks": c.model_dump(mode="json"), "run": self.run.model_dump(mode="json")})).digest())
         self.stats: dict[str, int] = {}
         self._stats_lock = threading.Lock()
-        self._systemic_versions: set[int] = set()
+        self.guard = SystemicGuard(self)
 
     # -- small helpers -------------------------------------------------------------------------
 
@@ -296,39 +298,35 @@ class Pipeline:
     def _reject(self, sub: Submission, envelope_bytes: bytes, reason: Reason, detail: str,
                 measurements: dict[str, Any] | None = None, **kw: Any) -> Decision:
         outcome = Outcome.REJECTED_HARD if reason.hard else Outcome.REJECTED_SOFT
-        if outcome is Outcome.REJECTED_HARD and self._systemic(sub.node, sub.policy_version):
-            detail = f"{reason.value} ({detail}) while many nodes fail at v{sub.policy_version}: suspecting ourselves"
-            reason, outcome = Reason.SUSPECTED_SYSTEMIC, Outcome.REJECTED_SOFT
+        if outcome is Outcome.REJECTED_HARD and measurements is not None and "samples" in measurements:
+            c = self.cfg.checks
+            measurements = {**measurements, "drift_band": drift_band(
+                reason, measurements, self.thresholds, c.logprob_tolerance, self.cfg.systemic.drift_band_factor)}
+            if self.guard.softens(sub, reason, measurements):
+                detail = f"{reason.value} ({detail}) and our self-test of v{sub.policy_version} failed: suspecting " \
+                         "ourselves"
+                reason, outcome = Reason.SUSPECTED_SYSTEMIC, Outcome.REJECTED_SOFT
+                measurements["drift_band"] = False  # a softened row never counts as a failure again
         return self._decision(sub, envelope_bytes, outcome, reason, detail, measurements, **kw)
 
-    # -- correlation-aware slashing -----------------------------------------------------------
-
-    def _systemic(self, node: str, version: int, now: float | None = None) -> bool:
-        """Would a hard verdict for `node` at `version` make failures look systemic?"""
-        s = self.cfg.systemic
-        t = time.time() if now is None else now
-        failing = set(self.ledger.hard_failures_since(version, t - s.window_s)) | {node}
-        active = set(self.ledger.active_nodes_since(t - s.window_s)) | {node}
-        if len(failing) < s.min_nodes or len(failing) / len(active) < s.fraction:
-            return False
-        if version not in self._systemic_versions:
-            self._systemic_versions.add(version)
-            log.error("SYSTEMIC: %d of %d active nodes failed hard at v%d within %.0f s; slashing stops for this "
-                      "version (check our weights, software and thresholds)", len(failing), len(active), version,
-                      s.window_s)
-        self.count("systemic_suspected")
-        self._soften_unreported(version)
-        return True
-
-    def _soften_unreported(self, version: int) -> None:
-        """Hard verdicts of `version` not yet on chain become `suspected_systemic` (the reporter holds hard
-        verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
+    def soften_unreported(self, version: int) -> None:
+        """This version's drift-band hard verdicts not yet on chain become `suspected_systemic` (the reporter
+        holds hard verdicts for `systemic.window_s`, so the early ones of a wave are still here)."""
         for row in self.ledger.unreported_hard(version):  # a page at a time, never every envelope at once
-            if row.policy_version == version and row.outcome == Outcome.REJECTED_HARD.value:
-                sub = _parse_stored(row)
-                decision = self._decision(sub, row.envelope, Outcome.REJECTED_SOFT, Reason.SUSPECTED_SYSTEMIC,
-                                          f"was {row.reason}: {row.detail}")
-                self.ledger.redecide(row.work_key, decision)
+            if row.outcome != Outcome.REJECTED_HARD.value or not json.loads(row.measurements or "{}").get("drift_band"):
+                continue
+            decision = self._decision(_parse_stored(row), row.envelope, Outcome.REJECTED_SOFT,
+                                      Reason.SUSPECTED_SYSTEMIC, f"was {row.reason}: {row.detail}")
+            self.ledger.redecide(row.work_key, decision)
+
+    def recheck(self, version: int, rows: list[Row]) -> list[tuple[Reason, str] | None]:
+        """Stored submissions of `version` judged again with the current weights and thresholds (the guard's
+        self-test); `WeightsUnavailable`, `ModelError` or the model's own errors when that cannot run."""
+        loaded = self.weights.get(version)
+        subs = [_parse_stored(r) for r in rows]
+        reports = self.measure(loaded, [(sub, self.tasks(sub.node, sub.policy_version, sub.counter)) for sub in subs])
+        return [self.judge(sub, rep, self.thresholds, self.cfg.checks.logprob_tolerance)[0]
+                for sub, rep in zip(subs, reports, strict=True)]
 
     # -- intake (cheap checks) ----------------------------------------------------------------
 
@@ -590,8 +588,12 @@ class Pipeline:
     def _verdict(self, loaded: LoadedModel, row: Row, sub: Submission, tasks: list[Task],
                  rewards: list[list[float]], reports: list[Any]) -> Decision:
         failure, per_sample = self.judge(sub, reports, self.thresholds, self.cfg.checks.logprob_tolerance)
+        near = sum(int(m.get("near_ties", 0)) for m in per_sample)
+        near_eos = sum(len(m.get("eos_near_ties", ())) for m in per_sample)
         measurements = {"samples": per_sample, "rewards": rewards, "thresholds_hash": self.thresholds_hash,
-                        "units": self.units(sub)}
+                        "units": self.units(sub, paid_tokens(per_sample)), "near_ties": near, "eos_near_ties": near_eos}
+        self.count("near_tie_disagreements", near)
+        self.count("eos_near_ties", near_eos)
         if failure is not None:
             return self._reject(sub, row.envelope, *failure, measurements)
         return self._decision(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
@@ -630,6 +632,12 @@ class Pipeline:
                 m["sampling_max_margin"] = rep.sampling.max_margin
                 m["sampling_mismatches"] = list(rep.sampling.mismatch_positions)
                 m["termination"] = list(rep.termination.violations)
+                m["near_ties"] = len(rep.sampling.near_ties)
+                eos_ties = [(i, rep.sampling.margins[i]) for i in rep.termination.eos_near_ties]
+                m["eos_near_ties"] = [[i, margin] for i, margin in eos_ties]
+                skipped = [i for i, margin in eos_ties if margin > self.cfg.checks.eos_tie_drift]
+                m["eos_skips"] = skipped
+                m["paid_tokens"] = rep.termination.replay_end
                 lp_err = max((abs(a - b) for a, b in zip(s.logprobs, rep.logprobs, strict=True)), default=0.0)
                 m["logprob_max_error"] = lp_err
                 if chunks:
@@ -640,6 +648,10 @@ class Pipeline:
                 if rep.termination.violations or (s.finish_reason == "eos") != rep.termination.ends_with_eos:
                     failures.setdefault(Reason.TERMINATION, f"sample {j}: {list(rep.termination.violations)} "
                                         f"(finish_reason {s.finish_reason})")
+                if skipped:
+                    failures.setdefault(Reason.TERMINATION, f"sample {j}: an EOS the replay ranks first was replaced "
+                                        f"at {skipped[:8]} by margins beyond the measured honest drift "
+                                        f"{self.cfg.checks.eos_tie_drift}")
                 if lp_err > tol:
                     failures.setdefault(Reason.LOGPROB_MISMATCH, f"sample {j}: logprob off by {lp_err:.3f}")
             else:
@@ -651,8 +663,9 @@ class Pipeline:
                 return (reason, failures[reason]), per_sample
         return None, per_sample
 
-    def units(self, sub: Submission) -> int:
-        return max(1, math.ceil(sub.n_tokens() * self.cfg.reporter.units_per_token))
+    def units(self, sub: Submission, paid: int | None = None) -> int:
+        """Work units for `sub`: `paid` tokens (counted from the replay, see `paid_tokens`) or all its tokens."""
+        return max(1, math.ceil((sub.n_tokens() if paid is None else paid) * self.cfg.reporter.units_per_token))
 
     # -- views ------------------------------------------------------------------------------------
 
@@ -671,6 +684,14 @@ def prompt_tokens(loaded: LoadedModel, task: Task) -> list[int]:
     ids = render_prompt(loaded.tokenizer, task, tokenize=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     return [int(t) for t in ids]
+
+
+def paid_tokens(per_sample: list[dict[str, Any]]) -> int | None:
+    """Tokens a node is paid for, from the replay: each sample up to the replay's first EOS (tokens a node
+    generated after an EOS it skipped are never paid). None when a sample could not be measured."""
+    if not per_sample or any(m.get("paid_tokens") is None for m in per_sample):
+        return None
+    return sum(int(m["paid_tokens"]) for m in per_sample)
 
 
 def _parse_stored(row: Row) -> Submission:

@@ -1,7 +1,7 @@
 """A won appeal, end to end: `prime-node join` does honest work that a validator with absurdly strict thresholds
 (logprob tolerance 0: honest decode and prefill differ by ~1e-6) rejects hard and slashes; `prime-node appeal`
 files the appeal on chain and sends the kept verdict and submission to another validator, which re-checks with its
-appeal thresholds and overturns it: stake, work and reward restored on chain, the node active again."""
+intake thresholds (its own, not the strict ones) and overturns it: stake, work and reward restored on chain, the node active again."""
 
 from __future__ import annotations
 

@@ -135,7 +135,11 @@ class SimNode:
         (generate with `model`), `other_prompt` (another system prompt), `edit_token`, `cheap_tokens`
         (`model`'s tokens, proved and scored by an honest prefill), `other_seed`, `early_stop`,
         `inflate_reward`, `unassigned_task`, `steer_logprobs` (honest work whose claimed logprobs are moved
-        inside the tolerance, see `steer_logprobs`) (bench/attacks.py runs each of them)."""
+        inside the tolerance, see `steer_logprobs`) (bench/attacks.py runs each of them), `junk` (free: one
+        made-up token per sample, no model run), `logprob_shift` (every claimed logprob 0.51 lower: just over
+        the 0.5 tolerance), `skip_eos` (every EOS that wins the seeded draw by at most the sampling
+        tolerance is replaced by the best other token and generation goes on; `narrow_eos_node` finds keys
+        whose first assignment has one)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         if cheat in (None, "steer_logprobs"):  # honest work is exactly what prime-node builds
@@ -145,6 +149,8 @@ class SimNode:
                 sub = steer_logprobs(sub)
             return sub, self.seal(sub)
         run, env = self.run, get_environment(self.run.env, self.run.env_version)
+        if cheat == "junk":
+            return self._junk(version, counter)
         gen_model = model or self.loaded
         draw_counter = counter + 1000 if cheat == "unassigned_task" else counter
         tasks = env.sample(task_seed(self.identity.address, version, draw_counter, run_id=run.run_id),
@@ -182,6 +188,14 @@ class SimNode:
                     hidden = _prefill_hidden(self.loaded, prompt, tokens)
                     logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seeds[t * run.samples_per_task + i],
                                               run.max_new_tokens, params)
+                if cheat == "skip_eos":
+                    prompt, seed = prompts[t * run.samples_per_task + i], seeds[t * run.samples_per_task + i]
+                    tokens = skip_narrow_eos(gen_model, prompt, seed, params, run.max_new_tokens, EOS_SKIP_TOLERANCE)
+                    hidden = _prefill_hidden(self.loaded, prompt, tokens)
+                    logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seed, run.max_new_tokens, params)
+                    finish = "eos" if tokens[-1] in self.loaded.eos_token_ids else "length"
+                if cheat == "logprob_shift":
+                    logprobs = [x - 0.51 for x in logprobs]
                 if cut and len(tokens) > 4:  # stop 3 tokens early, claim an EOS ending
                     tokens, logprobs, hidden, finish = tokens[:-3], logprobs[:-3], hidden[:-3], "eos"
                     cut = False
@@ -197,6 +211,17 @@ class SimNode:
                          tasks=tuple(task_rollouts))
         data = self.seal(sub)
         return sub, data
+
+    def _junk(self, version: int, counter: int) -> tuple[Submission, bytes]:
+        run, env = self.run, get_environment(self.run.env, self.run.env_version)
+        tasks = env.sample(task_seed(self.identity.address, version, counter, run_id=run.run_id), run.tasks_per_batch)
+        junk = SampleRollout(tokens=(5,), logprobs=(-1.0,), finish_reason="length", reward=0.0,
+                             proofs=(bytes(258),))
+        sub = Submission(run_id=run.run_id, node=self.identity.address, policy_version=version,
+                         manifest_hash=self.manifest_hash, counter=counter, env=run.env, env_version=run.env_version,
+                         tasks=tuple(TaskRollouts(task_id=t.task_id, samples=(junk,) * run.samples_per_task)
+                                     for t in tasks))
+        return sub, self.seal(sub)
 
     def seal(self, sub: Submission) -> bytes:
         data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
@@ -221,6 +246,72 @@ def steer_logprobs(sub: Submission, shift: float = STEER) -> Submission:
             samples.append(s.model_copy(update={"logprobs": tuple(min(0.0, x + d) for x in s.logprobs)}))
         tasks.append(tr.model_copy(update={"samples": tuple(samples)}))
     return sub.model_copy(update={"tasks": tuple(tasks)})
+
+
+EOS_SKIP_TOLERANCE = 0.5
+"""The validators' default sampling margin tolerance: the EOS wins a `skip_eos` node replaces."""
+
+
+def _eos_gap(loaded: LoadedModel, prompt: list[int], tokens: list[int], seed: int, params: SamplingParams
+             ) -> tuple[float, int, int]:
+    """At the step after `tokens`: (by how much the seeded draw's best EOS beats the best other token, that
+    other token, that EOS)."""
+    import torch
+
+    from models.forward import prefill
+    from models.loading import output_head
+    from models.sampling import scores, seed_tensor
+
+    ids = torch.tensor([prompt + tokens], dtype=torch.long)
+    with torch.inference_mode():
+        hidden = prefill(loaded, ids, torch.ones_like(ids), logits_last_only=True).hidden[0, -1:]
+        row = scores(output_head(loaded.model)(hidden).float(), params, seed_tensor([seed]),
+                     torch.tensor([len(tokens)]))[0]
+    eos = sorted(loaded.eos_token_ids)
+    best_eos = eos[int(row[eos].argmax())]
+    others = row.clone()
+    others[eos] = float("-inf")
+    best_other = int(others.argmax())
+    return float(row[best_eos] - row[best_other]), best_other, best_eos
+
+
+def skip_narrow_eos(loaded: LoadedModel, prompt: list[int], seed: int, params: SamplingParams, max_tokens: int,
+                    tolerance: float) -> list[int]:
+    """The seeded draw, token by token, except that an EOS winning by at most `tolerance` is replaced by the best
+    other token (a node that keeps generating where the validator's replay says stop, within the margin)."""
+    tokens: list[int] = []
+    while len(tokens) < max_tokens:
+        gap, other, eos = _eos_gap(loaded, prompt, tokens, seed, params)
+        if gap > tolerance:  # EOS won clearly: stop there
+            tokens.append(eos)
+            break
+        tokens.append(other)  # the winner, or the best other token where EOS won narrowly
+    return tokens
+
+
+def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: float, tries: int = 512) -> Identity:
+    """A fresh key whose assignment #0 at `version`, generated honestly, ends a sample at an EOS that won the
+    seeded draw by more than `above` and at most `EOS_SKIP_TOLERANCE` (the EOS a `skip_eos` node replaces)."""
+    env = get_environment(run.env, run.env_version)
+    params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
+    eos = set(loaded.eos_token_ids)
+    for _ in range(0, tries, 32):
+        keys = [Identity.create() for _ in range(32)]
+        prompts, seeds, owners = [], [], []
+        for key in keys:
+            for task in env.sample(task_seed(key.address, version, 0, run_id=run.run_id), run.tasks_per_batch):
+                ids = render_prompt(loaded.tokenizer, task, tokenize=True)
+                ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+                for i in range(run.samples_per_task):
+                    prompts.append(ids)
+                    seeds.append(sampling_seed(key.address, version, task.task_id, i, run_id=run.run_id))
+                    owners.append(key)
+        for g, prompt, seed, key in zip(Engine(loaded).generate(prompts, params, seeds, run.max_new_tokens), prompts,
+                                        seeds, owners, strict=True):
+            if g.tokens[-1] in eos and above < _eos_gap(loaded, prompt, g.tokens[:-1], seed, params)[0] \
+                    <= EOS_SKIP_TOLERANCE:
+                return key
+    raise AssertionError(f"no key among {tries} has a narrow EOS win in its first assignment")
 
 
 def _last_ranked(loaded: LoadedModel, hidden: Any, params: SamplingParams, seed: int, step: int) -> int:
@@ -252,6 +343,21 @@ def _prefill_hidden(loaded: LoadedModel, prompt: list[int], tokens: list[int]) -
     ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long)
     out = prefill(loaded, ids, torch.ones_like(ids), logits_last_only=True)
     return out.hidden[0, len(prompt) - 1 :]
+
+
+def perturbed(loaded: LoadedModel, scale: float, seed: int) -> LoadedModel:
+    """A copy of `loaded` with every weight multiplied by (1 + scale * N(0, 1))."""
+    import copy
+
+    import torch
+
+    other = copy.copy(loaded)
+    other.model = copy.deepcopy(loaded.model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.mul_(1 + scale * torch.randn(p.shape, generator=gen))
+    return other
 
 
 def tiny(seed: int = 0) -> LoadedModel:

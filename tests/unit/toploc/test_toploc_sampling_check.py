@@ -108,3 +108,28 @@ def test_replay_margins_equal_the_dense_scores(scale: float, top_k: int) -> None
     expected = (best.double() - dense[torch.arange(64), torch.tensor(tokens)].double()).tolist()
     assert list(check.margins) == expected
     assert list(check.winners) == arg.tolist()
+
+
+def test_an_eos_that_won_narrowly_and_was_skipped_is_an_eos_near_tie_and_ends_the_paid_tokens() -> None:
+    from models.sampling import scores
+
+    params = SamplingParams(temperature=1.0)
+    logits = _logits(12, seed=7)
+    row = scores(logits[5:6], params, torch.full((1,), SEED), torch.tensor([5]))[0]
+    others = row.clone()
+    others[2] = float("-inf")
+    second = int(others.argmax())  # the best token that is not EOS
+    # make EOS (id 2) win position 5 by 0.2 over the runner-up: a near-tie, not a mismatch
+    logits[5, 2] += float(row[second] - row[2]) + 0.2
+    tokens = _draw(logits, params)
+    assert tokens[5] == 2
+    honest = check_sampling(logits[:6], tokens[:6], params, SEED, tolerance=0.5)
+    t = check_termination(tokens[:6], [2], 12, honest)
+    assert (t.eos_near_ties, t.replay_end, honest.near_ties, t.violations) == ((), 6, (), ())
+    tokens[5] = second  # the node skipped the narrow EOS and kept going
+    s = check_sampling(logits, tokens, params, SEED, tolerance=0.5)
+    t = check_termination(tokens, [2], 12, s)
+    assert s.mismatch_positions == () and 5 in s.near_ties
+    assert t.eos_near_ties == (5,) and t.missed_eos == () and t.violations == ()
+    assert abs(s.margins[5] - 0.2) < 1e-4
+    assert t.replay_end == 6  # tokens after the replay's EOS are never paid

@@ -324,23 +324,34 @@ def test_node_summary_and_counts(ledger: Ledger) -> None:
                                "outcome:accepted": 3, "outcome:rejected_hard": 1, "outcome:rejected_soft": 1}
 
 
-def test_hard_failures_and_active_nodes_in_a_window(ledger: Ledger) -> None:
+def drift(key: str) -> Decision:
+    """A hard verdict the correlation guard classified as possible honest drift."""
+    d = hard(key, "proof_mismatch")
+    return Decision(**{**d.__dict__, "measurements": {"samples": [], "drift_band": True}})
+
+
+def test_drift_failures_history_and_active_nodes_in_a_window(ledger: Ledger) -> None:
     def decided(key: str, node: str, version: int, d: Decision, received: float, at: float) -> None:
         add(ledger, key, node=node, version=version, at=received)
         ledger.decide(key, d, now=at)
 
-    decided("a1", "0xa", 1, hard("a1"), T0 + 5, T0 + 10)
-    decided("a2", "0xa", 1, hard("a2", "proof_mismatch"), T0 + 6, T0 + 12)
-    decided("b1", "0xb", 1, soft("b1", "suspected_systemic"), T0 + 15, T0 + 20)
-    decided("c1", "0xc", 2, hard("c1"), T0 + 15, T0 + 20)
+    decided("a1", "0xa", 1, drift("a1"), T0 + 5, T0 + 10)
+    decided("a2", "0xa", 1, drift("a2"), T0 + 6, T0 + 12)
+    decided("b1", "0xb", 1, soft("b1", "suspected_systemic"), T0 + 15, T0 + 20)  # softened: never counts again
+    decided("b2", "0xb", 1, hard("b2"), T0 + 15, T0 + 20)  # proof of cheating, not drift: not the guard's
+    decided("c1", "0xc", 2, drift("c1"), T0 + 15, T0 + 20)
     decided("d1", "0xd", 1, accepted("d1"), T0 + 15, T0 + 20)
-    decided("e1", "0xe", 1, hard("e1"), T0 - 100, T0)
-    assert sorted(ledger.hard_failures_since(1, T0 + 10)) == ["0xa", "0xb"]
-    assert ledger.hard_failures_since(1, T0 + 13) == ["0xb"]
-    assert ledger.hard_failures_since(2, T0) == ["0xc"]
-    assert sorted(ledger.hard_failures_since(1, T0)) == ["0xa", "0xb", "0xe"]
+    decided("d2", "0xd", 1, accepted("d2"), T0 - 50, T0 - 40)
+    decided("e1", "0xe", 1, drift("e1"), T0 - 100, T0)
+    assert sorted(ledger.drift_failures_since(1, T0 + 10)) == ["0xa"]
+    assert ledger.drift_failures_since(1, T0 + 13) == []
+    assert ledger.drift_failures_since(2, T0) == ["0xc"]
+    assert sorted(ledger.drift_failures_since(1, T0)) == ["0xa", "0xe"]
     assert sorted(ledger.active_nodes_since(T0 + 10)) == ["0xb", "0xc", "0xd"]
     assert sorted(ledger.active_nodes_since(T0)) == ["0xa", "0xb", "0xc", "0xd"]
+    assert ledger.accepted_before(["0xd", "0xa", "0xz"], T0) == {"0xd": 1}
+    assert ledger.accepted_before(["0xd"], T0 + 30) == {"0xd": 2}
+    assert keys(ledger.recent_accepted(1, 5)) == ["d1", "d2"]
 
 
 def test_one_ledger_shared_by_threads(ledger: Ledger) -> None:

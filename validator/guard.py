@@ -1,0 +1,198 @@
+"""The correlation guard: when the validator may blame itself instead of a node.
+
+A validator whose own weights, software or thresholds are wrong fails honest work, and must not slash
+it. The guard that decides this must not be a switch attackers can flip, so it rests on three rules:
+
+1. **Only the drift band can be softened** (`drift_band`). A failure is *possibly our fault* only
+   when every measurement of the submission is a number honest hardware drift moves and each is
+   within `systemic.drift_band_factor` times its threshold: TOPLOC chunk statistics just over the
+   limits, sampling mismatches whose margin is a small multiple of the tolerance, a logprob error
+   a small multiple of the tolerance. Everything else is deterministic proof of cheating and is
+   never softened: the cheap checks (run, manifest, counter, tasks, schema), equivocation, a reward
+   that is not the recomputed one, termination (an EOS skipped, a sequence cut short), malformed
+   proofs, a token the replay ranks far below its winner, a chunk or logprob far outside any drift.
+2. **Weight, not keys** (`SystemicGuard.established`). The guard compares the failing nodes' weight
+   with the active nodes' weight, a node weighing its accepted submissions at this validator before
+   the window (capped at `systemic.history_cap`) times its stake in units of the pool's minimum.
+   A fresh Sybil key has no accepted history and weighs nothing, however many there are. Softened
+   rows never count as failures, so the guard cannot feed itself.
+3. **The validator tests itself before it blames itself** (`SystemicGuard.self_test`). When the
+   weighted trigger fires it re-measures known-good work: the most recent submissions of established
+   nodes it accepted at that version, with the weights and thresholds it uses now. Our computation is
+   deterministic, so work we accepted still passes unless our weights or thresholds changed: if most
+   of it now fails, the version is *suspect* and its drift-band failures (including the unreported
+   ones already recorded) become soft `suspected_systemic`. If it passes, drift-band failures are
+   judged hard like any other. With no known-good work of that version (our weights wrong from the
+   start) the validator cannot vouch for itself, and the weighted trigger, which only established
+   nodes can pull, decides. A suspect version is tested again after `systemic.window_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from protocol.errors import PrimeError
+from protocol.rollout import Reason
+
+if TYPE_CHECKING:
+    from protocol.rollout import Submission
+    from toploc.thresholds import ToplocThresholds
+    from validator.chainview import ChainView
+    from validator.config import ValidatorConfig
+    from validator.ledger import Ledger, Row
+
+log = logging.getLogger(__name__)
+
+DRIFT_REASONS = frozenset({Reason.PROOF_MISMATCH, Reason.SAMPLING_MISMATCH, Reason.LOGPROB_MISMATCH})
+"""The only reasons honest numeric drift can produce; every other hard reason is proof of cheating."""
+
+
+def drift_band(reason: Reason, measurements: dict[str, Any] | None, th: ToplocThresholds, logprob_tolerance: float,
+               factor: float) -> bool:
+    """Whether a hard failure could be honest drift (see the module docstring, rule 1).
+
+    `measurements` is what `Pipeline.judge` recorded (`{"samples": [...]}`); every sample must be
+    measurable, end correctly, and stay within `factor` times each threshold it crosses."""
+    if reason not in DRIFT_REASONS or not measurements or not measurements.get("samples"):
+        return False
+    for m in measurements["samples"]:
+        if m.get("error") is not None or m.get("termination") or m.get("eos_skips"):
+            return False
+        stats = m.get("toploc") or []
+        for i in m.get("failing_chunks") or []:
+            exp, mean, median = stats[i]
+            if not (exp <= factor * th.max_exp_mismatches and mean <= factor * th.max_mant_err_mean
+                    and median <= factor * th.max_mant_err_median):
+                return False
+        margin = float(m.get("sampling_max_margin") or 0.0)
+        if m.get("sampling_mismatches") and not (math.isfinite(margin)
+                                                 and margin <= factor * th.sampling_margin_tolerance):
+            return False
+        if not float(m.get("logprob_max_error") or 0.0) <= factor * logprob_tolerance:
+            return False
+    return True
+
+
+@dataclass
+class SelfTest:
+    """The outcome of one self-test of a policy version."""
+
+    ok: bool
+    """Our weights and thresholds still pass the known-good work (False also when there was none)."""
+    detail: str
+    at: float
+
+
+class Checker(Protocol):
+    """What the guard needs of the check pipeline (`validator.pipeline.Pipeline`)."""
+
+    cfg: ValidatorConfig
+    ledger: Ledger
+    chain: ChainView
+    thresholds: ToplocThresholds
+
+    def count(self, name: str, n: int = 1) -> None: ...
+
+    def recheck(self, version: int, rows: list[Row]) -> list[tuple[Reason, str] | None]:
+        """Each stored submission's first failure (or None) re-measured with the current weights and thresholds."""
+        ...
+
+    def soften_unreported(self, version: int) -> None:
+        """The version's drift-band hard verdicts not yet on chain become `suspected_systemic`."""
+        ...
+
+
+class SystemicGuard:
+    """Decides whether a drift-band failure is softened (see the module docstring)."""
+
+    def __init__(self, pipeline: Checker) -> None:
+        self.p = pipeline
+        self.cfg = pipeline.cfg.systemic
+        self._suspect: dict[int, SelfTest] = {}
+        self._passed: dict[int, SelfTest] = {}
+        self._lock = threading.Lock()
+
+    def weight(self, node: str, accepted: int) -> float:
+        """A node's weight: its accepted history (capped) times its stake in units of the pool minimum."""
+        if accepted <= 0:
+            return 0.0
+        stake, minimum = self.p.chain.stake(node), self.p.chain.min_stake
+        return min(accepted, self.cfg.history_cap) * (max(1.0, stake / minimum) if minimum > 0 else 1.0)
+
+    def established(self, nodes: set[str], before: float) -> dict[str, float]:
+        history = self.p.ledger.accepted_before(sorted(nodes), before)
+        return {n: self.weight(n, history.get(n, 0)) for n in nodes}
+
+    def softens(self, sub: Submission, reason: Reason, measurements: dict[str, Any] | None,
+                now: float | None = None) -> bool:
+        """True when this hard failure is to be recorded as soft `suspected_systemic`."""
+        s = self.cfg
+        c = self.p.cfg.checks
+        if not drift_band(reason, measurements, self.p.thresholds, c.logprob_tolerance, s.drift_band_factor):
+            return False
+        t = time.time() if now is None else now
+        version = sub.policy_version
+        with self._lock:
+            suspect = self._suspect.get(version)
+            if suspect is not None and t - suspect.at < s.window_s:
+                self.p.count("systemic_suspected")
+                return True
+            passed = self._passed.get(version)
+        if suspect is None:  # not suspect yet: only the weighted trigger starts a self-test
+            if passed is not None and t - passed.at < s.window_s:
+                return False
+            since = t - s.window_s
+            failing = set(self.p.ledger.drift_failures_since(version, since)) | {sub.node}
+            active = set(self.p.ledger.active_nodes_since(since)) | {sub.node}
+            weights = self.established(active, since)
+            w_fail = sum(weights[n] for n in failing)
+            w_active = sum(weights.values())
+            heavy = sum(1 for n in failing if weights[n] > 0)
+            if heavy < s.min_nodes or w_active <= 0 or w_fail / w_active < s.fraction:
+                return False
+            log.warning("correlation guard: %d established nodes (weight %.0f of %.0f active) fail in the drift band "
+                        "at v%d within %.0f s: testing ourselves", heavy, w_fail, w_active, version, s.window_s)
+        result = self.self_test(version, t)
+        with self._lock:
+            if result.ok:
+                self._suspect.pop(version, None)
+                self._passed[version] = result
+            else:
+                self._suspect[version] = result
+                self._passed.pop(version, None)
+        if result.ok:
+            self.p.count("self_test_passed")
+            log.info("self-test of v%d passed (%s): drift-band failures are judged hard", version, result.detail)
+            return False
+        self.p.count("self_test_failed")
+        self.p.count("systemic_suspected")
+        log.error("SYSTEMIC: self-test of v%d failed (%s); drift-band failures of this version are soft until a "
+                  "self-test passes (check our weights, software and thresholds)", version, result.detail)
+        self.p.soften_unreported(version)
+        return True
+
+    def self_test(self, version: int, now: float) -> SelfTest:
+        """Re-measure up to `systemic.self_test_submissions` known-good submissions of `version` (accepted,
+        by established nodes) with our current weights and thresholds."""
+        p = self.p
+        rows = p.ledger.recent_accepted(version, 8 * self.cfg.self_test_submissions)
+        if rows:
+            weights = self.established({r.node for r in rows}, now - self.cfg.window_s)
+            rows = [r for r in rows if weights[r.node] > 0][: self.cfg.self_test_submissions]
+        if not rows:
+            return SelfTest(False, f"no known-good work of v{version} to re-check: cannot vouch for our weights",
+                            now)
+        try:
+            results = p.recheck(version, rows)
+        except (PrimeError, RuntimeError, MemoryError) as exc:  # weights gone, the model failing: cannot vouch
+            return SelfTest(False, f"could not re-measure known-good work: {exc}", now)
+        failed = [f"{row.work_key[:10]}: {failure[0].value}" for row, failure in zip(rows, results, strict=True)
+                  if failure is not None]
+        detail = f"{len(rows) - len(failed)} of {len(rows)} known-good submissions still pass" + (
+            f" ({'; '.join(failed)})" if failed else "")
+        return SelfTest(2 * len(failed) <= len(rows), detail, now)
