@@ -399,8 +399,10 @@ class Pipeline:
             decision = self._reject(body, data, Reason.EQUIVOCATION,
                                     f"a second, different payload for assignment #{body.counter} at "
                                     f"v{body.policy_version}", extra_evidence={
-                                        # the second payload is stored nowhere else; the first is the row's
-                                        "submission": data.decode(), "first_submission_hash": existing.submission_hash})
+                                        # both signed payloads, so the evidence alone proves it (an appeal
+                                        # re-checks it from this document; the second is stored nowhere else)
+                                        "submission": data.decode(), "first": existing.envelope.decode(),
+                                        "first_submission_hash": existing.submission_hash})
             if not self.ledger.decide(existing.work_key, decision):  # the checker decided it first
                 self.ledger.redecide(existing.work_key, decision)
         row = self.ledger.get(existing.work_key)
