@@ -127,6 +127,7 @@ class Network:
                                                   systemic=GUARD), account)
                            for i, account in enumerate(self.validator_accounts)]
         self.domain = submission_domain(deployment.chain_id, deployment.pool, RUN.run_id)
+        self.chain_id, self.pool = deployment.chain_id, deployment.pool
         self.max_bytes = self.validators[0].service.cfg.max_submission_bytes
         self.thresholds = self.validators[0].service.pipeline.thresholds
         self.hard_keys: list[tuple[Any, str]] = []
@@ -879,7 +880,8 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
         recorder = Recorder(tok)
         for counter in range(k):
             try:
-                build_submission(recorder, net.run, node.identity.address, VERSION, counter, node.manifest_hash)
+                build_submission(recorder, net.run, node.identity.address, VERSION, counter, node.manifest_hash,
+                                 chain_id=net.chain_id, pool=net.pool)
             except _Collected:
                 pass
         engine = ModelsEngine(net.loaded)
@@ -893,7 +895,7 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
         served, _ = net.assigned(node)
         for counter in range(k):
             sub = build_submission(Replay(tok, done), net.run, node.identity.address, VERSION, counter,
-                                   node.manifest_hash)
+                                   node.manifest_hash, chain_id=net.chain_id, pool=net.pool)
             status, body = net.post(served, node.seal(sub))
             submitted.append((served, status, body, f"batch {k * per_sub} threads {threads} "
                               f"{'fast' if fast else 'hf'} path"))

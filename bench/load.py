@@ -195,18 +195,21 @@ def build_honest(nodes: list[Any], n: int, domain: str) -> tuple[list[tuple[int,
     from node.rollouts import build_submission
     from protocol.envelope import seal
     from protocol.nonce import random_nonce
+    from protocol.rollout import submission_venue
     from protocol.seeds import work_key
 
     torch.set_num_threads(1)
     run, model = _run_and_model()
     engine = ModelsEngine(load(model))
+    chain_id, pool = submission_venue(domain)
     out, t0 = [], time.perf_counter()
     for i in range(n):
         s, counter = i % len(nodes), i // len(nodes)
-        sub = build_submission(engine, run, nodes[s].address, 1, counter, MANIFEST)
+        sub = build_submission(engine, run, nodes[s].address, 1, counter, MANIFEST, chain_id=chain_id, pool=pool)
         nonce = random_nonce()
         data = seal(nodes[s], sub, domain=domain, nonce=nonce).to_bytes()
-        out.append((s, sub, nonce, data, "0x" + work_key(run.run_id, sub.node, 1, counter).hex()))
+        out.append((s, sub, nonce, data, "0x" + work_key(run.run_id, sub.node, 1, counter, chain_id=chain_id,
+                                                                    pool=pool).hex()))
     return out, time.perf_counter() - t0
 
 

@@ -42,8 +42,8 @@ def _bench_module(name: str) -> Any:
     return module
 
 
-def requests_of(engine: Any, run: Any, node: str, counter: int) -> list[Any]:
-    """The requests `node.rollouts.build_submission` makes for assignment (node, v1, counter)."""
+def requests_of(engine: Any, run: Any, node: str, counter: int, chain_id: int, pool: str) -> list[Any]:
+    """The requests `node.rollouts.build_submission` makes for assignment (node, v1, counter) in `pool`."""
     from environments import get as get_environment
     from node.engines import Request
     from node.rollouts import prompt_ids
@@ -51,9 +51,10 @@ def requests_of(engine: Any, run: Any, node: str, counter: int) -> list[Any]:
 
     env = get_environment(run.env, run.env_version)
     out = []
-    for task in env.sample(task_seed(node, 1, counter, run_id=run.run_id), run.tasks_per_batch):
+    where = {"run_id": run.run_id, "chain_id": chain_id, "pool": pool}
+    for task in env.sample(task_seed(node, 1, counter, **where), run.tasks_per_batch):
         ids = prompt_ids(engine.tokenizer, task)
-        out += [Request(ids, sampling_seed(node, 1, task.task_id, i, run_id=run.run_id))
+        out += [Request(ids, sampling_seed(node, 1, task.task_id, i, counter=counter, **where))
                 for i in range(run.samples_per_task)]
     return out
 
@@ -99,7 +100,7 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
         engine = build_engine(cfg.engine, model)
         bare = Engine(engine.loaded)  # type: ignore[attr-defined]
         params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
-        all_requests = [requests_of(engine, run, node.address, k) for k in range(batches)]
+        all_requests = [requests_of(engine, run, node.address, k, c.chain_id, c.pool) for k in range(batches)]
         bare.generate([r.prompt for r in all_requests[0]], params, [r.seed for r in all_requests[0]],
                       run.max_new_tokens)  # warm-up
 
@@ -129,7 +130,8 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
             tally = worker.run_loop()
             loop_s = time.perf_counter() - started
             # the added steps alone, on the same assignments (the record and POST are in the loop above)
-            subs = [build_submission(engine, run, node.address, 1, k, b"\x00" * 31 + b"\x01") for k in range(batches)]
+            subs = [build_submission(engine, run, node.address, 1, k, b"\x00" * 31 + b"\x01", chain_id=c.chain_id,
+                                     pool=c.pool) for k in range(batches)]
             started = time.perf_counter()
             for sub in subs:
                 seal(node, sub, domain=domain, nonce=random_nonce())

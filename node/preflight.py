@@ -27,6 +27,7 @@ from protocol.seeds import sampling_seed, task_seed
 logger = logging.getLogger(__name__)
 
 _MANIFEST = b"\x00" * 31 + b"\x01"  # not checked here: pre-flight measures the computation only
+_CHAIN_ID, _POOL = 0, "0x" + "00" * 20  # a preflight is no pool's work: any fixed venue gives real seeds
 
 
 @dataclass(frozen=True)
@@ -98,17 +99,20 @@ def run_preflight(engine: InferenceEngine, model: ModelSpec, run: RunSpec, check
     env = get_environment(run.env, run.env_version)
     report = PreflightReport()
     started = time.monotonic()
-    subs = [build_submission(engine, run, node, 1, counter, _MANIFEST) for counter in range(batches)]
+    subs = [build_submission(engine, run, node, 1, counter, _MANIFEST, chain_id=_CHAIN_ID, pool=_POOL)
+            for counter in range(batches)]
     report.generation_s = time.monotonic() - started
     started = time.monotonic()
     reference = load(model, dtype=dtype)  # the validator's prefill: the run's model in its dtype
     rollouts, claimed, reward_errors = [], [], []
     for sub in subs:
-        tasks = env.sample(task_seed(node, 1, sub.counter, run_id=run.run_id), run.tasks_per_batch)
+        tasks = env.sample(task_seed(node, 1, sub.counter, run_id=run.run_id, chain_id=_CHAIN_ID, pool=_POOL),
+                           run.tasks_per_batch)
         for task, group in zip(tasks, sub.tasks, strict=True):
             prompt = prompt_ids(reference.tokenizer, task)
             for i, s in enumerate(group.samples):
-                seed = sampling_seed(node, 1, task.task_id, i, run_id=run.run_id)
+                seed = sampling_seed(node, 1, task.task_id, i, run_id=run.run_id, chain_id=_CHAIN_ID, pool=_POOL,
+                                     counter=sub.counter)
                 rollouts.append(Rollout(prompt, list(s.tokens), list(s.proofs), seed, run.max_new_tokens))
                 claimed.append(s)
                 text = str(reference.tokenizer.decode(list(s.tokens), skip_special_tokens=True))

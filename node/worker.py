@@ -52,7 +52,7 @@ from protocol.errors import PrimeError, UngradableError
 from protocol.identity import Identity, checksum
 from protocol.nonce import random_nonce
 from protocol.replay import RereadRecords
-from protocol.rollout import Outcome, Reason, RunSpec, Submission, Verdict
+from protocol.rollout import Outcome, Reason, RunSpec, Submission, Verdict, submission_venue
 from protocol.seeds import validator_ranking, work_key
 
 logger = logging.getLogger(__name__)
@@ -211,6 +211,7 @@ class Worker:
                  protection: SlashingProtection, validators: ValidatorDirectory,
                  is_active: Callable[[], bool] | None = None) -> None:
         self.cfg, self.identity, self.run, self.domain = cfg, identity, run, domain
+        self.chain_id, self.pool = submission_venue(domain)  # bound into every work key and seed
         self.weights, self.protection, self.validators = weights, protection, validators
         self.is_active = is_active
         """The chain's word on whether this node is active (a validator's 403 is only checked against it)."""
@@ -268,7 +269,8 @@ class Worker:
                 continue
             started = time.monotonic()
             try:
-                sub = build_submission(policy.engine, self.run, self.node, version, counter, manifest)
+                sub = build_submission(policy.engine, self.run, self.node, version, counter, manifest,
+                                       chain_id=self.chain_id, pool=self.pool)
             except UngradableError as exc:  # our grader failed: a guessed reward would be a slashable lie
                 logger.warning("v%d #%d: could not grade locally (%s); nothing signed, retrying later", version,
                                counter, exc)
@@ -441,7 +443,8 @@ class Worker:
     def poll_pending(self) -> None:
         """Ask for the verdicts still pending (at each validator in rendezvous order: one may have failed over)."""
         for rec in self.pending():
-            key = to_hex(work_key(self.run.run_id, self.node, rec.policy_version, rec.counter))
+            key = to_hex(work_key(self.run.run_id, self.node, rec.policy_version, rec.counter, chain_id=self.chain_id,
+                                  pool=self.pool))
             for address in self._ranking(rec.policy_version):
                 url = self.validators.url_of(address)
                 if url is None or self._down_until.get(address, 0.0) > time.monotonic():

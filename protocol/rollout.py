@@ -1,7 +1,8 @@
 """The rollout wire format: what a node submits, the rules of the run it follows, and the verdict.
 
-A node's `counter`-th batch at policy version v is `env.sample(task_seed(node, v, counter),
-tasks_per_batch)`; sample i of task t is generated with `sampling_seed(node, v, t.task_id, i)`.
+A node's `counter`-th batch at policy version v is `env.sample(task_seed(node, v, counter, ...),
+tasks_per_batch)`; sample i of task t is generated with `sampling_seed(node, v, t.task_id, i, counter=...)`;
+both, and the work key, also bind the run, the chain and the pool (`protocol.seeds`).
 The node seals one `Submission` per batch with its key; the validator that `assigned_validator`
 names checks it and answers with a `Verdict` sealed with the validator's key, so a node can prove
 what it was told. Both sides read the same `RunSpec` (the validator serves its own at `/v1/info`).
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from protocol.canonical import HexBytes
 from protocol.envelope import Body
+from protocol.errors import PrimeError, ProtocolError
 from protocol.identity import checksum
 from protocol.run import MAX_SAMPLES, MAX_TASKS, MAX_TOKENS
 from protocol.run import RunSpec as RunSpec  # re-exported: submissions are read against the run's rules
@@ -57,7 +59,7 @@ class TaskRollouts(BaseModel):
     task_id: str = Field(pattern=r"^[0-9a-f]{32}$")
     """The task's content digest (`environments.Task.task_id`)."""
     samples: tuple[SampleRollout, ...] = Field(min_length=1, max_length=MAX_SAMPLES)
-    """Sample i was generated with `sampling_seed(node, version, task_id, i)`."""
+    """Sample i was generated with `sampling_seed(node, version, task_id, i, counter=...)`."""
 
 
 class Submission(Body):
@@ -162,7 +164,7 @@ class Verdict(Body):
 
     run_id: str = Field(min_length=1, max_length=128)
     work_key: HexBytes
-    """`protocol.seeds.work_key(run, node, version, counter)`."""
+    """`protocol.seeds.work_key(run, node, version, counter, chain_id=..., pool=...)`."""
     node: str
     policy_version: int = Field(ge=0, lt=2**63)
     counter: int = Field(ge=0, lt=2**63)
@@ -182,6 +184,21 @@ def submission_hash(envelope_bytes: bytes) -> bytes:
 def submission_domain(chain_id: int, pool: str, run_id: str) -> str:
     """The envelope domain of a run's submissions and verdicts: one network, one pool, one run."""
     return f"prime/{chain_id}/{checksum(pool)}/{run_id}"
+
+
+def submission_venue(domain: str) -> tuple[int, str]:
+    """(chain id, pool) of a `submission_domain` string: what a role holding only its domain passes to
+    `protocol.seeds` (work keys and seeds bind chain and pool). `ProtocolError` if it is not one."""
+    parts = domain.split("/", 3)
+    try:
+        if len(parts) != 4 or parts[0] != "prime" or not parts[1].isdigit():
+            raise ValueError(domain)
+        chain_id, pool = int(parts[1]), checksum(parts[2])
+    except (ValueError, PrimeError):
+        raise ProtocolError(f"{domain[:200]!r} is not a submission domain (prime/<chain id>/<pool>/<run>)") from None
+    if submission_domain(chain_id, pool, parts[3]) != domain:
+        raise ProtocolError(f"{domain[:200]!r} is not in canonical form")
+    return chain_id, pool
 
 
 class FeedSample(BaseModel):

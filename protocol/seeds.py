@@ -1,23 +1,41 @@
 """Deterministic seeds that a node and a validator compute independently and must agree on.
 
 A node cannot pick its own prompts or its own sampling randomness: both come from a hash of values
-fixed by the protocol (the node's address, the policy version, a counter or task id, and the run).
-A validator recomputes them to check that the node answered the task it was assigned and sampled
-every token with the seed it was given.
+fixed by the protocol. An *assignment* is (chain id, pool, run, node, policy version, counter): the
+`counter`-th batch of a node at a version, in one pool contract on one chain. Its **work key** names
+it (the pool pays a work key at most once), its **task seed** draws its tasks, and each sample's
+**sampling seed** is derived from the work key, so two assignments (another counter, another pool,
+another chain) never share a sample's randomness. A validator recomputes all three to check that the
+node answered the task it was assigned and sampled every token with the seed it was given.
 
-Encoding (version 1, pinned by known-answer tests): SHA-256 over
+Encoding (version 2, pinned by known-answer tests; other implementations follow it byte for byte):
+SHA-256 over
 
     tag || 0x00 || field_1 || field_2 || ...
 
-where `tag` is an ASCII purpose string (`prime/task-seed/v1`, `prime/sampling-seed/v1`) and each
-field is type-tagged so different field types can never produce the same bytes:
+where `tag` is an ASCII purpose string and each field is type-tagged so different field types can
+never produce the same bytes:
 
     0x01 || 20 raw address bytes                   (addresses, so letter case never matters)
     0x02 || uint64 big-endian                      (non-negative integers below 2**64)
     0x03 || uint32 big-endian length || UTF-8      (strings)
+    0x04 || 32 raw bytes                           (a digest: the work key inside a sampling seed)
 
-The seed is the first 8 digest bytes read big-endian, shifted right by one: a 63-bit non-negative
-integer, safe as a signed 64-bit value (torch generators, SQLite, Java/Go peers).
+The derivations (fields in this order):
+
+    work_key      = SHA-256("prime/work-key/v2"      0x00  uint chain_id, address pool, text run_id,
+                                                           address node, uint policy_version, uint counter)
+    task_seed     = seed("prime/task-seed/v2"        0x00  the same six fields as the work key)
+    sampling_seed = seed("prime/sampling-seed/v2"    0x00  digest work_key, task_id, uint sample_index)
+
+with `task_id` a uint64 field for an int and a text field for a str. A seed is the first 8 digest
+bytes read big-endian, shifted right by one: a 63-bit non-negative integer, safe as a signed 64-bit
+value (torch generators, SQLite, Java/Go peers). The work key is the full 32-byte digest.
+
+Version 1 bound (run, node, version, counter) only: the same work was payable in a second pool with
+the same run id, and a task drawn twice by one node within a version repeated its samples exactly
+(a cached answer earned full pay). Version 2 binds chain and pool everywhere and the counter into
+every sampling seed. The validator rendezvous (`validator_ranking`) is unchanged (`.../v1`).
 """
 
 from __future__ import annotations
@@ -59,58 +77,59 @@ def _task_id(value: int | str) -> bytes:
     return _uint(value, "task_id")
 
 
-def _seed(tag: bytes, *fields: bytes) -> int:
-    digest = hashlib.sha256(tag + b"\x00" + b"".join(fields)).digest()
-    return int.from_bytes(digest[:8], "big") >> (64 - SEED_BITS)
-
-
-def task_seed(node_address: str, policy_version: int, counter: int, *, run_id: str) -> int:
-    """The seed from which the environment builds the `counter`-th task batch of a node at a version.
-
-    `run_id` separates training runs (and networks): the same node, version and counter give an
-    unrelated seed in another run.
-    """
-    return _seed(
-        b"prime/task-seed/v1",
-        _text(run_id, "run_id"),
-        _address(node_address),
-        _uint(policy_version, "policy_version"),
-        _uint(counter, "counter"),
-    )
-
-
-def sampling_seed(
-    node_address: str, policy_version: int, task_id: int | str, sample_index: int, *, run_id: str
-) -> int:
-    """The seed of the sampler for sample `sample_index` of task `task_id` (ints and strings differ)."""
-    return _seed(
-        b"prime/sampling-seed/v1",
-        _text(run_id, "run_id"),
-        _address(node_address),
-        _uint(policy_version, "policy_version"),
-        _task_id(task_id),
-        _uint(sample_index, "sample_index"),
-    )
+def _digest32(value: bytes, name: str) -> bytes:
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise ProtocolError(f"{name} must be 32 bytes")
+    return b"\x04" + value
 
 
 def _digest(tag: bytes, *fields: bytes) -> bytes:
     return hashlib.sha256(tag + b"\x00" + b"".join(fields)).digest()
 
 
-def work_key(run_id: str, node_address: str, policy_version: int, counter: int) -> bytes:
-    """The 32-byte key of one assignment: the `counter`-th batch of `node` at `policy_version`.
+def _seed(tag: bytes, *fields: bytes) -> int:
+    return int.from_bytes(_digest(tag, *fields)[:8], "big") >> (64 - SEED_BITS)
+
+
+def _assignment(chain_id: int, pool: str, run_id: str, node_address: str, policy_version: int,
+                counter: int) -> bytes:
+    """The six fields that name one assignment, in the order the module docstring gives."""
+    return (_uint(chain_id, "chain_id") + _address(pool) + _text(run_id, "run_id") + _address(node_address)
+            + _uint(policy_version, "policy_version") + _uint(counter, "counter"))
+
+
+def work_key(run_id: str, node_address: str, policy_version: int, counter: int, *, chain_id: int,
+             pool: str) -> bytes:
+    """The 32-byte key of one assignment: the `counter`-th batch of `node` at `policy_version` in the pool
+    contract `pool` on chain `chain_id`.
 
     It is derived from the assignment, never from the payload, so one assignment is paid at most
     once (the pool contract keys work by it) whichever validator sees it and however the payload is
-    varied. Same field encoding as the seeds above, tag `prime/work-key/v1`, full SHA-256 digest.
+    varied; the same run id in another pool or on another chain gives unrelated keys.
     """
-    return _digest(
-        b"prime/work-key/v1",
-        _text(run_id, "run_id"),
-        _address(node_address),
-        _uint(policy_version, "policy_version"),
-        _uint(counter, "counter"),
-    )
+    return _digest(b"prime/work-key/v2", _assignment(chain_id, pool, run_id, node_address, policy_version, counter))
+
+
+def task_seed(node_address: str, policy_version: int, counter: int, *, run_id: str, chain_id: int,
+              pool: str) -> int:
+    """The seed from which the environment builds the `counter`-th task batch of a node at a version.
+
+    Bound to the whole assignment (chain, pool, run): the same node, version and counter give an
+    unrelated seed in another run, pool or chain.
+    """
+    return _seed(b"prime/task-seed/v2", _assignment(chain_id, pool, run_id, node_address, policy_version, counter))
+
+
+def sampling_seed(
+    node_address: str, policy_version: int, task_id: int | str, sample_index: int, *, run_id: str, chain_id: int,
+    pool: str, counter: int,
+) -> int:
+    """The seed of the sampler for sample `sample_index` of task `task_id` (ints and strings differ) in
+    assignment `counter`: derived from the assignment's work key, so a task drawn again by the same
+    node at the same version (another counter) is sampled afresh, never replayed from a cache."""
+    key = work_key(run_id, node_address, policy_version, counter, chain_id=chain_id, pool=pool)
+    return _seed(b"prime/sampling-seed/v2", _digest32(key, "work_key"), _task_id(task_id),
+                 _uint(sample_index, "sample_index"))
 
 
 def validator_ranking(run_id: str, node_address: str, policy_version: int, validators: list[str]) -> list[str]:

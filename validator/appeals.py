@@ -53,7 +53,6 @@ from protocol.identity import Identity, checksum
 from protocol.nonce import NonceCounter
 from protocol.replay import RereadRecords
 from protocol.rollout import FeedItem, Outcome, Reason, Submission, Verdict, submission_hash
-from protocol.seeds import work_key
 from validator.chainview import ChainView
 from validator.ledger import AppealRow, Ledger
 from validator.pipeline import SOFTWARE, Answer, Pipeline, paid_tokens
@@ -195,7 +194,7 @@ class AppealDesk:
         assert isinstance(sub, Submission)
         if submission_hash(s_bytes) != verdict.submission_hash:
             return self._refuse(400, "bad_submission", "the submission's hash is not the one the verdict judged")
-        if work_key(self.cfg.run.run_id, sub.node, sub.policy_version, sub.counter) != body.work_key:
+        if self.pipeline.work_key(sub.node, sub.policy_version, sub.counter) != body.work_key:
             return self._refuse(400, "bad_submission", "the submission is for another assignment")
 
         done = self.ledger.appeal(key)

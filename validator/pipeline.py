@@ -55,6 +55,7 @@ from protocol.rollout import (
     Submission,
     Verdict,
     submission_hash,
+    submission_venue,
 )
 from protocol.seeds import sampling_seed, task_seed, validator_ranking, work_key
 from validator.chainview import CATCHUP_S, ChainView
@@ -226,6 +227,7 @@ class Pipeline:
         self.weights = weights
         self.peers = peers
         self.domain = domain
+        self.chain_id, self.pool = submission_venue(domain)  # bound into every work key and seed
         self.nonces = nonces
         self.gate = _SenderGate(replay_guard, chain, ledger, cfg)
         self.env: Environment = get_environment(self.run.env, self.run.env_version)
@@ -247,7 +249,12 @@ class Pipeline:
             self.stats[name] = self.stats.get(name, 0) + n
 
     def tasks(self, node: str, version: int, counter: int) -> list[Task]:
-        return self.env.sample(task_seed(node, version, counter, run_id=self.run.run_id), self.run.tasks_per_batch)
+        seed = task_seed(node, version, counter, run_id=self.run.run_id, chain_id=self.chain_id, pool=self.pool)
+        return self.env.sample(seed, self.run.tasks_per_batch)
+
+    def work_key(self, node: str, version: int, counter: int) -> bytes:
+        """`protocol.seeds.work_key` of an assignment in this validator's run, pool and chain."""
+        return work_key(self.run.run_id, node, version, counter, chain_id=self.chain_id, pool=self.pool)
 
     def validators(self) -> list[str]:
         return self.cfg.validators or [self.identity.address]
@@ -272,7 +279,7 @@ class Pipeline:
     def _decision(self, sub: Submission, envelope_bytes: bytes, outcome: Outcome, reason: Reason, detail: str,
                   measurements: dict[str, Any] | None = None, feed: FeedItem | None = None,
                   extra_evidence: dict[str, Any] | None = None) -> Decision:
-        key = work_key(self.run.run_id, sub.node, sub.policy_version, sub.counter)
+        key = self.work_key(sub.node, sub.policy_version, sub.counter)
         sub_hash = submission_hash(envelope_bytes)
         evidence = evidence_hash = None
         if outcome is Outcome.REJECTED_HARD:
@@ -366,7 +373,7 @@ class Pipeline:
         if body.node != envelope.signer:
             return self._refuse(400, ProtocolError(f"submission names node {body.node}, signed by {envelope.signer}"),
                                 envelope.signer)
-        key = _hex(work_key(self.run.run_id, body.node, body.policy_version, body.counter))
+        key = _hex(self.work_key(body.node, body.policy_version, body.counter))
         existing = self.ledger.get(key)
         if existing is None:
             early = self._not_ours_yet(body)
@@ -575,7 +582,8 @@ class Pipeline:
             for task, tr in zip(tasks, sub.tasks, strict=True):
                 prompt = prompt_tokens(loaded, task)
                 for i, s in enumerate(tr.samples):
-                    seed = sampling_seed(sub.node, sub.policy_version, task.task_id, i, run_id=self.run.run_id)
+                    seed = sampling_seed(sub.node, sub.policy_version, task.task_id, i, run_id=self.run.run_id,
+                                         chain_id=self.chain_id, pool=self.pool, counter=sub.counter)
                     rollouts.append(Rollout(prompt, list(s.tokens), list(s.proofs), seed, self.run.max_new_tokens))
                     n += 1
             shape.append(n)

@@ -25,7 +25,6 @@ from node.preflight import run_preflight
 from node.protection import SlashingProtection
 from protocol.canonical import to_hex
 from protocol.model_spec import ModelSpec, SmolLM2Spec
-from protocol.seeds import work_key
 
 pytestmark = pytest.mark.timeout(900)
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's own log handler writes to streams pytest closes
@@ -81,7 +80,7 @@ def test_every_engine_here_produces_work_the_validator_accepts(
         thread = threading.Thread(target=loop, daemon=True)
         thread.start()
         try:
-            row = served.wait_decided(to_hex(work_key(run.run_id, node.address, 1, 0)), timeout=600,
+            row = served.wait_decided(to_hex(published.work_key(run.run_id, node.address, 1, 0)), timeout=600,
                                       alive=thread.is_alive)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; the node's loop: {failures or worker.tally}") from None

@@ -21,7 +21,6 @@ from node.config import NodeConfig
 from node.errors import NodeError
 from node.protection import SlashingProtection
 from protocol.canonical import to_hex
-from protocol.seeds import work_key
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -73,7 +72,7 @@ def test_an_honest_node_slashed_by_a_strict_validator_wins_its_appeal(
         commands.join(cfg)  # stakes, works one batch, is slashed, stops
 
     node = commands.node_key(cfg)
-    key = to_hex(work_key(RUN.run_id, node.address, 1, 0))
+    key = to_hex(published.work_key(RUN.run_id, node.address, 1, 0))
     row = strict.wait_reported(key)
     assert (row["outcome"], row["reason"]) == ("rejected_hard", "logprob_mismatch")
     assert row["measurements"]["samples"][0]["logprob_max_error"] < 1e-4  # honest: only float noise

@@ -20,7 +20,6 @@ from validator_harness import RUN
 
 from protocol.canonical import to_hex
 from protocol.identity import Identity
-from protocol.seeds import work_key
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[3]
@@ -91,7 +90,7 @@ skip = true
     counters = [n for v, n, _ in records if v == 1]
     assert kills == 3 and counters == list(range(len(counters))) and len(counters) >= kills + 2
     for version, counter, state in records:
-        row = served.wait_decided(to_hex(work_key(RUN.run_id, node, version, counter)))
+        row = served.wait_decided(to_hex(published.work_key(RUN.run_id, node, version, counter)))
         assert row["outcome"] == "accepted", row  # one payload per assignment, none lost
         assert state == "decided"
     assert "equivocation" not in json.dumps(served.service.ledger.node_summary(node))

@@ -18,7 +18,6 @@ from validator_harness import RUN, TINY
 
 from node import commands
 from protocol.canonical import to_hex
-from protocol.seeds import work_key
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -50,7 +49,7 @@ def test_a_node_finds_its_validator_over_gossip(published: Pools, deployment_fil
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    row = served.wait_decided(to_hex(work_key(RUN.run_id, node.address, 1, 0)), timeout=180)
+    row = served.wait_decided(to_hex(published.work_key(RUN.run_id, node.address, 1, 0)), timeout=180)
     assert row["outcome"] == "accepted", row
     thread.join(timeout=120)
     assert not thread.is_alive() and not failure, failure

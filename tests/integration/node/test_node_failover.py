@@ -16,7 +16,7 @@ from validator_harness import RUN, TINY
 from node import commands
 from node.protection import SlashingProtection
 from protocol.canonical import to_hex
-from protocol.seeds import validator_ranking, work_key
+from protocol.seeds import validator_ranking
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,7 +32,7 @@ def test_work_fails_over_to_the_next_validator_only_when_the_assigned_one_is_dow
     assigned = make_validator("first", account=account[first], validators=both)
     backup = make_validator("second", account=account[second], validators=both, peers=[assigned.url],
                             failover_after_s=1.0)
-    key = to_hex(work_key(RUN.run_id, node.address, 1, 0))
+    key = to_hex(published.work_key(RUN.run_id, node.address, 1, 0))
 
     # while the assigned validator is up, the next one refuses the work (421): no shopping
     cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [backup.url], run=RUN, model=TINY)
@@ -45,7 +45,7 @@ def test_work_fails_over_to_the_next_validator_only_when_the_assigned_one_is_dow
         from node.rollouts import build_submission
 
         sub = build_submission(worker.weights.select().engine, RUN, node.address, 1, 0,
-                               worker.weights.select().manifest_hash)
+                               worker.weights.select().manifest_hash, chain_id=worker.chain_id, pool=worker.pool)
         answer = worker.submit(sub)
         assert answer["error"] == "not_assigned_here" and answer["assigned_validator"] == first
         assert [r.state for r in db.unfinished(RUN.run_id, node.address)] == ["signed"]

@@ -20,7 +20,6 @@ from node.config import NodeConfig
 from node.errors import DoubleSignError
 from node.protection import SlashingProtection
 from protocol.canonical import to_hex
-from protocol.seeds import work_key
 
 pytestmark = pytest.mark.timeout(300)
 PASSWORD = "correct horse"
@@ -75,7 +74,7 @@ def test_join_stakes_registers_works_and_is_recorded_on_chain(
     info = published.admin.get_node(node.address)
     assert info.status is NodeStatus.ACTIVE and info.operator == operator_env and info.stake == SETTINGS.min_stake
     assert token.balance_of(operator_env) == before - SETTINGS.min_stake
-    key = to_hex(work_key(RUN.run_id, node.address, 1, 0))
+    key = to_hex(published.work_key(RUN.run_id, node.address, 1, 0))
     row = served.wait_reported(key)
     assert row["outcome"] == "accepted", row
     assert published.admin.get_work(key).status is WorkStatus.ACCEPTED
@@ -97,11 +96,11 @@ def test_join_stakes_registers_works_and_is_recorded_on_chain(
 
     # joining again skips registration and works the next counter
     assert commands.join(cfg) == 0
-    assert served.wait_decided(to_hex(work_key(RUN.run_id, node.address, 1, 1)))["outcome"] == "accepted"
+    assert served.wait_decided(to_hex(published.work_key(RUN.run_id, node.address, 1, 1)))["outcome"] == "accepted"
     assert published.admin.get_node(node.address).stake == SETTINGS.min_stake
 
     # claim pays the accepted work once its reward has unlocked (anvil's clock moved past the lock)
-    served.wait_reported(to_hex(work_key(RUN.run_id, node.address, 1, 1)))
+    served.wait_reported(to_hex(published.work_key(RUN.run_id, node.address, 1, 1)))
     held = token.balance_of(operator_env)
     assert commands.claim(cfg) == 0 and token.balance_of(operator_env) == held  # still locked
     published.chain.advance_time(SETTINGS.reward_lock_period + 1)
@@ -146,7 +145,7 @@ def test_a_validator_that_is_down_does_not_crash_the_node_and_the_work_is_kept(
     worker.validators.urls.append(served.url)
     thread.join(timeout=200)
     assert not thread.is_alive() and not failure, failure
-    key = to_hex(work_key(RUN.run_id, node.address, 1, 0))
+    key = to_hex(published.work_key(RUN.run_id, node.address, 1, 0))
     assert served.wait_decided(key)["outcome"] == "accepted"
     stop.set()
     http.close()

@@ -32,7 +32,6 @@ from node.weights import PolicyWeights
 from node.worker import ValidatorDirectory, Worker
 from protocol.canonical import to_hex
 from protocol.config import ShardcastWeights
-from protocol.seeds import work_key
 from shardcast.publisher import publish_blocking
 
 # slow tier: one fresh-clone CI run out of three saw the node's work loop make no batch for 60 s at the very
@@ -109,10 +108,10 @@ def test_the_node_generates_with_the_chains_version_pulled_over_relays_and_refus
             _wait(lambda: worker.tally.batches > 0 or failure or not thread.is_alive(),
                   f"no batch made: {worker.tally}", timeout=120)
             assert not failure, failure
-            assert served.wait_decided(to_hex(work_key(RUN.run_id, node.address, 1, 0)))["outcome"] == "accepted"
+            assert served.wait_decided(to_hex(published.work_key(RUN.run_id, node.address, 1, 0)))["outcome"] == "accepted"
             assert weights.loaded_version is None
             published.trainer.publish_policy(2, hashes[2])
-            row = served.wait_decided(to_hex(work_key(RUN.run_id, node.address, 2, 0)), timeout=120)
+            row = served.wait_decided(to_hex(published.work_key(RUN.run_id, node.address, 2, 0)), timeout=120)
             assert row["outcome"] == "accepted", row  # the validator's prefill with v2's weights agrees
             assert weights.loaded_version == 2
 

@@ -30,7 +30,7 @@ from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.model_spec import TinyModelSpec
 from protocol.nonce import random_nonce
-from protocol.rollout import RunSpec, SampleRollout, Submission, TaskRollouts
+from protocol.rollout import RunSpec, SampleRollout, Submission, TaskRollouts, submission_venue
 from protocol.seeds import sampling_seed, task_seed
 from toploc.validation import prove
 from validator.app import build_app
@@ -142,9 +142,10 @@ class SimNode:
         whose first assignment has one)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
+        chain_id, pool = submission_venue(self.domain)
         if cheat in (None, "steer_logprobs"):  # honest work is exactly what prime-node builds
             sub = build_submission(ModelsEngine(model or self.loaded), self.run, self.identity.address, version,
-                                   counter, self.manifest_hash)
+                                   counter, self.manifest_hash, chain_id=chain_id, pool=pool)
             if cheat == "steer_logprobs":
                 sub = steer_logprobs(sub)
             return sub, self.seal(sub)
@@ -153,8 +154,8 @@ class SimNode:
             return self._junk(version, counter)
         gen_model = model or self.loaded
         draw_counter = counter + 1000 if cheat == "unassigned_task" else counter
-        tasks = env.sample(task_seed(self.identity.address, version, draw_counter, run_id=run.run_id),
-                           run.tasks_per_batch)
+        tasks = env.sample(task_seed(self.identity.address, version, draw_counter, run_id=run.run_id,
+                                     chain_id=chain_id, pool=pool), run.tasks_per_batch)
         tok = self.loaded.tokenizer
         prompts, seeds = [], []
         for task in tasks:
@@ -167,7 +168,8 @@ class SimNode:
             ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
             for i in range(run.samples_per_task):
                 prompts.append(ids)
-                seed = sampling_seed(self.identity.address, version, task.task_id, i, run_id=run.run_id)
+                seed = sampling_seed(self.identity.address, version, task.task_id, i, run_id=run.run_id,
+                                     chain_id=chain_id, pool=pool, counter=counter)
                 seeds.append(seed + 1 if cheat == "other_seed" else seed)
         params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
         gens = Engine(gen_model).generate(prompts, params, seeds, run.max_new_tokens)

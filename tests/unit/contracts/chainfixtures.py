@@ -78,6 +78,12 @@ class Pools:
         (operator or self.operator).register(node, stake)
         return node
 
+    def work_key(self, run_id: str, node: str, version: int, counter: int) -> bytes:
+        """`protocol.seeds.work_key` of an assignment in this deployment's pool and chain."""
+        from protocol.seeds import work_key
+
+        return work_key(run_id, node, version, counter, chain_id=self.deployment.chain_id, pool=self.deployment.pool)
+
 
 @pytest.fixture
 def pools(devchain: DevChain, deployment: Deployment) -> Iterator[Pools]:

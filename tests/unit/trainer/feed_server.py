@@ -33,7 +33,8 @@ from protocol.seeds import work_key
 
 RUN_ID = "run-feed"
 POOL = "0x" + "ab" * 20
-DOMAIN = submission_domain(31337, POOL, RUN_ID)
+CHAIN_ID = 31337
+DOMAIN = submission_domain(CHAIN_ID, POOL, RUN_ID)
 NODE = Identity.create().address
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -56,7 +57,7 @@ def feed_item(version: int, counter: int, *, groups: int = 1, size: int = 4, voc
                                       reward=rewards[k]))
         out.append(FeedGroup(task_id=f"{rng.getrandbits(128):032x}",
                              prompt_tokens=tuple(rng.randrange(3, vocab) for _ in range(4)), samples=tuple(samples)))
-    return FeedItem(run_id=RUN_ID, work_key=work_key(RUN_ID, node, version, counter), node=node,
+    return FeedItem(run_id=RUN_ID, work_key=work_key(RUN_ID, node, version, counter, chain_id=CHAIN_ID, pool=POOL), node=node,
                     policy_version=version, env="synthetic", env_version="1", groups=tuple(out))
 
 
