@@ -299,11 +299,11 @@ def dup_same_payload(net: Any, trial: int) -> Trial:
 def dup_diff_payload(net: Any, trial: int) -> Trial:
     """A second, different payload for an assignment to the same validator: equivocation (hard)."""
     node = net.node()
-    _, data = node.build(version=VERSION, counter=trial)
+    _, data = node.build(version=VERSION, counter=0)
     served, _ = net.assigned(node)
     _, first = net.post(served, data)
     served.wait_decided(first["work_key"])
-    _, other = node.build(version=VERSION, counter=trial, cheat="other_seed" if trial % 2 else "inflate_reward")
+    _, other = node.build(version=VERSION, counter=0, cheat="other_seed" if trial % 2 else "inflate_reward")
     status, body = net.post(served, other)
     if status != 409:
         return Trial("accepted" if status in (200, 202) else "refused", str(body.get("error")), False)
@@ -361,12 +361,12 @@ def dup_two_validators(different: bool) -> Callable[[Any, int], Trial]:
     """The assignment to its validator and again (same or another payload) to the other validator."""
     def run(net: Any, trial: int) -> Trial:
         node = net.node()
-        sub, data = node.build(version=VERSION, counter=trial)
+        sub, data = node.build(version=VERSION, counter=0)
         mine, other = net.assigned(node)
         _, first = net.post(mine, data)
         mine.wait_decided(first["work_key"])
         if different:
-            _, again = node.build(version=VERSION, counter=trial, cheat="inflate_reward")
+            _, again = node.build(version=VERSION, counter=0, cheat="inflate_reward")
         else:
             again = node.seal(sub)
         status, body = net.post(other, again)

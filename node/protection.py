@@ -93,7 +93,8 @@ CREATE TABLE IF NOT EXISTS hard_verdicts (
 );
 """
 
-STATES = ("signed", "submitted", "decided", "imported")
+STATES = ("signed", "submitted", "decided", "imported", "refused")
+"""`refused`: its validator will not take it (counter out of order there); never resent, never signed again."""
 
 
 def payload_hash(sub: Submission) -> str:
@@ -193,12 +194,12 @@ class SlashingProtection:
                 raise
 
     def mark(self, run_id: str, node: str, policy_version: int, counter: int, state: str) -> None:
-        """Move a record along signed -> submitted -> decided (a decided record drops its payload)."""
+        """Move a record along signed -> submitted -> decided, or to refused (both drop the payload)."""
         if state not in STATES:
             raise ValueError(f"unknown state {state!r}")
         with self._lock:
             self._db.execute(
-                "UPDATE signed SET state=?, payload=CASE WHEN ?='decided' THEN NULL ELSE payload END "
+                "UPDATE signed SET state=?, payload=CASE WHEN ? IN ('decided', 'refused') THEN NULL ELSE payload END "
                 "WHERE run_id=? AND node=? AND policy_version=? AND counter=?",
                 (state, state, run_id, checksum(node), policy_version, counter))
 

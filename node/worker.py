@@ -220,6 +220,7 @@ class Worker:
         self._stop = threading.Event()
         self._said = ""
         self._down_until: dict[str, float] = {}
+        self._closed: dict[int, str] = {}  # versions our validator takes no more of our work at: why
 
     def stop(self) -> None:
         self._stop.set()
@@ -262,6 +263,10 @@ class Worker:
                 self._stop.wait(self.cfg.chain.poll_s)
                 continue
             version, manifest = policy.version, policy.manifest_hash
+            if version in self._closed:
+                self._say_once(f"waiting for the next version: {self._closed[version]}")
+                self._stop.wait(self.cfg.chain.poll_s)
+                continue
             counter = self.protection.next_counter(self.run.run_id, self.node, version)
             if counter >= self.run.max_batches_per_version:
                 logger.info("all %d assignments at v%d done; waiting for the next version", counter, version)
@@ -416,6 +421,8 @@ class Worker:
             return body
         if status == 409 and error == "replay" and not resealed:  # our random nonce collided: seal again, once
             return self.submit(sub, resealed=True)
+        if status == 409 and error == "counter_out_of_order":
+            return self._out_of_order(sub, validator, where, body)
         if status == 409 and error == "duplicate_work":
             verdict = self.verified_verdict(sub.policy_version, sub.counter, body, validator, url)
             if verdict is None or verdict.outcome is not Outcome.REJECTED_HARD:
@@ -437,6 +444,26 @@ class Worker:
         logger.warning("%s: unexpected answer HTTP %d %s: %s; backing off from it and trying the next validator "
                        "(check the run, chain and clock settings against its /v1/info)", where, status, error, detail)
         return None
+
+    def _out_of_order(self, sub: Submission, validator: str, where: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The validator takes another counter first. Ours are used strictly in order, so either that one is
+        still here unsent (then this one is kept and resent after it), or the validator will never get it
+        from us (it went to another validator while this one was down, or the state dir was lost): then
+        this assignment is refused for good (never resent or signed again), and the node waits for the
+        next version instead of signing assignments that validator will not take."""
+        expected = body.get("expected_counter")
+        if isinstance(expected, int) and not isinstance(expected, bool) and expected < sub.counter:
+            earlier = self.protection.get(self.run.run_id, self.node, sub.policy_version, expected)
+            if earlier is not None and earlier.state == "signed" and earlier.payload is not None:
+                logger.info("%s: counter %d goes first; kept for resending after it", where, expected)
+                return {}
+        self.protection.mark(self.run.run_id, self.node, sub.policy_version, sub.counter, "refused")
+        self.tally.rejected["counter_out_of_order"] += 1
+        why = f"v{sub.policy_version}: validator {validator} takes counter {expected} first, which this " \
+              f"node no longer holds"
+        self._closed[sub.policy_version] = why
+        logger.warning("%s refused (counter out of order, no slash): %s", where, body.get("detail"))
+        return body
 
     # -- verdicts ------------------------------------------------------------------------------
 

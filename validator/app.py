@@ -253,6 +253,7 @@ def build_app(service: Service) -> FastAPI:
                 report = dict(audit_cache["report"])
         report["validator"] = service.identity.address
         report["reported_on_chain"] = service.reporter.reported
+        report["counter_holes"] = service.ledger.counter_holes()  # per node: assignments skipped (never sent)
         return report
 
     @app.get("/health", summary="The process is up")

@@ -64,6 +64,11 @@ class CheckSettings(Section):
     """Submissions checked together in one model stage."""
     retries: int = Field(3, ge=0)
     """Times a submission is re-checked after a failure on our side before it is soft-rejected."""
+    counter_gap: int = Field(1, ge=0, le=64)
+    """Counters in order: with m the smallest counter of a (node, version) this validator holds no work for,
+    counter c is taken only if m <= c <= m + counter_gap; beyond it is refused (409
+    `counter_out_of_order`, no slash, nothing recorded: the node resends in order). A node that sends in
+    order never needs a gap; a small one absorbs reordering without letting a node choose its tasks."""
 
 
 class AppealSettings(Section):

@@ -117,6 +117,17 @@ _SCHEMA = [
         last_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (node, reason)
     )""",
+    # the assignments of one (node, version), for the counter-order check and the hole count
+    "CREATE INDEX IF NOT EXISTS submissions_assignment ON submissions (node, policy_version, counter)",
+    """CREATE TABLE IF NOT EXISTS counter_holes (
+        node TEXT NOT NULL,
+        policy_version BIGINT NOT NULL,
+        first_counter BIGINT NOT NULL,
+        last_counter BIGINT NOT NULL,
+        holes BIGINT NOT NULL,
+        counted_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (node, policy_version)
+    )""",
 ]
 
 # Columns added after the first release (older ledgers get them at open): the outbox's own bookkeeping.
@@ -695,7 +706,9 @@ class Ledger:
         pending = self._db.execute("SELECT COUNT(*) FROM submissions WHERE node = ? AND state = 'received'", (node,))
         refused = {r: int(n) for r, n in self._db.execute(
             "SELECT reason, count FROM refusals WHERE node = ?", (node,))}
-        return {"node": node, "verdicts": verdicts, "pending": int(pending[0][0]), "refused": refused}
+        holes = self._db.execute("SELECT COALESCE(SUM(holes), 0) FROM counter_holes WHERE node = ?", (node,))
+        return {"node": node, "verdicts": verdicts, "pending": int(pending[0][0]), "refused": refused,
+                "counter_holes": int(holes[0][0])}
 
     def drift_failures_since(self, policy_version: int, since: float) -> list[str]:
         """Distinct nodes with a hard verdict in the drift band (`validator.guard.drift_band`) at
@@ -724,6 +737,54 @@ class Ledger:
         """The most recently accepted submissions of `policy_version` (the guard's known-good work)."""
         return self._rows("WHERE policy_version = ? AND outcome = 'accepted' ORDER BY decided_at DESC LIMIT ?",
                           (policy_version, limit))
+
+    # -- counters in order (DESIGN.md "Assignment") -------------------------------------------
+
+    def next_counter(self, node: str, policy_version: int, *, base: int | None) -> int | None:
+        """The smallest counter >= `base` with no row for (`node`, `policy_version`): the one this validator
+        expects next. `base=None` (a validator that took the node over): from the smallest counter it holds,
+        or None when it holds none yet (any counter may start)."""
+        if base is None:
+            lo = self._db.execute("SELECT MIN(counter) FROM submissions WHERE node = ? AND policy_version = ?",
+                                  (node, policy_version))
+            if lo[0][0] is None:
+                return None
+            base = int(lo[0][0])
+        if not self._db.execute("SELECT 1 FROM submissions WHERE node = ? AND policy_version = ? AND counter = ?",
+                                (node, policy_version, base)):
+            return base
+        # the first row >= base whose successor has no row ends the run of recorded counters
+        rows = self._db.execute(
+            "SELECT MIN(s.counter) FROM submissions s WHERE s.node = ? AND s.policy_version = ? AND s.counter >= ? "
+            "AND NOT EXISTS (SELECT 1 FROM submissions t WHERE t.node = s.node AND "
+            "t.policy_version = s.policy_version AND t.counter = s.counter + 1)", (node, policy_version, base))
+        return int(rows[0][0]) + 1
+
+    def uncounted_assignments(self, below_version: int, from_version: int = 0
+                              ) -> list[tuple[str, int, int, int, int]]:
+        """(node, version, smallest counter, largest counter, distinct counters) of every (node, version) with
+        `from_version <= version < below_version` that has rows taken inside the async window (stale ones do
+        not count) and no hole count yet."""
+        return [(str(n), int(v), int(lo), int(hi), int(k)) for n, v, lo, hi, k in self._db.execute(
+            "SELECT s.node, s.policy_version, MIN(s.counter), MAX(s.counter), COUNT(DISTINCT s.counter) "
+            "FROM submissions s WHERE s.policy_version >= ? AND s.policy_version < ? "
+            "AND (s.reason IS NULL OR s.reason <> 'stale_version') AND NOT EXISTS (SELECT 1 FROM counter_holes h "
+            "WHERE h.node = s.node AND h.policy_version = s.policy_version) GROUP BY s.node, s.policy_version",
+            (from_version, below_version))]
+
+    def record_holes(self, node: str, policy_version: int, first: int, last: int, holes: int, *,
+                     now: float | None = None) -> bool:
+        """Count (once) the assignments `node` skipped at `policy_version` between `first` and `last`."""
+        t = time.time() if now is None else now
+        return bool(self._db.execute(
+            "INSERT INTO counter_holes (node, policy_version, first_counter, last_counter, holes, counted_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING node",
+            (node, policy_version, first, last, holes, t)))
+
+    def counter_holes(self) -> dict[str, int]:
+        """Per node with any: assignments skipped (never submitted here inside their window), all versions."""
+        return {str(n): int(h) for n, h in self._db.execute(
+            "SELECT node, SUM(holes) FROM counter_holes GROUP BY node HAVING SUM(holes) > 0")}
 
     # -- refusals (requests that never became a row, counted per signed sender) ------------------
 

@@ -82,6 +82,20 @@ class NodeInactiveError(ProtocolError):
     code = "node_inactive"
 
 
+class CounterOutOfOrderError(ProtocolError):
+    """The counter is not the one this validator expects next for (node, version) (nor within the gap).
+
+    Soft and without a ledger row, so the assignment stays free: a node resends its work in counter
+    order. Never a slash: that a counter was skipped rests on what this validator did *not* receive,
+    which it cannot prove to anyone (DESIGN.md "Assignment"; skipped counters are counted instead)."""
+
+    code = "counter_out_of_order"
+
+    def __init__(self, message: str, expected: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
 class RateLimitedError(ProtocolError):
     """The signer sent more than its share; retry after `retry_after` seconds."""
 
@@ -241,6 +255,7 @@ class Pipeline:
         self.stats: dict[str, int] = {}
         self._stats_lock = threading.Lock()
         self.guard = SystemicGuard(self)
+        self._holes_below = 0  # versions below this have had their skipped counters counted
 
     # -- small helpers -------------------------------------------------------------------------
 
@@ -380,6 +395,10 @@ class Pipeline:
             if early is not None:
                 return early
             decision = self._cheap_checks(body, data)
+            if decision is None and (out_of_order := self.counter_problem(body)) is not None:
+                answer = self._refuse(409, out_of_order, body.node)
+                answer.body.update(outcome=Outcome.REJECTED_SOFT.value, expected_counter=out_of_order.expected)
+                return answer
             if self.ledger.insert(work_key=key, submission_hash=_hex(sub_hash), node=body.node,
                                   policy_version=body.policy_version, counter=body.counter, envelope=data,
                                   decision=decision):
@@ -434,6 +453,50 @@ class Pipeline:
                                 "detail": f"v{sub.policy_version} is not on chain yet (newest: {current})"},
                           {"Retry-After": "2"})
         return None
+
+    def counter_problem(self, sub: Submission) -> CounterOutOfOrderError | None:
+        """Counters in order, with a small bounded gap (DESIGN.md "Assignment"): for (node, version) let m be
+        the smallest counter this validator holds no row for, counting from 0 where it is the assigned
+        (rendezvous-first) validator; `sub.counter` must be in [m, m + checks.counter_gap]. A validator
+        that took the node over (the first one down) starts at the first counter it is sent, and is in
+        order from there. So a node cannot search counters for tasks it likes (the next one is fixed)
+        nor hold back a batch that scored badly: until that counter arrives, nothing beyond the gap is
+        taken at that version, and `count_holes` counts it against the node once the version is stale."""
+        first = validator_ranking(self.run.run_id, sub.node, sub.policy_version, self.validators())[0]
+        base = 0 if first == self.identity.address else None
+        expected = self.ledger.next_counter(sub.node, sub.policy_version, base=base)
+        gap = self.cfg.checks.counter_gap
+        if expected is None or expected <= sub.counter <= expected + gap:
+            return None
+        return CounterOutOfOrderError(
+            f"counter {sub.counter} at v{sub.policy_version}: this validator takes counter {expected} next (at most "
+            f"{gap} ahead); send the assignments in counter order", expected)
+
+    def count_holes(self) -> int:
+        """Count, once per (node, version) that left the async window, the counters the node skipped here
+        (between the first counter it had to send and the last one it sent; DESIGN.md "Assignment");
+        returns how many (node, version)s were counted. Holes cost reputation, not stake: they are in the
+        ledger (`/v1/audit` `counter_holes`, `/v1/nodes/<node>`) and the metrics (`counter_holes`), and
+        at the version itself they already cost the node every assignment after the gap."""
+        current = self.chain.current_version()
+        if current is None:
+            return 0
+        below = current - self.run.async_level
+        if below <= self._holes_below:
+            return 0
+        counted = 0
+        for node, version, lo, hi, n in self.ledger.uncounted_assignments(below, self._holes_below):
+            first = validator_ranking(self.run.run_id, node, version, self.validators())[0]
+            base = 0 if first == self.identity.address else lo
+            holes = max(0, hi - base + 1 - n)
+            if self.ledger.record_holes(node, version, base, hi, holes):
+                counted += 1
+                if holes:
+                    self.count("counter_holes", holes)
+                    log.warning("node %s skipped %d of counters %d..%d at v%d (never sent here)", node, holes, base,
+                                hi, version)
+        self._holes_below = below
+        return counted
 
     def _cheap_checks(self, sub: Submission, data: bytes) -> Decision | None:
         problem = self.cheap_problem(sub, version_window=True)

@@ -115,6 +115,7 @@ class Service:
     def _check_step(self) -> None:
         while not self._stop.is_set() and self.pipeline.check_pending():
             pass
+        self.pipeline.count_holes()  # cheap unless a version just left the async window
 
     def write_feed(self) -> int:
         """Write accepted submissions not yet on disk as Parquet rollout files (atomic rename)."""
