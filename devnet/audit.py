@@ -16,9 +16,9 @@ Checks (each one row of the table; any failing row makes the exit status 1):
 1. per validator: received = accepted + rejected_hard + rejected_soft + pending;
 2. per node: the validators hold between `posted` and `posted + signed` rows for it;
 3. every accepted work key (and every one a validator restored by overturning a hard verdict on appeal)
-   is trained in some step, dropped by the trainer's async window (stale, counted), or still queued (held
-   by the trainer, or past its cursor in that validator's feed); the trainer trained nothing no validator
-   accepted or restored;
+   is trained in some step, dropped by the trainer's async window (stale, counted) or as a duplicate of a
+   group already trained, or still queued (held by the trainer, or past its cursor in that validator's
+   feed); the trainer trained nothing no validator accepted or restored;
 4. work recorded on chain (and not invalidated since) = accepted work the validators reported;
 5. rewards reserved on chain = recorded units x rate - claimed, and = the validators' accepted units x rate
    (work restored by an overturned appeal counts with its restored reward: no validator lists it as accepted);
@@ -123,7 +123,7 @@ def reconcile(inp: Inputs) -> list[Row]:
     dropped: set[str] = set()
     for line in inp.trainer_steps.values():
         trained.update(k.lower() for k in line.get("trained", []))
-        dropped.update(k.lower() for k in line.get("stale", []) + line.get("future", []))
+        dropped.update(k.lower() for k in line.get("stale", []) + line.get("future", []) + line.get("duplicate", []))
     last = inp.trainer_steps[max(inp.trainer_steps)] if inp.trainer_steps else {}
     queued_keys = {k.lower() for k in last.get("queued", [])}
     # Work restored by an overturned appeal enters the deciding validator's feed: it must reach the trainer

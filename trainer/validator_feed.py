@@ -24,6 +24,9 @@ while reading, uncompressed bytes only) and within `request_timeout_s`; a page h
 De-duplication: the same work (work key) may be served by several validators; it is trained once.
 Keys are remembered with the item that first brought them (url, seq) and its policy version, and
 forgotten once that version is outside the async window (a late copy would be dropped as stale).
+Identical groups under different work keys (the same prompt tokens and the same completions, in any
+order: cached answers replayed for a repeated task) are trained once too: a repeat is dropped and
+listed as `duplicate` in the step's work (the work ledger), its fingerprint forgotten like the keys.
 
 Position (exact resume): groups are consumed first-in first-out, so per validator the consumed part
 is a prefix of its feed: `cursor` (every item with seq <= cursor is done: trained, dropped by the
@@ -34,6 +37,7 @@ returned batch moves the position: a step that fails for lack of data puts its g
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter, deque
@@ -176,8 +180,10 @@ class ValidatorFeedSource(RolloutSource):
         self.max_item_age_s = max_item_age_s
         self.vocab_size = vocab_size
         self.stats: Counter[str] = Counter()
-        """Running totals: items, groups, duplicates, refused_<code> (items), refused_pages, unavailable."""
+        """Running totals: items, groups, duplicates (items), duplicate_groups, refused_<code> (items),
+        refused_pages, unavailable."""
         self._seen: dict[str, tuple[str, int, int]] = {}  # work key -> (url, seq, policy version)
+        self._groups: dict[str, int] = {}  # fingerprint of a trained group -> its policy version
         self._buffer: deque[_Queued] = deque()
         self._guard = _AcceptAnyNonce()
         self._http = httpx.Client(timeout=httpx.Timeout(request_timeout_s), follow_redirects=False)
@@ -197,6 +203,8 @@ class ValidatorFeedSource(RolloutSource):
     def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
         batch = Batch(groups=[])
         popped: list[_Queued] = []
+        fresh: dict[str, int] = {}  # fingerprints first trained by this batch (kept only if it is returned)
+        dropped = 0  # groups identical to trained ones
         deadline = time.monotonic() + self.wait_timeout_s
         try:
             while True:
@@ -204,6 +212,14 @@ class ValidatorFeedSource(RolloutSource):
                     q = self._buffer.popleft()
                     popped.append(q)
                     verdict = window_verdict(q.group, step, async_level)
+                    if verdict == "ok":
+                        fp = group_fingerprint(q.group)
+                        if fp in self._groups or fp in fresh:
+                            verdict = "duplicate"
+                            dropped += 1
+                            log.info("work %s: a group identical to one already trained; dropped", q.work_key)
+                        else:
+                            fresh[fp] = q.group[0].policy_version
                     keys = batch.work.setdefault("trained" if verdict == "ok" else verdict, [])
                     if q.work_key not in keys:
                         keys.append(q.work_key)
@@ -212,7 +228,7 @@ class ValidatorFeedSource(RolloutSource):
                         batch.counts.accepted += len(q.group)
                     elif verdict == "stale":
                         batch.counts.stale += len(q.group)
-                    else:
+                    elif verdict == "future":
                         batch.counts.future += len(q.group)
                 if len(batch.groups) == n_groups:
                     break
@@ -227,6 +243,8 @@ class ValidatorFeedSource(RolloutSource):
             batch.work.clear()
             self._buffer.extendleft(reversed(popped))  # nothing of a failed step counts as consumed
             raise
+        self._groups.update(fresh)
+        self.stats["duplicate_groups"] += dropped
         for q in popped:
             q.item.done += 1
         for feed in self.feeds:
@@ -244,6 +262,7 @@ class ValidatorFeedSource(RolloutSource):
             "version": STATE_VERSION,
             "validators": feeds,
             "seen": {k: [url, seq, v] for k, (url, seq, v) in sorted(self._seen.items())},
+            "groups": dict(sorted(self._groups.items())),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -262,6 +281,7 @@ class ValidatorFeedSource(RolloutSource):
         for url in set(saved) - {f.url for f in self.feeds}:
             log.warning("checkpoint names validator %s, which is no longer configured: its position is dropped", url)
         self._seen = {str(k): (str(u), int(s), int(v)) for k, (u, s, v) in state["seen"].items()}
+        self._groups = {str(k): int(v) for k, v in state.get("groups", {}).items()}  # absent before issue 23
 
     def close(self) -> None:
         self._http.close()
@@ -425,3 +445,14 @@ class ValidatorFeedSource(RolloutSource):
         """Forget work keys whose policy version no step from now on can accept (a copy would be stale)."""
         for key in [k for k, (_, _, v) in self._seen.items() if v < version]:
             del self._seen[key]
+        for fp in [f for f, v in self._groups.items() if v < version]:
+            del self._groups[fp]
+
+
+def group_fingerprint(group: Group) -> str:
+    """SHA-256 of a group's token sequences (prompt and completion), sorted: equal for identical groups."""
+    h = hashlib.sha256()
+    for tokens in sorted(tuple(s.tokens) for s in group):
+        h.update(len(tokens).to_bytes(4, "big"))
+        h.update(b"".join(t.to_bytes(4, "big") for t in tokens))
+    return h.hexdigest()

@@ -3,11 +3,12 @@
 One JSON line per step, appended after the step and before its checkpoint (like the metrics, so a step
 re-run after a crash is written twice with the same keys; a reader keeps the last line per step):
 
-    {"step": 3, "time": 1700000000.0, "trained": ["0x..."], "stale": [], "future": [],
+    {"step": 3, "time": 1700000000.0, "trained": ["0x..."], "stale": [], "future": [], "duplicate": [],
      "cursors": {"http://127.0.0.1:8700": 12}, "queued": ["0x..."]}
 
 `trained` are the keys whose groups the step used (groups later filtered for having no signal
-included: the step consumed them); `stale`/`future` were dropped by the async window. `cursors` is,
+included: the step consumed them); `stale`/`future` were dropped by the async window, `duplicate`
+groups identical to ones already trained (a replayed cache). `cursors` is,
 per validator, the feed seq up to which every item is done; `queued` the keys fetched but not
 consumed yet. `prime-devnet audit` reads it: every accepted work key must be trained (or dropped
 with a reason) in some step, or still queued (fetched, or past the cursor of its validator's feed).
@@ -38,6 +39,7 @@ class WorkLedger:
             "trained": list(work.get("trained", [])),
             "stale": list(work.get("stale", [])),
             "future": list(work.get("future", [])),
+            "duplicate": list(work.get("duplicate", [])),
             "cursors": cursors() if callable(cursors) else {},
             "queued": queued() if callable(queued) else [],
         }

@@ -259,6 +259,36 @@ def test_an_unreachable_validator_is_skipped_and_polled_again(serve: Serve, make
         down.close()
 
 
+def test_identical_groups_under_other_work_keys_are_trained_once(serve: Serve, make: Make) -> None:
+    """Issue 23 item 5: a node that replays cached samples for a repeated task makes a group identical to one
+    already trained under another work key: it is dropped, listed as `duplicate` in the step's work (the
+    trainer's work ledger), and still recognised after a resume."""
+    v = serve()
+    first = feed_item(0, 0, seed=1)
+    replayed = feed_item(0, 1, seed=1)  # the same groups, another assignment
+    assert replayed.work_key != first.work_key and replayed.groups == first.groups
+    g = first.groups[0]
+    shuffled = feed_item(0, 2).model_copy(update={"groups": (g.model_copy(update={"samples": g.samples[::-1]}),)})
+    fresh = feed_item(0, 3)
+    for item in (first, replayed, shuffled, fresh):
+        v.add(item)
+    src = make(v)
+    batch = src.next_batch(step=0, n_groups=2, async_level=1)
+    assert batch.groups == _groups(first, fresh)
+    assert batch.work["trained"] == [to_hex(first.work_key), to_hex(fresh.work_key)]
+    assert batch.work["duplicate"] == [to_hex(replayed.work_key), to_hex(shuffled.work_key)]
+    assert batch.counts.accepted == 8 and batch.counts.stale == batch.counts.future == 0
+    assert src.stats["duplicate_groups"] == 2
+    state = json.loads(json.dumps(src.state_dict()))
+    v.add(feed_item(0, 4, seed=1))
+    resumed = make(v)
+    resumed.load_state_dict(state)
+    later = feed_item(0, 5)
+    v.add(later)
+    batch = resumed.next_batch(step=0, n_groups=1, async_level=1)
+    assert batch.groups == _groups(later) and batch.work["duplicate"] == [to_hex(feed_item(0, 4, seed=1).work_key)]
+
+
 def test_stale_and_future_items_are_dropped_and_counted(serve: Serve, make: Make) -> None:
     v = serve()
     for version in (0, 7, 3, 4, 5):

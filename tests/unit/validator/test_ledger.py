@@ -302,7 +302,7 @@ def test_refusals_are_counted_per_node_and_reason(ledger: Ledger) -> None:
     ledger.count_refusal("0xb", "replay", now=T0)
     assert ledger.node_summary("0xa")["refused"] == {"replay": 3, "rate_limited": 1}
     assert ledger.node_summary("0xb")["refused"] == {"replay": 1}
-    assert ledger.node_summary("0xc") == {"node": "0xc", "verdicts": {}, "pending": 0, "refused": {}}
+    assert ledger.node_summary("0xc") == {"node": "0xc", "verdicts": {}, "pending": 0, "refused": {}, "counter_holes": 0}
     assert ledger.counts() == {}  # refused requests never become rows
 
 
@@ -317,7 +317,7 @@ def test_node_summary_and_counts(ledger: Ledger) -> None:
     ledger.count_refusal("0xa", "replay")
     assert ledger.node_summary("0xa") == {
         "node": "0xa", "verdicts": {"accepted": {"accepted": 2}, "rejected_hard": {"reward_mismatch": 1}},
-        "pending": 1, "refused": {"replay": 1}}
+        "pending": 1, "refused": {"replay": 1}, "counter_holes": 0}
     assert ledger.node_summary("0xb")["verdicts"] == {"accepted": {"accepted": 1},
                                                        "rejected_soft": {"validator_error": 1}}
     assert ledger.counts() == {"state:received": 1, "state:decided": 4, "state:reported": 1,
@@ -583,3 +583,25 @@ def test_a_ledger_from_before_the_outbox_columns_and_tallies_is_migrated(tmp_pat
         assert keys(ledger.outbox("accepted", 10)) == ["k1"]
     finally:
         ledger.close()
+
+
+def test_next_counter_is_the_first_one_not_held_and_holes_are_counted_once(ledger: Ledger) -> None:
+    """Issue 23 item 6: what the counter-order check and the hole count read from the ledger."""
+    assert ledger.next_counter("0xa", 1, base=0) == 0
+    assert ledger.next_counter("0xa", 1, base=None) is None  # a takeover: any first counter
+    for c in (0, 1, 3):
+        add(ledger, f"a{c}", counter=c)
+    add(ledger, "b7", node="0xb", counter=7)
+    add(ledger, "a-v2", version=2, counter=0)
+    add(ledger, "a-stale", counter=9, decision=soft("a-stale", "stale_version"))
+    assert ledger.next_counter("0xa", 1, base=0) == 2
+    assert ledger.next_counter("0xa", 2, base=0) == 1
+    assert ledger.next_counter("0xb", 1, base=0) == 0  # the assigned validator counts from 0
+    assert ledger.next_counter("0xb", 1, base=None) == 8  # a takeover from its first counter
+    assert sorted(ledger.uncounted_assignments(2)) == [("0xa", 1, 0, 3, 3), ("0xb", 1, 7, 7, 1)]
+    assert ledger.record_holes("0xa", 1, 0, 3, 1)
+    assert not ledger.record_holes("0xa", 1, 0, 3, 1)  # once
+    assert ledger.record_holes("0xb", 1, 7, 7, 0)
+    assert ledger.uncounted_assignments(2) == []
+    assert ledger.counter_holes() == {"0xa": 1}
+    assert ledger.node_summary("0xa")["counter_holes"] == 1
