@@ -131,10 +131,45 @@ class Network:
         self.max_bytes = self.validators[0].service.cfg.max_submission_bytes
         self.thresholds = self.validators[0].service.pipeline.thresholds
         self.hard_keys: list[tuple[Any, str]] = []
+        self._second: tuple[Any, Any, str] | None = None
+
+    def second_pool(self) -> tuple[Any, Any, str]:
+        """(clients, validator, envelope domain) of a second pool on the same chain with the same run id and
+        weights (v1..v3 published with the same manifest), deployed on first use."""
+        if self._second is None:
+            import chainfixtures
+            from chainfixtures import SETTINGS, TRAINER, VALIDATOR, Pools
+            from validator_harness import MANIFEST_V0, serve, validator_config
+
+            from contracts.deployment import deploy_pool
+            from contracts.pool import PoolClient
+            from contracts.transactor import Transactor, connect
+            from protocol.rollout import submission_domain
+
+            c = self.devchain
+            deployment = deploy_pool(
+                Transactor(connect(c.rpc_url), c.account(chainfixtures.ADMIN)),
+                treasury=c.account(chainfixtures.TREASURY).address, settings=SETTINGS,
+                validators=[c.account(VALIDATOR).address], trainers=[c.account(TRAINER).address],
+                mint={c.account(chainfixtures.OPERATOR).address: 100_000 * chainfixtures.TOKEN},
+                fund_rewards=chainfixtures.BUDGET)
+            pools = Pools(c, deployment, *(PoolClient(connect(c.rpc_url), deployment.pool, c.account(i))
+                                           for i in (chainfixtures.ADMIN, VALIDATOR, TRAINER, chainfixtures.OPERATOR,
+                                                     chainfixtures.OPERATOR2, chainfixtures.STRANGER)))
+            for v in range(1, VERSION + 1):
+                pools.trainer.publish_policy(v, MANIFEST_V0)
+            served = serve(validator_config(self.tmp / "pool2", deployment.save(self.tmp / "pool2.json"), c.rpc_url,
+                                            model=self.validators[0].service.cfg.model,
+                                            systemic={"window_s": 0.5, "min_nodes": 1_000_000, "fraction": 1.0}),
+                           c.account(VALIDATOR))
+            self._second = (pools, served, submission_domain(deployment.chain_id, deployment.pool, self.run.run_id))
+        return self._second
 
     def stop(self) -> None:
         for v in self.validators:
             v.stop()
+        if self._second is not None:
+            self._second[1].stop()
         self.devchain.stop()
 
     def node(self, register: bool = True) -> Any:
@@ -784,6 +819,70 @@ def forged_verdict(net: Any, trial: int) -> Trial:
                      note="" if detected else f"state {rec.state if rec else None}, counted {counted}")
 
 
+def cached_repeat(net: Any, trial: int) -> Trial:
+    """Issue 23 item 5: a task a node draws again within a version answered from its cache (samples another
+    assignment's seeds drew); the first assignment is honest and paid, the cached one must not be."""
+    node = net.node()
+    served, _ = net.assigned(node)
+    _, data = node.build(version=VERSION, counter=0)
+    status, first = net.post(served, data)
+    if status not in (200, 202) or served.wait_decided(first["work_key"])["outcome"] != "accepted":
+        return Trial("error", f"the honest first assignment was not accepted: {first}", False)
+    _, cached = node.build(version=VERSION, counter=1, cheat="cached_repeat")
+    status, body = net.post(served, cached)
+    return net.outcome(served, status, body, expect_reasons={"sampling_mismatch"})
+
+
+def counter_grind(net: Any, trial: int) -> Trial:
+    """Issue 23 item 6: the node hashes counters offline (no model) for the tasks it likes (the shortest text)
+    and sends that one first (even trials), or sends counter 0, holds back counter 1 (scored badly) and
+    goes on past it (odd trials): refused, nothing recorded for it; the skipped counter is counted later."""
+    node = net.node()
+    served, _ = net.assigned(node)
+    address = node.identity.address
+    if trial % 2 == 0:
+        easiest = min(range(2, 2000), key=lambda k: len(
+            served.service.pipeline.tasks(address, VERSION, k)[0].messages[-1].content))
+        _, data = node.build(version=VERSION, counter=easiest)
+    else:
+        for counter in (0, 2):  # 1 held back; 2 is inside the gap of 1
+            status, body = net.post(served, node.build(version=VERSION, counter=counter)[1])
+            if status not in (200, 202):
+                return Trial("error", f"counter {counter} in order was refused: {body}", False)
+        _, data = node.build(version=VERSION, counter=3)
+    status, body = net.post(served, data)
+    return Trial("refused" if status >= 400 else "accepted", str(body.get("error")),
+                 status == 409 and body.get("error") == "counter_out_of_order",
+                 note=f"expected counter {body.get('expected_counter')}")
+
+
+def second_pool(net: Any, trial: int) -> Trial:
+    """Issue 23 item 7: rollouts accepted in one pool, resealed for a second pool with the same run id and
+    weights (the node is registered in both): another assignment there, refused (never paid twice)."""
+    from protocol.envelope import seal
+    from protocol.nonce import random_nonce
+
+    pools2, served2, domain2 = net.second_pool()
+    node = net.node()
+    pools2.operator.register(node.identity, pools2.operator.params().min_stake)
+    deadline = time.monotonic() + 30
+    while not served2.service.chain.node_active(node.identity.address):
+        if time.monotonic() > deadline:
+            return Trial("error", "the second pool's validator never saw the node", False)
+        time.sleep(0.02)
+    sub, data = node.build(version=VERSION)
+    served, _ = net.assigned(node)
+    status, first = net.post(served, data)
+    if status not in (200, 202) or served.wait_decided(first["work_key"])["outcome"] != "accepted":
+        return Trial("error", f"the honest work was not accepted in the first pool: {first}", False)
+    resealed = seal(node.identity, sub, domain=domain2, nonce=random_nonce()).to_bytes()
+    status, body = net.post(served2, resealed)
+    kept = len(net.hard_keys)
+    trial_result = net.outcome(served2, status, body, expect_reasons={"wrong_task"})
+    del net.hard_keys[kept:]  # slashed in the second pool: `on_chain` reads the first one
+    return trial_result
+
+
 # -- the list -----------------------------------------------------------------------------------------------
 
 PROOF = {"proof_mismatch", "sampling_mismatch", "logprob_mismatch", "termination"}
@@ -815,6 +914,9 @@ ATTACKS = [
     Attack("forged_signature", "forged signature / altered signed body", "refused", forged_signature),
     Attack("stale_version", "stale policy version", "soft", stale),
     Attack("steered_logprobs", "logprobs steered 0.49 by advantage (trainer input)", "accepted", steered_logprobs),
+    Attack("cached_repeat", "cached work paid twice (a repeated task's samples replayed)", "hard", cached_repeat),
+    Attack("counter_grind", "counter grinding (liked tasks first / bad batch held back)", "refused", counter_grind),
+    Attack("second_pool", "second-pool replay (same run id and weights)", "hard", second_pool),
     Attack("malformed_proofs", "malformed or crashing proofs", "hard", malformed_proofs),
     Attack("oversized", "oversized payload", "refused", oversized),
     Attack("sybil_shield", "Sybils (junk + noised prover) vs the correlation guard", "hard", sybil_shield),

@@ -20,6 +20,11 @@ Nothing a validator says is believed because it answered (issue 23, item 10):
 - an unexpected status is logged and counted (`Tally.peer_errors`), the validator is backed off and
   the next one tried. The node stops only on what it can check itself: a verified, signed hard
   verdict (more work would only be slashed again) or the chain saying it is not active.
+
+Counters are used strictly in order and never skipped (validators take them in order, DESIGN.md
+"Assignment"). When a validator takes an earlier counter first that this node no longer holds (it went
+to another validator while this one was down, or the state dir was lost), that assignment is marked
+`refused` (never resent or signed again) and the node waits for the next version.
 """
 
 from __future__ import annotations

@@ -139,7 +139,8 @@ class SimNode:
         made-up token per sample, no model run), `logprob_shift` (every claimed logprob 0.51 lower: just over
         the 0.5 tolerance), `skip_eos` (every EOS that wins the seeded draw by at most the sampling
         tolerance is replaced by the best other token and generation goes on; `narrow_eos_node` finds keys
-        whose first assignment has one)."""
+        whose first assignment has one), `cached_repeat` (the assigned tasks answered with samples another
+        assignment's seeds drew: what replaying a cache for a task drawn again gives)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         chain_id, pool = submission_venue(self.domain)
@@ -168,8 +169,9 @@ class SimNode:
             ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
             for i in range(run.samples_per_task):
                 prompts.append(ids)
+                seed_counter = (0 if counter else 1) if cheat == "cached_repeat" else counter
                 seed = sampling_seed(self.identity.address, version, task.task_id, i, run_id=run.run_id,
-                                     chain_id=chain_id, pool=pool, counter=counter)
+                                     chain_id=chain_id, pool=pool, counter=seed_counter)
                 seeds.append(seed + 1 if cheat == "other_seed" else seed)
         params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
         gens = Engine(gen_model).generate(prompts, params, seeds, run.max_new_tokens)
