@@ -38,11 +38,12 @@ def test_a_node_refused_for_an_earlier_counter_waits_for_the_next_version(
     chain = commands.open_chain(cfg)
     failure: list[BaseException] = []
     with httpx.Client(timeout=30) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
-        # counter 0 at v1 was signed on another machine (imported record, no payload): this node goes on at 1,
-        # which the validator does not take before 0
+        # counters 0 and 1 at v1 were signed on another machine (imported records, no payload): this node goes
+        # on at 2, which the validator does not take before 0 (its gap is 1)
         db.import_({"metadata": {"interchange_format": FORMAT, "interchange_format_version": "1"},
                     "data": [{"node": node.address, "run_id": RUN.run_id,
-                              "signed": [{"policy_version": "1", "counter": "0", "payload_hash": "0x" + "11" * 32}]}]})
+                              "signed": [{"policy_version": "1", "counter": str(c), "payload_hash": "0x" + "11" * 32}
+                                         for c in (0, 1)]}]})
         worker = make_worker(cfg, node, chain, db, http, [served.url])
 
         def run() -> None:
@@ -54,18 +55,18 @@ def test_a_node_refused_for_an_earlier_counter_waits_for_the_next_version(
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         try:
-            _wait(lambda: (r := db.get(RUN.run_id, node.address, 1, 1)) is not None and r.state == "refused",
-                  f"v1 #1 not refused: {failure}")
+            _wait(lambda: (r := db.get(RUN.run_id, node.address, 1, 2)) is not None and r.state == "refused",
+                  f"v1 #2 not refused: {failure}")
             _wait(lambda: "next version" in worker.tally.detail, f"not waiting: {worker.tally.detail} {failure}")
             assert thread.is_alive() and not failure, failure
             assert worker.tally.rejected["counter_out_of_order"] == 1
-            assert db.next_counter(RUN.run_id, node.address, 1) == 2  # #1 is never signed again
+            assert db.next_counter(RUN.run_id, node.address, 1) == 3  # #2 is never signed again
             assert served.service.ledger.node_summary(node.address)["refused"] == {"counter_out_of_order": 1}
             # the next version: the node works there, from counter 0
             published.trainer.publish_policy(2, MANIFEST_V0)
             key = to_hex(published.work_key(RUN.run_id, node.address, 2, 0))
             assert served.wait_decided(key, timeout=120)["outcome"] == "accepted"
-            assert db.get(RUN.run_id, node.address, 1, 2) is None  # nothing more signed at v1
+            assert db.get(RUN.run_id, node.address, 1, 3) is None  # nothing more signed at v1
         finally:
             worker.stop()
             thread.join(timeout=60)
