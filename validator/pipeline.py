@@ -468,6 +468,9 @@ class Pipeline:
         gap = self.cfg.checks.counter_gap
         if expected is None or expected <= sub.counter <= expected + gap:
             return None
+        if sub.counter < expected and self.ledger.get(_hex(self.work_key(sub.node, sub.policy_version,
+                                                                         sub.counter))) is not None:
+            return None  # a concurrent request took this assignment first: a retry or equivocation, not order
         return CounterOutOfOrderError(
             f"counter {sub.counter} at v{sub.policy_version}: this validator takes counter {expected} next (at most "
             f"{gap} ahead); send the assignments in counter order", expected)
