@@ -786,7 +786,8 @@ def forged_verdict(net: Any, trial: int) -> Trial:
         body: dict[str, Any] = {"state": "decided", "outcome": "accepted", "reason": "accepted", "verdict": None}
         status = 200
         if kind == "forged_accept":
-            v = Verdict(run_id=sub.run_id, work_key=work_key(sub.run_id, sub.node, sub.policy_version, sub.counter),
+            v = Verdict(run_id=sub.run_id, work_key=work_key(sub.run_id, sub.node, sub.policy_version, sub.counter,
+                                                             chain_id=net.chain_id, pool=net.pool),
                         node=sub.node, policy_version=sub.policy_version, counter=sub.counter,
                         submission_hash=submission_hash(data), outcome=Outcome.ACCEPTED, reason=Reason.ACCEPTED)
             body["verdict"] = seal(Identity.create(), v, domain=net.domain, nonce=random_nonce()).to_bytes().decode()

@@ -514,7 +514,7 @@ class Worker:
                 why, kind = f"verdict refused: {exc}", "forged_verdict"
             else:
                 assert isinstance(opened, Verdict)
-                key = work_key(self.run.run_id, self.node, version, counter)
+                key = work_key(self.run.run_id, self.node, version, counter, chain_id=self.chain_id, pool=self.pool)
                 sent = self.protection.sent_hashes(self.run.run_id, self.node, version, counter)
                 if (opened.run_id, opened.node, opened.policy_version, opened.counter, bytes(opened.work_key)) != (
                         self.run.run_id, self.node, version, counter, key):

@@ -24,7 +24,7 @@ from node.rollouts import build_submission
 from protocol.envelope import Envelope, seal
 from protocol.identity import Identity
 from protocol.nonce import random_nonce
-from protocol.rollout import Outcome, Reason, Submission, Verdict
+from protocol.rollout import Outcome, Reason, Submission, Verdict, submission_venue
 from protocol.seeds import work_key
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,7 +44,9 @@ def hostile_validator(real_url: str, mode: dict[str, Any], domain: str, real_key
         return body
 
     def verdict(sub: Submission, key: Identity, sub_hash: bytes, outcome: Outcome = Outcome.ACCEPTED) -> str:
-        v = Verdict(run_id=sub.run_id, work_key=work_key(sub.run_id, sub.node, sub.policy_version, sub.counter),
+        chain_id, pool = submission_venue(domain)
+        v = Verdict(run_id=sub.run_id, work_key=work_key(sub.run_id, sub.node, sub.policy_version, sub.counter,
+                                                         chain_id=chain_id, pool=pool),
                     node=sub.node, policy_version=sub.policy_version, counter=sub.counter, submission_hash=sub_hash,
                     outcome=outcome, reason=Reason.ACCEPTED if outcome is Outcome.ACCEPTED else Reason.PROOF_MISMATCH,
                     evidence_hash=None if outcome is Outcome.ACCEPTED else b"\x11" * 32)
@@ -123,7 +125,7 @@ def test_the_node_believes_only_signed_verdicts_of_on_chain_validators(
                 assert rec is not None
                 return rec.state, rec.payload is not None
 
-            sub0 = build_submission(engine, RUN, node.address, 1, 0, manifest)
+            sub0 = build_submission(engine, RUN, node.address, 1, 0, manifest, chain_id=worker.chain_id, pool=worker.pool)
             assert worker.submit(sub0) == {}
             assert state(0) == ("signed", True) and worker.tally.accepted == 0
             assert worker.tally.peer_errors["unsigned_verdict"] == 1
@@ -144,7 +146,8 @@ def test_the_node_believes_only_signed_verdicts_of_on_chain_validators(
                 worker._down_until.clear()
                 mode["answer"] = answer
                 before = worker.tally.peer_errors[kind]
-                sub = build_submission(engine, RUN, node.address, 1, counter, manifest)
+                sub = build_submission(engine, RUN, node.address, 1, counter, manifest, chain_id=worker.chain_id,
+                                       pool=worker.pool)
                 assert worker.submit(sub) == {}, answer
                 assert mode["seen"][-1] == answer
                 assert worker.tally.peer_errors[kind] == before + 1, (answer, worker.tally.peer_errors)

@@ -322,7 +322,6 @@ def test_an_equivocation_its_evidence_does_not_prove_is_rechecked_in_full(
 
     from protocol.canonical import canonical_bytes
     from protocol.rollout import Outcome, Reason, Verdict, submission_hash
-    from protocol.seeds import work_key
 
     node = make_node()
     checker = make_validator("b", account=second_validator)
@@ -330,7 +329,7 @@ def test_an_equivocation_its_evidence_does_not_prove_is_rechecked_in_full(
     sub, data = node.build()
     evidence = canonical_bytes({"reason": "equivocation", "first": data.decode(), "submission": data.decode()})
     evidence_hash = hashlib.sha256(evidence).digest()
-    key = work_key(sub.run_id, sub.node, sub.policy_version, sub.counter)
+    key = published.work_key(sub.run_id, sub.node, sub.policy_version, sub.counter)
     verdict = seal(slasher, Verdict(run_id=sub.run_id, work_key=key, node=sub.node, policy_version=sub.policy_version,
                                     counter=sub.counter, submission_hash=submission_hash(data),
                                     outcome=Outcome.REJECTED_HARD, reason=Reason.EQUIVOCATION,
