@@ -622,7 +622,7 @@ def eos_skip(net: Any, trial: int) -> Trial:
     from validator_harness import SimNode, narrow_eos_node
 
     drift = net.validators[0].service.cfg.checks.eos_tie_drift
-    identity = narrow_eos_node(net.loaded, net.run, VERSION, above=drift)
+    identity = narrow_eos_node(net.loaded, net.run, VERSION, above=drift, domain=net.domain)
     net.pools.operator.register(identity, SETTINGS.min_stake)
     net.wait_active(identity.address)
     node = SimNode(identity, net.loaded, net.domain)

@@ -23,7 +23,7 @@ def test_a_node_that_skips_every_narrow_eos_is_caught_and_honest_work_passes(mak
                                                                              tiny_model):
     v = make_validator()
     drift = v.service.cfg.checks.eos_tie_drift
-    key = narrow_eos_node(tiny_model, RUN, 1, above=drift)
+    key = narrow_eos_node(tiny_model, RUN, 1, above=drift, domain=make_node(register=False).domain)
     published.operator.register(key, published.admin.params().min_stake)
     deadline = time.monotonic() + 30
     while not v.service.chain.node_active(key.address):

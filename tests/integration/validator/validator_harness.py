@@ -218,7 +218,9 @@ class SimNode:
 
     def _junk(self, version: int, counter: int) -> tuple[Submission, bytes]:
         run, env = self.run, get_environment(self.run.env, self.run.env_version)
-        tasks = env.sample(task_seed(self.identity.address, version, counter, run_id=run.run_id), run.tasks_per_batch)
+        chain_id, pool = submission_venue(self.domain)
+        tasks = env.sample(task_seed(self.identity.address, version, counter, run_id=run.run_id, chain_id=chain_id,
+                                     pool=pool), run.tasks_per_batch)
         junk = SampleRollout(tokens=(5,), logprobs=(-1.0,), finish_reason="length", reward=0.0,
                              proofs=(bytes(258),))
         sub = Submission(run_id=run.run_id, node=self.identity.address, policy_version=version,
@@ -293,22 +295,25 @@ def skip_narrow_eos(loaded: LoadedModel, prompt: list[int], seed: int, params: S
     return tokens
 
 
-def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: float, tries: int = 512) -> Identity:
-    """A fresh key whose assignment #0 at `version`, generated honestly, ends a sample at an EOS that won the
-    seeded draw by more than `above` and at most `EOS_SKIP_TOLERANCE` (the EOS a `skip_eos` node replaces)."""
+def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: float, *, domain: str,
+                    tries: int = 512) -> Identity:
+    """A fresh key whose assignment #0 at `version` in `domain`'s pool, generated honestly, ends a sample at an
+    EOS that won the seeded draw by more than `above` and at most `EOS_SKIP_TOLERANCE` (the EOS a `skip_eos`
+    node replaces)."""
     env = get_environment(run.env, run.env_version)
+    where = {"run_id": run.run_id, "chain_id": submission_venue(domain)[0], "pool": submission_venue(domain)[1]}
     params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
     eos = set(loaded.eos_token_ids)
     for _ in range(0, tries, 32):
         keys = [Identity.create() for _ in range(32)]
         prompts, seeds, owners = [], [], []
         for key in keys:
-            for task in env.sample(task_seed(key.address, version, 0, run_id=run.run_id), run.tasks_per_batch):
+            for task in env.sample(task_seed(key.address, version, 0, **where), run.tasks_per_batch):
                 ids = render_prompt(loaded.tokenizer, task, tokenize=True)
                 ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
                 for i in range(run.samples_per_task):
                     prompts.append(ids)
-                    seeds.append(sampling_seed(key.address, version, task.task_id, i, run_id=run.run_id))
+                    seeds.append(sampling_seed(key.address, version, task.task_id, i, counter=0, **where))
                     owners.append(key)
         for g, prompt, seed, key in zip(Engine(loaded).generate(prompts, params, seeds, run.max_new_tokens), prompts,
                                         seeds, owners, strict=True):
