@@ -76,3 +76,10 @@ def watchful(chain: DevChain, address: str, identity: Identity, **settings: Any)
 
 def nonce(chain: DevChain, address: str) -> int:
     return int(chain.web3().eth.get_transaction_count(address, "latest"))  # type: ignore[arg-type]
+
+
+def recorded(pool: PoolClient, key: bytes | str) -> int:
+    """How many WorkRecorded events for `key` the canonical chain holds."""
+    raw = bytes.fromhex(key[2:]) if isinstance(key, str) else key
+    head = int(pool.w3.eth.block_number)
+    return sum(1 for ev in pool.events(0, head, names={"WorkRecorded"}) if bytes(ev.args["workKey"]) == raw)

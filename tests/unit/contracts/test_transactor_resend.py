@@ -4,7 +4,7 @@ higher fees), rolled back with its block (a snapshot and revert standing in for 
 from __future__ import annotations
 
 import pytest
-from chainfaults import Background, manual_mining, nonce, pending, wait_for, watchful
+from chainfaults import Background, manual_mining, nonce, pending, recorded, wait_for, watchful
 from chainfixtures import VALIDATOR, Pools, work_key
 
 from contracts.pool import WorkStatus
@@ -13,9 +13,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def recorded_events(pools: Pools, key: bytes) -> int:
-    """WorkRecorded events for `key` on the canonical chain."""
-    head = int(pools.chain.web3().eth.block_number)
-    return sum(1 for ev in pools.admin.events(0, head, names={"WorkRecorded"}) if bytes(ev.args["workKey"]) == key)
+    return recorded(pools.admin, key)
 
 
 def test_a_dropped_transaction_is_sent_again_and_lands_once(pools: Pools) -> None:
