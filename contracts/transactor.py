@@ -158,6 +158,7 @@ class Transactor:
         """Transactions sent again so far (dropped, stuck or rolled back)."""
         self._journal: list[_Sent] = []
         self._journal_lock = threading.Lock()
+        self._reconciling = threading.Lock()
 
     @property
     def address(self) -> str:
@@ -382,6 +383,14 @@ class Transactor:
         """Check the journal of landed transactions not yet `confirmations` blocks deep: one whose block left
         the canonical chain (a reorg, a revert) is sent again (see `_revive`) and awaited. Returns how many
         were sent again. Final ones leave the journal."""
+        if not self._reconciling.acquire(blocking=False):
+            return 0  # another thread of ours is at it (two would send the same lost transaction twice)
+        try:
+            return self._reconcile()
+        finally:
+            self._reconciling.release()
+
+    def _reconcile(self) -> int:
         with self._journal_lock:
             journal = list(self._journal)
         if not journal:
