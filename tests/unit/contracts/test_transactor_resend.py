@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from chainfaults import Background, manual_mining, nonce, pending, recorded, wait_for, watchful
-from chainfixtures import VALIDATOR, Pools, work_key
+from chainfixtures import TRAINER, VALIDATOR, Pools, work_key
 
 from contracts.pool import WorkStatus
 
@@ -88,3 +88,19 @@ def test_a_resend_that_reverts_because_the_action_is_on_chain_counts_as_done(poo
     assert client.tx.reconcile() == 1
     assert client.get_work(key).status is WorkStatus.ACCEPTED
     assert recorded_events(pools, key) == 1
+
+
+def test_policy_history_sees_a_version_published_again_below_its_cursor_after_a_rollback(pools: Pools) -> None:
+    """A reader of events that only read blocks past its cursor missed a publishPolicy sent again after a
+    rollback (it lands at a height already read): the devnet's node stayed on the old version for good."""
+    from contracts.policy import PolicyHistory
+
+    history = PolicyHistory(pools.admin, pools.deployment.start_block)
+    snapshot = pools.chain.snapshot()
+    pools.trainer.publish_policy(2, b"\x0a" * 32)
+    assert 2 in history.refresh() and history.manifest_hash(2) == b"\x0a" * 32
+    pools.chain.revert(snapshot)
+    # another trainer process (a fresh client: nothing of the first to send again) publishes at that height
+    pools.client(TRAINER).publish_policy(2, b"\x0b" * 32)
+    assert history.refresh() == [2]
+    assert history.manifest_hash(2) == b"\x0b" * 32
