@@ -125,6 +125,7 @@ class WorkInfo:
 
 _APPEALED = (EscrowStatus.APPEALED, EscrowStatus.UPHELD, EscrowStatus.OVERTURNED)
 """Escrow statuses only an appeal leads to."""
+_RESOLVED = (EscrowStatus.UPHELD, EscrowStatus.OVERTURNED)
 
 
 @dataclass(frozen=True)
@@ -340,12 +341,13 @@ class PoolClient(ContractClient):
         Reverts: "WrongEscrowStatus" (no appeal pending), "ResolverIsSlasher", "ZeroEvidenceHash", "ZeroUnits",
         "InsufficientRewardBudget"."""
         fn = self._f("resolveAppeal", _key32(work_key), bool(upheld), units, _key32(evidence_hash))
-        return self._send("resolveAppeal", fn)
+        return self._send("resolveAppeal", fn, done=lambda: self.get_escrow(work_key).status in _RESOLVED)
 
     def release_escrow(self, work_key: bytes | str) -> Receipt:
         """releaseEscrow (anyone): an escrow not appealed by its deadline goes to the treasury. Reverts:
         "WrongEscrowStatus", "AppealWindowOpen"."""
-        return self._send("releaseEscrow", self._f("releaseEscrow", _key32(work_key)))
+        return self._send("releaseEscrow", self._f("releaseEscrow", _key32(work_key)),
+                          done=lambda: self.get_escrow(work_key).status is EscrowStatus.RELEASED)
 
     def lapse_appeal(self, work_key: bytes | str) -> Receipt:
         """lapseAppeal (anyone): an appeal no validator resolved by its resolve deadline lapses; the slash stands

@@ -197,9 +197,12 @@ class Transactor:
         return self._chain_id
 
     def resync_nonce(self) -> None:
-        """Forget the cached nonce (after a chain reset or a transaction sent elsewhere from this key)."""
+        """Forget the cached nonce (after a chain reset or a transaction sent elsewhere from this key) and, after a
+        reset, the journal of landed transactions (a new chain is not a rollback to repair)."""
         with self._lock:
             self._next_nonce = None
+        with self._journal_lock:
+            self._journal.clear()
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
         """A read-only contract call; reverts become ChainError with the reason."""
