@@ -1,6 +1,6 @@
-"""The node's own transactions on a chain that drops them (issue 26 item 5): staking (register) and claiming
-go through the node's chain client with its default transactor; a dropped transaction is sent again and the
-stake is taken, the reward paid, exactly once."""
+"""The node's own transactions on a chain that drops them (issue 26 item 5): staking (register), claiming and
+appealing go through the node's chain client with its default transactor; a dropped transaction is sent again and the
+stake is taken, the reward paid, the appeal filed, exactly once."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from chainfaults import Background, manual_mining, nonce, pending, wait_for
 from chainfixtures import OPERATOR, SETTINGS, Pools, work_key
 
-from contracts.pool import NodeStatus, WorkStatus
+from contracts.pool import EscrowStatus, NodeStatus, WorkStatus
 from node import commands
 from protocol.identity import Identity
 
@@ -54,3 +54,18 @@ def test_node_stake_and_claim_survive_a_dropped_transaction(pools: Pools) -> Non
     _through_a_drop(pools, operator.address, lambda: client.claim_rewards(node.address, [key]))
     assert client.get_work(key).status is WorkStatus.CLAIMED
     assert client.token.balance_of(operator.address) == tokens - stake + reward  # paid once
+
+
+def test_node_appeal_survives_a_dropped_transaction(pools: Pools) -> None:
+    chain = pools.chain
+    operator = chain.account(OPERATOR)
+    client = commands.Chain(chain.web3(), chain.chain_id, pools.deployment.pool, 0).client(operator)
+    node = pools.new_node()
+    key = work_key()
+    pools.validator.invalidate_hard(node.address, key, 1, b"\x01" * 32)
+    assert client.get_escrow(key).status is EscrowStatus.HELD
+    _through_a_drop(pools, operator.address, lambda: client.appeal(key))
+    assert client.get_escrow(key).status is EscrowStatus.APPEALED
+    filed = [ev for ev in client.events(0, int(chain.web3().eth.block_number), names={"AppealFiled"})
+             if bytes(ev.args["workKey"]) == key]
+    assert len(filed) == 1
