@@ -14,6 +14,17 @@ from web3.exceptions import Web3Exception
 from contracts.transactor import Transactor
 from protocol.errors import ChainError
 
+REORG_DEPTH = 12
+"""Blocks an incremental reader of events reads again on every refresh: a reorg (on anvil, `evm_revert`) may
+replace them, and an event re-emitted there (a transaction sent again) must not fall behind the cursor."""
+
+
+def reread_from(next_block: int, latest: int, start_block: int, depth: int = REORG_DEPTH) -> int:
+    """The first block an incremental reader whose cursor is `next_block` reads when the head is `latest`: the
+    last `depth` blocks again, and from below the head when the chain went back (a rollback shortens it).
+    Greater than `latest` when there is nothing to read."""
+    return max(start_block, min(next_block, latest + 1) - depth)
+
 
 @dataclass(frozen=True)
 class ChainEvent:

@@ -2,7 +2,8 @@
 
 The contract stores only the newest (version, hash); a node or validator working inside the async
 window needs the hash of each version it may use, so it reads the events once from the deployment
-block and then only the new blocks (`refresh`).
+block and then only the new blocks (`refresh`), reading the last few again each time (`REORG_DEPTH`): a
+version sent again after a rollback lands in a block the reader may have passed already.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import sys
 import threading
 
+from contracts.events import reread_from
 from contracts.pool import PoolClient
 
 
@@ -19,6 +21,7 @@ class PolicyHistory:
 
     def __init__(self, pool: PoolClient, start_block: int = 0) -> None:
         self.pool = pool
+        self._start_block = start_block
         self._next_block = start_block
         self._hashes: dict[int, bytes] = {}
         self._lock = threading.Lock()
@@ -27,14 +30,15 @@ class PolicyHistory:
         """Read the blocks since the last refresh; returns the versions newly seen. `ChainError` if unreachable."""
         latest = int(self.pool.tx.rpc("block number", lambda: self.pool.w3.eth.block_number))
         with self._lock:
-            start = self._next_block
+            start = reread_from(self._next_block, latest, self._start_block)
         if latest < start:
             return []
-        fresh = {int(ev.args["version"]): bytes(ev.args["manifestHash"])
+        found = {int(ev.args["version"]): bytes(ev.args["manifestHash"])
                  for ev in self.pool.events(start, latest, names={"PolicyPublished"})}
         with self._lock:
+            fresh = {v: h for v, h in found.items() if self._hashes.get(v) != h}
             self._hashes.update(fresh)
-            self._next_block = max(self._next_block, latest + 1)
+            self._next_block = latest + 1
         return sorted(fresh)
 
     def current(self) -> int | None:

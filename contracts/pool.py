@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -122,6 +123,11 @@ class WorkInfo:
         return self.status in (WorkStatus.HARD_INVALIDATED, WorkStatus.SOFT_INVALIDATED)
 
 
+_APPEALED = (EscrowStatus.APPEALED, EscrowStatus.UPHELD, EscrowStatus.OVERTURNED)
+"""Escrow statuses only an appeal leads to."""
+_RESOLVED = (EscrowStatus.UPHELD, EscrowStatus.OVERTURNED)
+
+
 @dataclass(frozen=True)
 class PoolParams:
     """The pool's configuration as it stands on chain."""
@@ -200,8 +206,11 @@ class ContractClient:
         except Web3Exception as exc:
             raise ChainError(f"{name}: arguments do not fit the ABI: {exc}", reason="bad_argument") from exc
 
-    def _send(self, what: str, fn: Any, gas: int | None = None) -> Receipt:
-        return self.tx.send(what, {"to": self.address, "data": fn._encode_transaction_data(), "value": 0}, gas)
+    def _send(self, what: str, fn: Any, gas: int | None = None, done: Callable[[], bool] | None = None) -> Receipt:
+        """Send `fn`; `done()` reads whether its action is on chain already (a resent copy that reverts then
+        counts as success: see `Transactor.send`)."""
+        return self.tx.send(what, {"to": self.address, "data": fn._encode_transaction_data(), "value": 0}, gas,
+                            done=done)
 
     def _call(self, what: str, fn: Any) -> Any:
         return self.tx.call(what, fn.call)
@@ -264,7 +273,8 @@ class PoolClient(ContractClient):
     def register_signed(self, node: str, amount: int, deadline: int, signature: bytes) -> Receipt:
         """register(node, amount, deadline, signature): the raw contract call (token allowance must exist)."""
         fn = self._f("register", _address(node), amount, deadline, signature)
-        return self._send("register", fn)
+        return self._send("register", fn, done=lambda: self.get_node(node).operator.lower()
+                          == self.identity.address.lower())
 
     def register(self, node: Identity, amount: int, *, deadline: int | None = None, approve: bool = True) -> Receipt:
         """Register `node` under this client's identity with `amount` stake (approving the pool if needed)."""
@@ -291,7 +301,7 @@ class PoolClient(ContractClient):
     def record_work(self, node: str, work_key: bytes | str, units: int) -> Receipt:
         """recordWork: strict, a key already known reverts with reason "DuplicateWorkKey"."""
         fn = self._f("recordWork", _address(node), _key32(work_key), units)
-        return self._send("recordWork", fn)
+        return self._send("recordWork", fn, done=lambda: self.get_work(work_key).was_recorded)
 
     def record_work_batch(self, items: list[tuple[str, bytes | str, int]]) -> Receipt:
         """recordWorkBatch: [(node, work_key, units), ...] in one transaction. Idempotent: keys already known
@@ -300,19 +310,21 @@ class PoolClient(ContractClient):
         nodes = [_address(node) for node, _, _ in items]
         keys = [_key32(key) for _, key, _ in items]
         units = [u for _, _, u in items]
-        return self._send("recordWorkBatch", self._f("recordWorkBatch", nodes, keys, units))
+        return self._send("recordWorkBatch", self._f("recordWorkBatch", nodes, keys, units),
+                          done=lambda: all(self.get_work(k).known for k in keys))
 
     def invalidate_hard(self, node: str, work_key: bytes | str, reason_code: int, evidence_hash: bytes | str) -> Receipt:
         """invalidateHard: slash `node` for `work_key`, recorded (inside its window) or never recorded (the key
         is then consumed). `evidence_hash` must be non-zero. Reverts: "WorkOfOtherNode", "WorkNotAccepted"
         (already claimed or invalidated), "InvalidationWindowClosed", "ZeroEvidenceHash", "ZeroAddress"."""
         fn = self._f("invalidateHard", _address(node), _key32(work_key), reason_code, _key32(evidence_hash))
-        return self._send("invalidateHard", fn)
+        return self._send("invalidateHard", fn,
+                          done=lambda: self.get_work(work_key).status is WorkStatus.HARD_INVALIDATED)
 
     def invalidate_soft(self, node: str, work_key: bytes | str, reason_code: int) -> Receipt:
         """invalidateSoft: remove `node`'s recorded work, or consume a key never recorded; no slash."""
         fn = self._f("invalidateSoft", _address(node), _key32(work_key), reason_code)
-        return self._send("invalidateSoft", fn)
+        return self._send("invalidateSoft", fn, done=lambda: self.get_work(work_key).invalidated)
 
     # -- appeals --------------------------------------------------------------------------
 
@@ -320,7 +332,8 @@ class PoolClient(ContractClient):
         """appeal: the node's operator (or the node key) contests the hard invalidation of `work_key` before its
         appeal deadline. Reverts: "NotSlashed", "NotOperator", "WrongEscrowStatus" (filed or settled already),
         "AppealWindowClosed"."""
-        return self._send("appeal", self._f("appeal", _key32(work_key)))
+        return self._send("appeal", self._f("appeal", _key32(work_key)),
+                          done=lambda: self.get_escrow(work_key).status in _APPEALED)
 
     def resolve_appeal(self, work_key: bytes | str, upheld: bool, units: int, evidence_hash: bytes | str) -> Receipt:
         """resolveAppeal (a validator other than the slasher): `upheld` pays the escrow to the treasury; otherwise
@@ -328,12 +341,13 @@ class PoolClient(ContractClient):
         Reverts: "WrongEscrowStatus" (no appeal pending), "ResolverIsSlasher", "ZeroEvidenceHash", "ZeroUnits",
         "InsufficientRewardBudget"."""
         fn = self._f("resolveAppeal", _key32(work_key), bool(upheld), units, _key32(evidence_hash))
-        return self._send("resolveAppeal", fn)
+        return self._send("resolveAppeal", fn, done=lambda: self.get_escrow(work_key).status in _RESOLVED)
 
     def release_escrow(self, work_key: bytes | str) -> Receipt:
         """releaseEscrow (anyone): an escrow not appealed by its deadline goes to the treasury. Reverts:
         "WrongEscrowStatus", "AppealWindowOpen"."""
-        return self._send("releaseEscrow", self._f("releaseEscrow", _key32(work_key)))
+        return self._send("releaseEscrow", self._f("releaseEscrow", _key32(work_key)),
+                          done=lambda: self.get_escrow(work_key).status is EscrowStatus.RELEASED)
 
     def lapse_appeal(self, work_key: bytes | str) -> Receipt:
         """lapseAppeal (anyone): an appeal no validator resolved by its resolve deadline lapses; the slash stands
@@ -342,12 +356,19 @@ class PoolClient(ContractClient):
 
     def claim_rewards(self, node: str, work_keys: list[bytes | str]) -> Receipt:
         keys = [_key32(k) for k in work_keys]
-        return self._send("claimRewards", self._f("claimRewards", _address(node), keys))
+        return self._send("claimRewards", self._f("claimRewards", _address(node), keys),
+                          done=lambda: all(self.get_work(k).status is WorkStatus.CLAIMED for k in keys))
 
     # -- trainer and budget ---------------------------------------------------------------
 
     def publish_policy(self, version: int, manifest_hash: bytes | str) -> Receipt:
-        return self._send("publishPolicy", self._f("publishPolicy", version, _key32(manifest_hash)))
+        digest = _key32(manifest_hash)
+
+        def done() -> bool:
+            current, current_hash = self.policy()
+            return current > version or (current == version and current_hash == digest)
+
+        return self._send("publishPolicy", self._f("publishPolicy", version, digest), done=done)
 
     def fund_rewards(self, amount: int, *, approve: bool = True) -> Receipt:
         if approve and self.token.allowance(self.identity.address, self.address) < amount:

@@ -32,6 +32,13 @@ class TrainerSettings(Section):
     """torch threads of the trainer."""
 
 
+class ChainSettings(Section):
+    block_time: float | None = Field(None, gt=0.0)
+    """Seconds between blocks (anvil `--block-time`): a chain that behaves like a public one, where a transaction
+    waits for its block and the roles' transactors resend what gets dropped. Unset: a block per transaction
+    (instant)."""
+
+
 class RunSettings(Section):
     env: str | None = None
     """Environment; default by model (tiny: `lowercase`, which it visibly learns; smollm2: `reverse-text`)."""
@@ -69,6 +76,8 @@ class DevnetConfig(PrimeConfig):
     """The trainer."""
     run: RunSettings = RunSettings()
     """The run's rules (served by the validators to the nodes)."""
+    chain: ChainSettings = ChainSettings()
+    """The dev chain (anvil)."""
     hosts: Literal["loopback", "netns"] = "loopback"
     """loopback: every role on 127.0.0.1, each on a free port. netns (root only, Linux with iproute2): every role
     (chain, origin, each relay, each validator, the trainer, each node) in its own network namespace with its own

@@ -207,7 +207,8 @@ class Network:
         rpc = self.url("chain", port)
         anvil = self.table.start("chain", "chain", self.command("chain", [
             str(anvil_binary()), "--host", self.address("chain"), "--port", str(port), "--chain-id",
-            str(DEV_CHAIN_ID), "--accounts", str(acc.total), "--mnemonic", DEV_MNEMONIC, "--hardfork", "cancun"]),
+            str(DEV_CHAIN_ID), "--accounts", str(acc.total), "--mnemonic", DEV_MNEMONIC, "--hardfork", "cancun",
+            *(["--block-time", f"{cfg.chain.block_time:g}"] if cfg.chain.block_time else [])]),
             port=port, url=rpc)
         self._wait(anvil, lambda: httpx.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId",
                                                         "params": []}, timeout=2.0).status_code == 200,

@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 # Optimizer and RNG state are the trainer's private business: never published.
 PRIVATE_FILES = ("optimizer.pt", "rng.pt", "trainer_state.json")
+RECORD_RETRY_REASONS = {"timeout", "unreachable", "http", "rejected", None}
+"""`ChainError.reason`s after which `publishPolicy` is tried again: the transaction did not land, through no
+fault of the call (a revert such as a missing role or a paused pool is raised at once)."""
+RECORD_RETRY_MAX_S = 30.0
 
 
 class Publisher(ABC):
@@ -97,6 +101,9 @@ class ShardcastPublisher(Publisher):
         self.store.mkdir(parents=True, exist_ok=True)
         self.pool: Any = None
         self.discovery: Any = None
+        self.record_retries = 0
+        """Times `publishPolicy` was tried again because a transaction did not land."""
+        self._closing = threading.Event()
         if settings.chain is not None:  # connect now: a wrong deployment stops the trainer before its first step
             from contracts.deployment import Deployment
             from contracts.pool import PoolClient
@@ -151,20 +158,54 @@ class ShardcastPublisher(Publisher):
 
     def _record(self, version: int, manifest_hash: bytes) -> None:
         """`publishPolicy` on chain (skipped when the chain already has this version or a newer one, as after
-        a resume), then the announcement."""
+        a resume), then the announcement. A transaction that does not land (no receipt in time, the RPC away)
+        is tried again, with a doubling wait up to `RECORD_RETRY_MAX_S`, until the version is on chain or the
+        publisher closes: nodes cannot use a version the chain does not show. The training loop does not wait
+        (this runs on the publishing thread)."""
         if self.pool is None:
             return
-        current, current_hash = self.pool.policy()
-        # a fresh pool reads (0, zero hash): version 0 is not on chain yet
-        if current > version or (current == version and any(current_hash)):
-            log.warning("version %d not recorded on chain: the chain is already at v%d", version, current)
-            return
-        self.pool.publish_policy(version, manifest_hash)
-        log.info("version %d recorded on chain (manifest 0x%s)", version, manifest_hash.hex())
+        from protocol.errors import ChainError
+
+        delay = 1.0
+        while True:
+            try:
+                current, current_hash = self.pool.policy()
+                # a fresh pool reads (0, zero hash): version 0 is not on chain yet
+                if current == version and current_hash == manifest_hash:
+                    log.info("version %d is on chain already", version)
+                    break
+                if current > version or (current == version and any(current_hash)):
+                    log.warning("version %d not recorded on chain: the chain is already at v%d", version, current)
+                    return
+                self.pool.publish_policy(version, manifest_hash)
+                log.info("version %d recorded on chain (manifest 0x%s)", version, manifest_hash.hex())
+                break
+            except ChainError as exc:
+                if self._on_chain(version, manifest_hash):  # an earlier copy landed after all
+                    log.info("version %d is on chain (%s)", version, exc)
+                    break
+                if exc.reason not in RECORD_RETRY_REASONS:
+                    raise
+                self.record_retries += 1
+                log.warning("version %d is not on chain yet (%s); trying again in %.0fs", version, exc, delay)
+                if self._closing.wait(delay):
+                    raise ChainError(f"publishPolicy v{version}: the publisher closed before it landed",
+                                     reason="closed") from exc
+                delay = min(2 * delay, RECORD_RETRY_MAX_S)
         if self.discovery is not None:
             self.discovery.announce_policy(version, manifest_hash, list(self.settings.announce_urls))
 
+    def _on_chain(self, version: int, manifest_hash: bytes) -> bool:
+        from protocol.errors import ChainError
+
+        try:
+            current, current_hash = self.pool.policy()
+        except ChainError:
+            return False
+        return bool(current == version and current_hash == manifest_hash)
+
     def close(self) -> None:
+        self._closing.set()
         if self.discovery is not None:
             self.discovery.stop()
 

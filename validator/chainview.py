@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from contracts.events import reread_from
 from contracts.pool import NodeStatus, PoolClient
 from protocol.errors import ChainError
 from protocol.identity import checksum
@@ -39,6 +40,7 @@ class ChainView:
 
     def __init__(self, pool: PoolClient, start_block: int) -> None:
         self.pool = pool
+        self._start_block = start_block
         self._next_block = start_block
         self._nodes: dict[str, NodeView] = {}
         self._manifests: dict[int, bytes] = {}
@@ -57,9 +59,11 @@ class ChainView:
         """Read events since the last refresh; returns how many were applied. `ChainError` if unreachable."""
         params = self.pool.params()
         latest = int(self.pool.tx.rpc("block number", lambda: self.pool.w3.eth.block_number))
-        if latest < self._next_block:
+        cursor = self._next_block
+        start = reread_from(cursor, latest, self._start_block)  # a rollback's re-sent events too
+        if latest < start:
             return 0
-        events = self.pool.events(self._next_block, latest, names=_NODE_EVENTS | {"PolicyPublished"})
+        events = self.pool.events(start, latest, names=_NODE_EVENTS | {"PolicyPublished"})
         touched: set[str] = set()
         manifests: dict[int, bytes] = {}
         for ev in events:
@@ -76,11 +80,12 @@ class ChainView:
             self._nodes.update(fresh)
             self._manifests.update(manifests)
             self._next_block = latest + 1
-        if events:
-            log.info("chain: %d events up to block %d (%d nodes refreshed, versions %s)", len(events), latest,
+        new = sum(1 for ev in events if ev.block_number >= cursor)  # not the blocks read again
+        if new:
+            log.info("chain: %d events up to block %d (%d nodes refreshed, versions %s)", new, latest,
                      len(fresh), sorted(manifests) or "-")
         self.refreshed_at = time.monotonic()
-        return len(events)
+        return new
 
     def try_refresh(self) -> None:
         """`refresh`, one at a time (the poll thread and intake's catch-up), logging a failure instead of raising."""

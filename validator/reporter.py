@@ -24,7 +24,10 @@ One row never holds up the others. The outbox is read by kind, one page at a tim
 - a batch that reverts is sent again row by row, so one bad row is set aside and the rest land.
 
 Before giving up on a row the reporter reads the key's status on chain, so a transaction that landed but
-whose receipt was lost counts as done.
+whose receipt was lost counts as done. A transaction the chain drops or leaves pending is sent again by the
+transactor while the reporter waits; one rolled back with its block after the rows were marked reported is
+sent again at the start of the next round (`Transactor.reconcile`), and the contract's keys make every copy
+after the first record nothing.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class Reporter:
                 return 0
             done = 0
             try:
+                self._reconcile()
                 accepted = self.ledger.outbox(_ACCEPTED, 10 * self.batch, now=t)
                 for i in range(0, len(accepted), self.batch):
                     done += self._record(accepted[i : i + self.batch], t)
@@ -123,6 +127,19 @@ class Reporter:
                 log.warning("chain RPC failing (%s); reporting again in %.0f s", exc, wait)
             self.reported += done
             return done
+
+    def _reconcile(self) -> None:
+        """Send again our transactions whose block left the chain (a reorg): rows marked reported on their
+        receipt would otherwise never land (`Transactor.reconcile`; each send does it too, this covers a
+        round with nothing to send)."""
+        if self.pool is None:
+            return
+        try:
+            self.pool.tx.reconcile()
+        except ChainError as exc:
+            if exc.reason in TRANSIENT:
+                raise _RpcDown(str(exc)) from exc
+            log.warning("checking our landed transactions failed: %s", exc)
 
     def _set_aside(self, row: OutboxRow, exc: ChainError, t: float) -> None:
         """A one-row transaction reverted: give the row up for good, or let it wait while the others go on."""

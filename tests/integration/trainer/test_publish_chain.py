@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from chainfaults import Background, manual_mining, pending, wait_for
 from chainfixtures import TRAINER, Pools
 from validator_harness import TINY
 
@@ -68,3 +69,56 @@ def test_a_key_without_the_trainer_role_stops_the_trainer_before_its_first_step(
         "chain": {"deployment": deployment_file, "rpc_url": published.chain.rpc_url}})
     with pytest.raises(ConfigError, match="TRAINER_ROLE"):
         ShardcastPublisher(settings)
+
+
+def _chain_publisher(published: Pools, deployment_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                     **transactor: float) -> ShardcastPublisher:
+    monkeypatch.setenv("TEST_TRAINER_KEY", published.chain.account(TRAINER).account.key.hex())
+    settings = ShardcastPublish.model_validate({
+        "store": tmp_path / "origin", "run_id": "test-run", "key_env": "TEST_TRAINER_KEY",
+        "chain": {"deployment": deployment_file, "rpc_url": published.chain.rpc_url}})
+    publisher = ShardcastPublisher(settings)
+    for name, value in transactor.items():
+        setattr(publisher.pool.tx, name, value)
+    return publisher
+
+
+def test_publish_policy_survives_a_dropped_transaction(published: Pools, deployment_file: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    chain, trainer = published.chain, published.chain.account(TRAINER)
+    m = load(TINY)
+    ckpt = save_checkpoint(m.model, m.tokenizer, tmp_path / "step-3")
+    publisher = _chain_publisher(published, deployment_file, tmp_path, monkeypatch, probe_s=0.1)
+    try:
+        with manual_mining(chain):
+            send = Background(lambda: publisher.publish(3, ckpt))
+            wait_for(lambda: len(pending(chain, trainer.address)) == 1, "publishPolicy in the pool", timeout=60)
+            chain.rpc("anvil_dropAllTransactions")
+            wait_for(lambda: len(pending(chain, trainer.address)) == 1, "publishPolicy sent again")
+            assert publisher.pool.tx.resent == 1
+            chain.rpc("evm_mine")
+            send.result()
+        version, manifest = published.admin.policy()
+        assert version == 3 and any(manifest)
+    finally:
+        publisher.close()
+
+
+def test_publish_policy_is_tried_again_after_no_receipt(published: Pools, deployment_file: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measured failure: `no receipt ... after 120s` and the version never recorded. Now the publisher
+    tries again until the chain shows it (here the first copy lands once blocks come again)."""
+    chain = published.chain
+    m = load(TINY)
+    ckpt = save_checkpoint(m.model, m.tokenizer, tmp_path / "step-4")
+    publisher = _chain_publisher(published, deployment_file, tmp_path, monkeypatch, receipt_timeout=0.3,
+                                 probe_s=600.0)
+    try:
+        with manual_mining(chain):
+            send = Background(lambda: publisher.publish(4, ckpt))
+            wait_for(lambda: publisher.record_retries >= 1, "publishPolicy tried again", timeout=60)
+            chain.rpc("evm_mine")
+            send.result()
+        assert published.admin.policy()[0] == 4
+    finally:
+        publisher.close()
