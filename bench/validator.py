@@ -14,7 +14,8 @@ integration tests), with honest submissions built the way a node builds them (ge
    generate call, as a node does), same model, threads and dtype, in this run. The ratio
    `validation_over_generation` is check time / generation time for the same tokens. The dtype is
    the one a node would run here: fp32 and bf16 matmul speed are measured first and the faster
-   one is used for both sides. Check time is broken down by stage (exclusive times, instrumented).
+   one is used for both sides. Check time is broken down by stage (exclusive times, from the pipeline's
+   public timing hook `Pipeline.timer`, a `protocol.timing.StageTimer`).
 3. Junk flood: N junk POSTs (malformed bytes, forged signatures, correctly signed submissions of
    unregistered nodes, oversized bodies declared and chunked) at a running validator (a subprocess,
    all its loops on, like `prime-validator`); its VmRSS is sampled from /proc during the flood
@@ -25,6 +26,7 @@ Sender rate limits are lifted (`rate_per_node`) so cheap-check throughput measur
 
     python bench/validator.py --json out.json          # tiny + SmolLM2, 10,000 junk (~15 minutes)
     python bench/validator.py --quick                  # tiny only, fewer rollouts (~2 minutes)
+    python bench/validator.py --smoke --json out.json  # every stage once on the smallest inputs (seconds)
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import platform
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,39 +67,40 @@ ADMIN, VALIDATOR, TRAINER, OPERATOR, TREASURY = 0, vhttp.VALIDATOR, 2, 3, 9  # P
 # -- timing helpers ---------------------------------------------------------------------------------
 
 
-class Stages:
-    """Exclusive wall time per label of wrapped callables (a wrapped call inside another is charged
-    to its own label only). Single-threaded use; `restore()` puts every original back."""
+# The pipeline's own timing hook (`Pipeline.timer`, `protocol.timing.StageTimer`) fills these labels; a rename
+# there fails here loudly (a missing key when a table row is looked up), never silently.
+INTAKE_STAGES = {
+    "intake.parse": "envelope parse + canonical check",
+    "intake.open": "body validation + signature recovery",
+    "intake.gate": "sender gate + replay guard (SQLite)",
+    "intake.lookup": "submission hash + ledger lookups",
+    "intake.assignment": "assignment",
+    "intake.cheap_checks": "run, version, manifest, tasks, schema",
+    "intake.insert": "ledger insert (SQLite commit)",
+}
+CHECK_STAGES = {
+    "check.ledger": "ledger claim + decide",
+    "check.rewards": "rewards (decode + grade)",
+    "check.measure": "batching, prompts, padding",
+    "measure.prefill": "prefill (model body)",
+    "measure.lm_head": "lm head logits",
+    "measure.toploc": "TOPLOC verify",
+    "measure.sampling": "sampling replay",
+    "measure.termination": "termination",
+    "measure.logprobs": "logprobs + per-sequence glue",
+    "check.verdict": "verdict measurements + feed item",
+    "verdict.seal": "signing verdicts + feed items",
+    "check.parse": "parsing stored envelopes",
+    "check.tasks": "task sampling",
+}
 
-    def __init__(self) -> None:
-        self.times: dict[str, float] = defaultdict(float)
-        self._stack: list[float] = []
-        self._undo: list[Callable[[], None]] = []
 
-    def wrap(self, owner: Any, attr: str, label: str) -> None:
-        original = getattr(owner, attr)
-        raw = owner.__dict__.get(attr, None) if hasattr(owner, "__dict__") else None
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            self._stack.append(0.0)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                dt = time.perf_counter() - t0
-                self.times[label] += dt - self._stack.pop()
-                if self._stack:
-                    self._stack[-1] += dt
-
-        setattr(owner, attr, timed)
-        if raw is None:
-            self._undo.append(lambda: delattr(owner, attr))
-        else:
-            self._undo.append(lambda: setattr(owner, attr, raw))
-
-    def restore(self) -> None:
-        while self._undo:
-            self._undo.pop()()
+def labelled(timer: Any, names: dict[str, str]) -> dict[str, float]:
+    """The timer's seconds under the bench's labels (a label the pipeline no longer fills reads 0)."""
+    unknown = set(timer.times) - set(names)
+    if unknown:
+        raise RuntimeError(f"the pipeline timed stages this bench does not know: {sorted(unknown)}")
+    return {label: timer.times.get(key, 0.0) for key, label in names.items()}
 
 
 def matmul_gflops(dtype: str, seconds: float, n: int = 512) -> float:
@@ -277,72 +279,41 @@ def model_flops(loaded: Any, prompt: int, completion: int, sequences: int) -> di
 
 
 def time_intake(service: Any, datas: list[bytes], state: Path, profile: bool = False) -> tuple[float, Any, Any]:
-    """Seconds to take all `datas` in on a fresh pipeline (all must be 202); returns the pipeline too."""
-    import protocol.envelope
-    import validator.pipeline
-    from protocol.envelope import Envelope
+    """Seconds to take all `datas` in on a fresh pipeline (all must be 202); returns the pipeline and, with
+    `profile`, the stage timer the pipeline filled (its public hook)."""
+    from protocol.timing import StageTimer
 
     p, close = fresh_pipeline(service, state)
-    stages = Stages()
-    if profile:
-        stages.wrap(Envelope, "from_bytes", "envelope parse + canonical check")
-        stages.wrap(validator.pipeline, "open_envelope", "body validation + canonical body")
-        stages.wrap(protocol.envelope, "recover_message", "signature recovery")
-        stages.wrap(p.gate, "check", "sender gate + replay guard (SQLite)")
-        stages.wrap(validator.pipeline, "submission_hash", "submission hash")
-        stages.wrap(p.ledger, "by_hash", "ledger lookups")
-        stages.wrap(p.ledger, "get", "ledger lookups")
-        stages.wrap(p, "_not_ours_yet", "assignment")
-        stages.wrap(p, "_cheap_checks", "run, version, manifest, tasks, schema")
-        stages.wrap(p.ledger, "insert", "ledger insert (SQLite commit)")
-    try:
-        t0 = time.perf_counter()
-        for d in datas:
-            a = p.intake(d)
-            if a.status != 202:
-                raise RuntimeError(f"honest submission refused at intake: {a.status} {a.body}")
-        dt = time.perf_counter() - t0
-    finally:
-        stages.restore()
-    return dt, (p, close), stages
+    timer = StageTimer() if profile else None
+    p.timer = timer
+    t0 = time.perf_counter()
+    for d in datas:
+        a = p.intake(d)
+        if a.status != 202:
+            raise RuntimeError(f"honest submission refused at intake: {a.status} {a.body}")
+    dt = time.perf_counter() - t0
+    p.timer = None
+    return dt, (p, close), timer
 
 
-def time_checks(p: Any, n: int) -> tuple[float, Stages]:
-    """Seconds of `check_pending` until all `n` received rows are decided, with a stage breakdown."""
-    import models.forward
-    import toploc.validation
-    import validator.pipeline
+def time_checks(p: Any, n: int) -> tuple[float, Any]:
+    """Seconds of `check_pending` until all `n` received rows are decided, with the stage timer it filled."""
+    from protocol.timing import StageTimer
 
-    loaded = p.weights.get(1)
-    stages = Stages()
-    stages.wrap(p.ledger, "claim", "ledger claim + decide")
-    stages.wrap(p.ledger, "decide", "ledger claim + decide")
-    stages.wrap(p, "_rewards", "rewards (decode + grade)")
-    stages.wrap(p, "_measure", "batching, prompts, padding")
-    stages.wrap(models.forward, "prefill", "prefill (model body)")
-    stages.wrap(loaded.model.get_output_embeddings(), "forward", "lm head logits")
-    stages.wrap(toploc.validation, "verify_proofs_bytes", "TOPLOC verify")
-    stages.wrap(toploc.validation, "check_sampling", "sampling replay")
-    stages.wrap(toploc.validation, "check_termination", "termination")
-    stages.wrap(toploc.validation, "_measure_one", "logprobs + per-sequence glue")
-    stages.wrap(p, "_verdict", "verdict measurements + feed item")
-    stages.wrap(validator.pipeline, "seal", "signing verdicts + feed items")
-    stages.wrap(validator.pipeline, "_parse_stored", "parsing stored envelopes")
-    stages.wrap(p, "tasks", "task sampling")
-    try:
-        decided, t0 = 0, time.perf_counter()
-        while decided < n:
-            got = p.check_pending()
-            if not got:
-                raise RuntimeError(f"check_pending decided nothing with {n - decided} rows left")
-            decided += got
-        dt = time.perf_counter() - t0
-    finally:
-        stages.restore()
+    timer = StageTimer()
+    p.timer = timer
+    decided, t0 = 0, time.perf_counter()
+    while decided < n:
+        got = p.check_pending()
+        if not got:
+            raise RuntimeError(f"check_pending decided nothing with {n - decided} rows left")
+        decided += got
+    dt = time.perf_counter() - t0
+    p.timer = None
     counts = p.ledger.counts()
     if counts.get("outcome:accepted", 0) != n:
         raise RuntimeError(f"honest submissions not all accepted: {counts}")
-    return dt, stages
+    return dt, timer
 
 
 def bench_model(name: str, chain: Chain, deployment: Path, run: Any, args: Any, dtype: str, tmp: Path,
@@ -394,12 +365,13 @@ def bench_model(name: str, chain: Chain, deployment: Path, run: Any, args: Any, 
     assert best is not None
     check_s, gen_s = min(check_runs), min(gen_runs)
     flops = model_flops(loaded, node.prompt_tokens, tokens, node.sequences)
-    model_s = best.times["prefill (model body)"] + best.times["lm head logits"]
-    total = sum(best.times.values())
-    breakdown = {k: v for k, v in sorted(best.times.items(), key=lambda kv: -kv[1])}
+    check_times, intake_times = labelled(best, CHECK_STAGES), labelled(intake_stages, INTAKE_STAGES)
+    model_s = max(1e-9, check_times[CHECK_STAGES["measure.prefill"]] + check_times[CHECK_STAGES["measure.lm_head"]])
+    total = sum(check_times.values())
+    breakdown = {k: v for k, v in sorted(check_times.items(), key=lambda kv: -kv[1])}
     breakdown["other"] = max(0.0, check_s - total)
-    itotal = sum(intake_stages.times.values())
-    intake_breakdown = {k: v / len(datas) * 1e3 for k, v in sorted(intake_stages.times.items(), key=lambda kv: -kv[1])}
+    itotal = sum(intake_times.values())
+    intake_breakdown = {k: v / len(datas) * 1e3 for k, v in sorted(intake_times.items(), key=lambda kv: -kv[1])}
     row = {
         "model": name, "spec": spec.model_dump(mode="json"), "submissions": len(datas),
         "rollouts": node.sequences, "rollout_tokens": tokens, "prompt_tokens": node.prompt_tokens,
@@ -433,6 +405,8 @@ def bench_model(name: str, chain: Chain, deployment: Path, run: Any, args: Any, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny only, fewer rollouts, 2,000 junk (~2 minutes)")
+    ap.add_argument("--smoke", action="store_true", help="every stage once on the smallest inputs (seconds): tiny, "
+                    "2 submissions of 8 tokens, 1 HTTP round, 40 junk; checks the bench, measures nothing")
     ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of node and validator (default 1)")
     ap.add_argument("--models", default=None, help="comma list of: tiny, smollm2 (default both; quick: tiny)")
@@ -451,22 +425,23 @@ def main() -> int:
                     help="HTTP intake rounds, each on a fresh validator process (default 3, quick 2)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    q = args.quick
+    q, smoke = args.quick or args.smoke, args.smoke
     args.models = args.models or ("tiny" if q else "tiny,smollm2")
-    args.max_new = args.max_new or (32 if q else 128)
-    args.tiny_submissions = args.tiny_submissions or (24 if q else 48)
+    args.max_new = args.max_new or (8 if smoke else 32 if q else 128)
+    args.tiny_submissions = args.tiny_submissions or (2 if smoke else 24 if q else 48)
     args.smollm2_submissions = args.smollm2_submissions or (2 if q else 4)
-    args.intakes = args.intakes or (200 if q else 1000)
-    args.junk = args.junk or (2000 if q else 10_000)
+    args.intakes = args.intakes or (2 if smoke else 200 if q else 1000)
+    args.junk = args.junk or (40 if smoke else 2000 if q else 10_000)
     args.repeats = args.repeats or (1 if q else 2)
-    args.http_rounds = args.http_rounds or (2 if q else 3)
+    args.http_rounds = args.http_rounds or (1 if smoke else 2 if q else 3)
 
     import torch
 
     torch.set_num_threads(args.threads)
     from protocol.rollout import RunSpec
 
-    flops = {d: matmul_gflops(d, 0.5 if q else 1.5) for d in ("float32", "bfloat16")}
+    flops = {d: matmul_gflops(d, 0.05 if smoke else 0.5 if q else 1.5, 128 if smoke else 512)
+             for d in ("float32", "bfloat16")}
     dtype = max(flops, key=lambda d: flops[d]) if args.dtype == "auto" else args.dtype
     run = RunSpec(run_id="bench", tasks_per_batch=4, samples_per_task=4, max_new_tokens=args.max_new)
     manifest = hashlib.sha256(b"bench manifest v1").digest()
@@ -479,7 +454,7 @@ def main() -> int:
         "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__, "python": platform.python_version(),
         "matmul_gflops_512": flops, "dtype": dtype,
         "dtype_choice": "auto: the faster dense matmul here" if args.dtype == "auto" else "given",
-        "run": run.model_dump(mode="json"), "repeats": args.repeats, "load_average_start": os.getloadavg(),
+        "run": run.model_dump(mode="json"), "repeats": args.repeats, "smoke": smoke, "load_average_start": os.getloadavg(),
         "batch_submissions": 8, "batch_tokens": 8192, "generation_batch": "one submission per generate call "
         f"({run.tasks_per_batch * run.samples_per_task} sequences)",
     }

@@ -231,7 +231,7 @@ def junk_flood(cfg: Any, datas: list[bytes], n: int, threads: int, connections: 
     t0 = time.perf_counter()
     items = junk_items(n, datas, domain, cfg.max_submission_bytes)
     build_s = time.perf_counter() - t0
-    warm = junk_items(200, datas, domain, cfg.max_submission_bytes)
+    warm = junk_items(min(200, n), datas, domain, cfg.max_submission_bytes)
     served = Served(cfg, threads, loops=True, tmp=tmp)
     send = send_junk(served.url)
     samples: list[tuple[float, int]] = []

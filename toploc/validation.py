@@ -8,6 +8,11 @@ validator re-runs the claimed policy over prompt + completion in one batched pre
 - the sampling replay (margins of every submitted token under the protocol seed),
 - the termination measurements (EOS where EOS wins, or the length limit).
 
+With a `protocol.timing.StageTimer` (`measure(..., timer=)`), `measure` fills exclusive seconds per stage:
+`measure.prefill` (the model body), `measure.lm_head` (logits of the generated positions), `measure.toploc`
+(proof verification), `measure.sampling` (the seeded replay), `measure.termination`, `measure.logprobs`
+(replayed logprobs and per-sequence glue); batching and padding fall to the caller's enclosing stage.
+
 Nothing here accepts or rejects: `ToplocThresholds` holds the limits and the validator decides.
 A malformed submission (bad proof bytes, wrong proof count, token ids outside the vocabulary,
 too long for the model) is reported per sequence in `SequenceReport.error`, never raised for the
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from protocol.errors import ModelError, ProofError, ProtocolError
+from protocol.timing import StageTimer, stage
 from toploc.proofs import VerificationResult, build_proofs_bytes, verify_proofs_bytes
 from toploc.sampling_check import SamplingCheck, TerminationCheck, check_sampling, check_termination
 from toploc.thresholds import ToplocThresholds
@@ -97,8 +103,10 @@ def measure(
     config: ToplocThresholds | None = None,
     *,
     batch_tokens: int = 8192,
+    timer: StageTimer | None = None,
 ) -> list[SequenceReport]:
-    """Measure every rollout with batched prefills of at most ~`batch_tokens` (padded) tokens."""
+    """Measure every rollout with batched prefills of at most ~`batch_tokens` (padded) tokens (`timer`: see the
+    module docstring)."""
     import torch
 
     from models.forward import prefill
@@ -130,16 +138,18 @@ def measure(
             ids[row, : len(s)] = torch.tensor(s, dtype=torch.long)
             mask[row, : len(s)] = 1
         try:
-            out = prefill(loaded, ids, mask, logits_last_only=True)
+            with stage(timer, "measure.prefill"):
+                out = prefill(loaded, ids, mask, logits_last_only=True)
         except ModelError as exc:  # prechecked, so this is the model failing: fail the group loudly
             raise ModelError(f"validation prefill failed: {exc}") from exc
         for row, i in enumerate(group):
             r = rollouts[i]
             start = len(r.prompt_tokens) - 1
             hidden = out.hidden[row, start : start + len(r.tokens)]
-            with torch.inference_mode():
+            with stage(timer, "measure.lm_head"), torch.inference_mode():
                 logits = head(hidden).float()
-            reports[i] = _measure_one(r, hidden, logits, params, cfg, loaded.eos_token_ids)
+            with stage(timer, "measure.logprobs"):
+                reports[i] = _measure_one(r, hidden, logits, params, cfg, loaded.eos_token_ids, timer)
     return [r for r in reports if r is not None]
 
 
@@ -150,19 +160,24 @@ def _measure_one(
     params: SamplingParams,
     cfg: ToplocThresholds,
     eos_token_ids: Sequence[int],
+    timer: StageTimer | None = None,
 ) -> SequenceReport:
     import torch
 
     try:
-        proofs = verify_proofs_bytes(hidden.to(torch.bfloat16), list(r.proofs), cfg.decode_batching_size,
-                                     cfg.topk, skip_prefill=True)
+        with stage(timer, "measure.toploc"):
+            proofs = verify_proofs_bytes(hidden.to(torch.bfloat16), list(r.proofs), cfg.decode_batching_size,
+                                         cfg.topk, skip_prefill=True)
     except ProofError as exc:
         return SequenceReport((), None, None, f"malformed proof: {exc}")
     from models.sampling import process_logits
 
     try:
-        sampling = check_sampling(logits, list(r.tokens), params, r.seed, tolerance=cfg.sampling_margin_tolerance)
-        termination = check_termination(list(r.tokens), eos_token_ids, r.max_tokens, sampling)
+        with stage(timer, "measure.sampling"):
+            sampling = check_sampling(logits, list(r.tokens), params, r.seed,
+                                      tolerance=cfg.sampling_margin_tolerance)
+        with stage(timer, "measure.termination"):
+            termination = check_termination(list(r.tokens), eos_token_ids, r.max_tokens, sampling)
     except ProtocolError as exc:
         return SequenceReport(tuple(proofs), None, None, f"malformed rollout: {exc}")
     processed = process_logits(logits, params)

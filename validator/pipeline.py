@@ -17,6 +17,15 @@ and served by its hash (`GET /v1/envelopes/{submission_hash}`), so a flood of fa
 A hard verdict whose measurements lie in the band honest drift produces may be softened to
 `suspected_systemic` by the correlation guard, only after the validator's own self-test fails
 (`validator.guard`); every other hard verdict stands.
+
+Timing hook (for `bench/validator.py`): give the pipeline a `protocol.timing.StageTimer` (`timer=` or the
+`timer` attribute) and it fills exclusive seconds per stage: intake `intake.lookup` (submission hash, ledger
+lookups), `intake.parse` (envelope bytes), `intake.open` (body validation, canonical body, signature
+recovery), `intake.gate` (sender's chain status, rate, replay guard), `intake.assignment`,
+`intake.cheap_checks` (run, version, manifest, tasks, schema), `intake.insert` (ledger row); checks
+`check.ledger` (claim, decide), `check.parse` (stored envelopes), `check.tasks`, `check.rewards` (decode,
+grade), `check.measure` (prompts, batching, padding; the model stages are `toploc.validation.measure`'s
+`measure.*`), `check.verdict` (judging, evidence, feed item), `verdict.seal` (signing verdicts and feed items).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ from protocol.rollout import (
     submission_venue,
 )
 from protocol.seeds import sampling_seed, task_seed, validator_ranking, work_key
+from protocol.timing import StageTimer, stage
 from validator.chainview import CATCHUP_S, ChainView
 from validator.guard import SystemicGuard, drift_band
 from validator.ledger import Decision, Ledger, Row
@@ -164,11 +174,16 @@ class _SenderGate:
         self._bytes: dict[str, tuple[int, int]] = {}
         """node -> (window number, bytes admitted in it); only the current window's nodes are kept."""
         self._lock = threading.Lock()
+        self.timer: StageTimer | None = None
 
     def sized(self, size: int) -> _SizedGate:
         return _SizedGate(self, size)
 
     def check(self, domain: str, signer: str, nonce: int, *, size: int, sent_at: float, expires_at: float) -> None:
+        with stage(self.timer, "intake.gate"):
+            self._check(domain, signer, nonce, size=size, sent_at=sent_at, expires_at=expires_at)
+
+    def _check(self, domain: str, signer: str, nonce: int, *, size: int, sent_at: float, expires_at: float) -> None:
         if not self.chain.node_active_fresh(signer, CATCHUP_S):
             raise NodeInactiveError(f"{signer} is not an active, staked node of this pool")
         mono, f = time.monotonic(), self.flood
@@ -230,6 +245,7 @@ class Pipeline:
     def __init__(
         self, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView, weights: WeightStore,
         *, domain: str, replay_guard: NonceGuard, nonces: NonceCounter, peers: PeerWatch | None = None,
+        timer: StageTimer | None = None,
     ) -> None:
         from toploc.thresholds import ToplocThresholds
 
@@ -256,6 +272,17 @@ class Pipeline:
         self._stats_lock = threading.Lock()
         self.guard = SystemicGuard(self)
         self._holes_below = 0  # versions below this have had their skipped counters counted
+        self._timer: StageTimer | None = None
+        self.timer = timer
+
+    @property
+    def timer(self) -> StageTimer | None:
+        """The stage timer (`protocol.timing`) intake and checks fill, or None (the default: no timing)."""
+        return self._timer
+
+    @timer.setter
+    def timer(self, timer: StageTimer | None) -> None:
+        self._timer = self.gate.timer = timer
 
     # -- small helpers -------------------------------------------------------------------------
 
@@ -288,8 +315,9 @@ class Pipeline:
             run_id=self.run.run_id, work_key=key, node=sub.node, policy_version=sub.policy_version,
             counter=sub.counter, submission_hash=sub_hash, outcome=outcome, reason=reason,
             evidence_hash=bytes.fromhex(evidence_hash[2:]) if evidence_hash else None)
-        env = seal(self.identity, verdict, domain=self.domain, nonce=self.nonces.next(self.domain))
-        return env.to_bytes()
+        with stage(self._timer, "verdict.seal"):
+            env = seal(self.identity, verdict, domain=self.domain, nonce=self.nonces.next(self.domain))
+            return env.to_bytes()
 
     def _decision(self, sub: Submission, envelope_bytes: bytes, outcome: Outcome, reason: Reason, detail: str,
                   measurements: dict[str, Any] | None = None, feed: FeedItem | None = None,
@@ -308,7 +336,9 @@ class Pipeline:
             evidence_hash = _hex(hashlib.sha256(evidence).digest())
         feed_bytes = None
         if feed is not None:
-            feed_bytes = seal(self.identity, feed, domain=self.domain, nonce=self.nonces.next(self.domain)).to_bytes()
+            with stage(self._timer, "verdict.seal"):
+                feed_bytes = seal(self.identity, feed, domain=self.domain,
+                                  nonce=self.nonces.next(self.domain)).to_bytes()
         self.count(f"verdict_{outcome.value}")
         log.info("verdict %s %s node %s v%d #%d: %s%s", outcome.value, reason.value, sub.node, sub.policy_version,
                  sub.counter, detail, f" evidence {evidence_hash}" if evidence_hash else "")
@@ -359,16 +389,19 @@ class Pipeline:
             self.count("refused_oversize")
             return Answer(413, {"error": "oversize", "detail": f"{len(data)} bytes, limit "
                                 f"{self.cfg.max_submission_bytes}"})
-        sub_hash = submission_hash(data)
-        known = self.ledger.by_hash(_hex(sub_hash))
+        timer = self._timer
+        with stage(timer, "intake.lookup"):
+            sub_hash = submission_hash(data)
+            known = self.ledger.by_hash(_hex(sub_hash))
         if known is not None:  # the same bytes again: the same answer, never a second row
             return Answer(200 if known.state != "received" else 202, self.row_status(known))
         envelope: Envelope | None = None
         try:
-            envelope = Envelope.from_bytes(data, max_bytes=self.cfg.max_submission_bytes)
-            body = open_envelope(envelope, domain=self.domain, replay_guard=self.gate.sized(len(data)),
-                                 body_types=[Submission],
-                                 max_age_s=self.cfg.max_age_s)
+            with stage(timer, "intake.parse"):
+                envelope = Envelope.from_bytes(data, max_bytes=self.cfg.max_submission_bytes)
+            with stage(timer, "intake.open"):
+                body = open_envelope(envelope, domain=self.domain, replay_guard=self.gate.sized(len(data)),
+                                     body_types=[Submission], max_age_s=self.cfg.max_age_s)
         except OversizeError as exc:
             return self._refuse(413, exc, None)
         except SignatureError as exc:
@@ -389,19 +422,25 @@ class Pipeline:
             return self._refuse(400, ProtocolError(f"submission names node {body.node}, signed by {envelope.signer}"),
                                 envelope.signer)
         key = _hex(self.work_key(body.node, body.policy_version, body.counter))
-        existing = self.ledger.get(key)
+        with stage(timer, "intake.lookup"):
+            existing = self.ledger.get(key)
         if existing is None:
-            early = self._not_ours_yet(body)
+            with stage(timer, "intake.assignment"):
+                early = self._not_ours_yet(body)
             if early is not None:
                 return early
-            decision = self._cheap_checks(body, data)
-            if decision is None and (out_of_order := self.counter_problem(body)) is not None:
+            with stage(timer, "intake.cheap_checks"):
+                decision = self._cheap_checks(body, data)
+                out_of_order = self.counter_problem(body) if decision is None else None
+            if out_of_order is not None:
                 answer = self._refuse(409, out_of_order, body.node)
                 answer.body.update(outcome=Outcome.REJECTED_SOFT.value, expected_counter=out_of_order.expected)
                 return answer
-            if self.ledger.insert(work_key=key, submission_hash=_hex(sub_hash), node=body.node,
-                                  policy_version=body.policy_version, counter=body.counter, envelope=data,
-                                  decision=decision):
+            with stage(timer, "intake.insert"):
+                inserted = self.ledger.insert(work_key=key, submission_hash=_hex(sub_hash), node=body.node,
+                                              policy_version=body.policy_version, counter=body.counter,
+                                              envelope=data, decision=decision)
+            if inserted:
                 row = self.ledger.get(key)
                 assert row is not None
                 return Answer(202 if decision is None else 200, self.row_status(row))
@@ -552,7 +591,8 @@ class Pipeline:
 
     def check_pending(self, limit: int | None = None) -> int:
         """Check a batch of received rows; returns how many were decided."""
-        rows = self.ledger.claim(limit or self.cfg.checks.batch_submissions)
+        with stage(self._timer, "check.ledger"):
+            rows = self.ledger.claim(limit or self.cfg.checks.batch_submissions)
         by_version: dict[int, list[Row]] = {}
         for row in rows:
             by_version.setdefault(row.policy_version, []).append(row)
@@ -585,13 +625,17 @@ class Pipeline:
                 else:
                     self.ledger.release(row.work_key, str(exc))
             return decided
-        subs = [(row, _parse_stored(row)) for row in rows]
+        timer = self._timer
+        with stage(timer, "check.parse"):
+            subs = [(row, _parse_stored(row)) for row in rows]
         prepared: list[tuple[Row, Submission, list[Task], list[list[float]]]] = []
         decided = 0
         for row, sub in subs:
-            tasks = self.tasks(sub.node, sub.policy_version, sub.counter)
+            with stage(timer, "check.tasks"):
+                tasks = self.tasks(sub.node, sub.policy_version, sub.counter)
             try:
-                rewards = self.rewards(loaded, sub, tasks)
+                with stage(timer, "check.rewards"):
+                    rewards = self.rewards(loaded, sub, tasks)
             except UngradableError as exc:
                 decided += self._ours_failed(row, f"grader: {exc}", Reason.UNGRADABLE)
                 continue
@@ -608,11 +652,15 @@ class Pipeline:
         if not prepared:
             return decided
         try:
-            reports = self.measure(loaded, [(sub, tasks) for _, sub, tasks, _ in prepared])
+            with stage(timer, "check.measure"):
+                reports = self.measure(loaded, [(sub, tasks) for _, sub, tasks, _ in prepared])
         except (ModelError, RuntimeError, MemoryError) as exc:  # the model failing is ours, whatever it raised
             return decided + sum(self._ours_failed(row, f"model stage: {exc}") for row, *_ in prepared)
         for (row, sub, tasks, rewards), sub_reports in zip(prepared, reports, strict=True):
-            self.ledger.decide(row.work_key, self._verdict(loaded, row, sub, tasks, rewards, sub_reports))
+            with stage(timer, "check.verdict"):
+                decision = self._verdict(loaded, row, sub, tasks, rewards, sub_reports)
+            with stage(timer, "check.ledger"):
+                self.ledger.decide(row.work_key, decision)
             decided += 1
         return decided
 
@@ -654,7 +702,7 @@ class Pipeline:
                     n += 1
             shape.append(n)
         reports = measure(loaded, rollouts, params, thresholds or self.thresholds,
-                          batch_tokens=self.cfg.checks.batch_tokens)
+                          batch_tokens=self.cfg.checks.batch_tokens, timer=self._timer)
         out, at = [], 0
         for n in shape:
             out.append(reports[at : at + n])
