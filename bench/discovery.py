@@ -2,6 +2,7 @@
 announcements per second one host takes in, with our signed envelopes and checks against bare gossipsub.
 
     python bench/discovery.py [--quick] [--json PATH] [--sizes 4,8,16] [--rounds 40]
+    python bench/discovery.py --smoke --json out.json   # N = 3, 2 rounds, a 0.5 s rate window (seconds)
 
 Every host is a real py-libp2p host on 127.0.0.1 (all in this process, each in its own trio thread, like the
 tests). The mesh is sparse, not all-to-all: host i dials host i-1 and host i//2 (a line with shortcuts, so the
@@ -272,7 +273,9 @@ def _count_window(count: Callable[[], int], base: int, seconds: float) -> tuple[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and a shorter rate window")
-    ap.add_argument("--sizes", default="4,8,16", help="host counts N for the reach measurement")
+    ap.add_argument("--smoke", action="store_true", help="N = 3, 2 rounds, a 0.5 s rate window: checks the bench "
+                    "in seconds, measures nothing")
+    ap.add_argument("--sizes", default=None, help="host counts N for the reach measurement (default 4,8,16; smoke 3)")
     ap.add_argument("--rounds", type=int, default=None, help="announcements per N (default 60; quick 20)")
     ap.add_argument("--seconds", type=float, default=None, help="rate window (default 10; quick 4)")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -280,9 +283,9 @@ def main() -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    rounds = args.rounds or (20 if args.quick else 60)
-    seconds = args.seconds or (4.0 if args.quick else 10.0)
-    sizes = [int(x) for x in args.sizes.split(",")]
+    rounds = args.rounds or (2 if args.smoke else 20 if args.quick else 60)
+    seconds = args.seconds or (0.5 if args.smoke else 4.0 if args.quick else 10.0)
+    sizes = [int(x) for x in (args.sizes or ("3" if args.smoke else "4,8,16")).split(",")]
     load0 = os.getloadavg()[0]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-discovery-") as tmp:
@@ -290,7 +293,7 @@ def main() -> int:
         reach = {str(n): measure_reach(n, rounds, root) for n in sizes}
         rate = measure_rate(seconds, root)
     result = {
-        "bench": "discovery", "quick": args.quick,
+        "bench": "discovery", "quick": args.quick, "smoke": args.smoke,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version(), "load_avg_start": load0,
                     "load_avg_end": os.getloadavg()[0]},

@@ -5,6 +5,7 @@ timeouts) and through the worker subprocess (what a grader thread pool gets).
 
     python bench/environments_bench.py --json out.json     # ~1 minute
     python bench/environments_bench.py --quick             # ~15 s
+    python bench/environments_bench.py --smoke --json out.json  # every row once, 2 items each (seconds)
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ def _reward_rate(env: environments.Environment, tasks: list[environments.Task]) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (~15 s)")
+    parser.add_argument("--smoke", action="store_true", help="every row once on 2 items (seconds; checks the "
+                        "bench, measures nothing)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
-    n = 20 if args.quick else 100
+    n = 2 if args.smoke else 20 if args.quick else 100
     rows: list[dict[str, Any]] = []
 
     anchor = _rate(lambda: subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True), n)
@@ -102,7 +105,7 @@ def main() -> None:
         ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else ""
         print(f"{row['what']:48s} {row['per_s']:12.1f} {ratio:>10s}")
     if args.json:
-        args.json.write_text(json.dumps({"n": n, "cpus": os.cpu_count(), "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"n": n, "smoke": args.smoke, "cpus": os.cpu_count(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Gas per ComputePool call on a real local anvil, against an ERC-20 transfer as the anchor.
 
-    python bench/gas.py [--json PATH] [--quick]
+    python bench/gas.py [--json PATH] [--quick | --smoke]
+
+`--smoke` (every call once, batches of 2; run by the default test tier so the bench cannot rot) takes
+seconds, like the full run.
 
 Every state-changing function is called through the Python client (locally signed transactions) and
 its receipt's gasUsed recorded; `ratio` is gas / gas of a plain ERC-20 transfer to a fresh address in
@@ -36,8 +39,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write results here")
     parser.add_argument("--quick", action="store_true", help="smaller batches (the run takes seconds either way)")
+    parser.add_argument("--smoke", action="store_true", help="batches of 2 (checks the bench)")
     args = parser.parse_args()
-    batch = 5 if args.quick else 20
+    batch = 2 if args.smoke else 5 if args.quick else 20
     rows: list[dict[str, Any]] = []
 
     def measure(name: str, fn: Any, items: int = 1) -> Receipt:
@@ -138,7 +142,7 @@ def main() -> int:
     result = {
         "bench": "gas", "anchor": "ERC20.transfer to a fresh address", "anchor_gas": anchor.gas_used,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "chain": "anvil 1.7.1 (cancun)", "batch": batch, "rows": rows,
+        "chain": "anvil 1.7.1 (cancun)", "batch": batch, "smoke": args.smoke, "rows": rows,
     }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,6 +1,11 @@
 """TOPLOC benchmark: ours vs the reference toploc 0.1.6 on the same tensors, and validation cost on SmolLM2.
 
     python bench/toploc.py [--quick] [--json PATH] [--threads N] [--skip-model] [--skip-reference]
+    python bench/toploc.py --smoke --json out.json   # 1 chunk, 1 repeat, the tiny model (seconds)
+
+`--smoke` runs every part once on the smallest inputs (part 2 on the tiny random model instead of
+SmolLM2) so a default-tier test keeps the bench from rotting; it runs the reference only if its venv
+already exists (`python bench/toploc_reference.py` makes it) and says so when it skips it.
 
 Part 1 (proof math): build and verify time per 32-token chunk (k=128) for hidden sizes 576, 2048 and
 4096, ours and the reference (run in its own venv, bench/.venvs/toploc-ref, through a subprocess:
@@ -106,20 +111,21 @@ def bench_math(chunks: int, repeats: int, threads: int, reference: bool) -> list
     return rows
 
 
-def bench_model(n_seqs: int, new_tokens: int, batch1_seqs: int, threads: int, repeats: int) -> dict[str, Any]:
+def bench_model(n_seqs: int, new_tokens: int, batch1_seqs: int, threads: int, repeats: int,
+                tiny: bool = False) -> dict[str, Any]:
     import torch
 
     from models import load
     from models.engine import Engine
     from models.forward import prefill
     from models.sampling import SamplingParams
-    from protocol.model_spec import SmolLM2Spec
+    from protocol.model_spec import SmolLM2Spec, TinyModelSpec
     from protocol.seeds import sampling_seed
     from toploc import ToplocThresholds
     from toploc.validation import Rollout, measure, prove
 
     torch.set_num_threads(threads)
-    loaded = load(SmolLM2Spec())
+    loaded = load(TinyModelSpec(seed=0, hidden_size=128) if tiny else SmolLM2Spec())
     engine = Engine(loaded)
     tok = loaded.tokenizer
     questions = [f"Write a short story about the number {i} and a {c}." for i, c in
@@ -178,7 +184,7 @@ def bench_model(n_seqs: int, new_tokens: int, batch1_seqs: int, threads: int, re
 
     verified = sum(len(g.tokens) for g in gens)
     out = {
-        "sequences": n_seqs, "new_tokens_max": new_tokens, "generated_tokens": verified,
+        "model": "tiny" if tiny else "smollm2", "sequences": n_seqs, "new_tokens_max": new_tokens, "generated_tokens": verified,
         "prompt_tokens": sum(len(p) for p in prompts),
         "validation_tok_s": verified / val_s, "bare_prefill_tok_s": verified / prefill_s,
         "generate_b16_tok_s": gen16_tokens / gen16_s, "generate_b1_tok_s": gen1_tokens / gen1_s,
@@ -198,16 +204,24 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (both implementations)")
     parser.add_argument("--skip-model", action="store_true", help="skip the SmolLM2 part")
     parser.add_argument("--skip-reference", action="store_true", help="skip the reference venv")
+    parser.add_argument("--smoke", action="store_true", help="every part once on the smallest inputs, the tiny model "
+                        "(seconds; checks the bench, measures nothing)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
-    chunks, repeats = (4, 3) if args.quick else (16, 5)
+    chunks, repeats = (1, 1) if args.smoke else (4, 3) if args.quick else (16, 5)
+    reference = not args.skip_reference
+    if reference and args.smoke and not _reference_module().venv_exists():
+        reference = False
+        print("smoke: skipped the anchor (the reference toploc): its venv bench/.venvs/toploc-ref does not exist "
+              "(`python bench/toploc_reference.py` makes it); ours runs alone", flush=True)
     result: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
                     "python": platform.python_version()},
         "settings": {"decode_batching_size": DBS, "topk": TOPK, "chunks": chunks, "repeats": repeats},
+        "smoke": args.smoke, "reference_ran": reference,
     }
-    rows = bench_math(chunks, repeats, args.threads, not args.skip_reference)
+    rows = bench_math(chunks, repeats, args.threads, reference)
     result["proof_math"] = rows
     print(f"\nTOPLOC per 32-token chunk, k={TOPK}, {chunks} chunks per call, best of {repeats}, {args.threads} thread(s)")
     print(f"{'hidden':>7} {'build ms':>9} {'ref':>8} {'ratio':>6} {'verify ms':>10} {'ref':>8} {'ratio':>6}  bytes==ref")
@@ -217,10 +231,10 @@ def main() -> int:
               f"{r.get('ref_verify_ms', float('nan')):>8.3f} {r.get('verify_ratio', float('nan')):>6.2f}  "
               f"{r.get('byte_identical', '-')}")
     if not args.skip_model:
-        n, new, b1 = (8, 32, 2) if args.quick else (16, 96, 4)
-        m = bench_model(n, new, b1, args.threads, 2 if args.quick else 3)
-        result["smollm2"] = m
-        print(f"\nSmolLM2-135M fp32, {m['sequences']} sequences, {m['generated_tokens']} generated tokens")
+        n, new, b1 = (2, 8, 1) if args.smoke else (8, 32, 2) if args.quick else (16, 96, 4)
+        m = bench_model(n, new, b1, args.threads, 1 if args.smoke else 2 if args.quick else 3, tiny=args.smoke)
+        result["smollm2"] = m  # the key keeps its name in smoke runs (where `model` says "tiny")
+        print(f"\n{'tiny random model' if args.smoke else 'SmolLM2-135M'} fp32, {m['sequences']} sequences, {m['generated_tokens']} generated tokens")
         for k in ("validation_tok_s", "bare_prefill_tok_s", "generate_b1_tok_s", "generate_b16_tok_s"):
             print(f"  {k:<28} {m[k]:10.1f}")
         print(f"  validation time / bare prefill time   {m['validation_over_prefill_time']:.3f}")

@@ -53,6 +53,11 @@ def _python() -> Path:
     return VENV / "bin" / "python"
 
 
+def venv_exists() -> bool:
+    """Whether the reference venv was made (`--smoke` runs the anchor only then, never creating it)."""
+    return _python().exists()
+
+
 def _imports_ok(py: Path) -> bool:
     # Isolated mode and a neutral cwd, or `import toploc` would find this repo's package.
     probe = "import toploc, torch; from toploc import build_proofs_bytes; print(toploc.__version__)"
