@@ -1,6 +1,7 @@
 """Statistics of honest and cheating rollouts against the default TOPLOC thresholds (the margins).
 
     python bench/toploc_margins.py [--quick] [--json PATH] [--model tiny|smollm2|both]
+    python bench/toploc_margins.py --smoke --json out.json   # the tiny model, 2 sequences each (seconds)
 
 For each case prints the worst chunk (max exp_mismatches / mant_err_mean / mant_err_median over all
 chunks of all sequences), the number of sampling mismatches, the largest sampling margin and the
@@ -128,15 +129,19 @@ def run(model_name: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="every case once on 2 sequences of the tiny model "
+                        "(seconds; checks the bench, measures nothing)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--model", choices=["tiny", "smollm2", "both"], default="both")
+    parser.add_argument("--model", choices=["tiny", "smollm2", "both"], default=None,
+                        help="default both; smoke: tiny")
     args = parser.parse_args()
+    args.model = args.model or ("tiny" if args.smoke else "both")
     from toploc import ToplocThresholds
 
     cfg = ToplocThresholds()
     rows: list[dict[str, Any]] = []
     if args.model in ("tiny", "both"):
-        rows += run("tiny", 8 if args.quick else 16, 70)
+        rows += run("tiny", 2 if args.smoke else 8 if args.quick else 16, 40 if args.smoke else 70)
     if args.model in ("smollm2", "both"):
         rows += run("smollm2", 4 if args.quick else 8, 40 if args.quick else 64)
     print(f"defaults: chunk fails if exp_mismatches > {cfg.max_exp_mismatches}, mean > {cfg.max_mant_err_mean}, "
@@ -154,7 +159,7 @@ def main() -> int:
               f"{r['max_sampling_margin']:>10.3g} {r['seqs_termination_violations']:>4}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"thresholds": cfg.model_dump(), "rows": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"thresholds": cfg.model_dump(), "smoke": args.smoke, "rows": rows}, indent=1) + "\n")
     return 0
 
 

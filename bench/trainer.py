@@ -3,6 +3,7 @@ FLOP/s measured in the same run, and packing efficiency (useful tokens / process
 
     python bench/trainer.py --quick --json out.json       # ~1-2 min on 2 CPU cores
     python bench/trainer.py --model smollm2 --steps 4 --seq-len 1024
+    python bench/trainer.py --smoke --json out.json       # the tiny model, 1 small step (seconds)
 
 Packing efficiency is useful tokens over tokens run through the model (rows are cut to their
 micro-batch's longest row, so a half-empty last row costs nothing with micro_batch_rows = 1);
@@ -97,11 +98,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     p.add_argument("--matmul-n", type=int, default=2048)
     p.add_argument("--quick", action="store_true", help="a short run (~1-2 min)")
+    p.add_argument("--smoke", action="store_true", help="the tiny model, one timed step of 2 groups x 2 at seq_len "
+                   "128 (seconds; checks the bench, measures nothing)")
     p.add_argument("--json", type=Path, help="write results here")
     args = p.parse_args()
     if args.quick:
         args.steps, args.seq_len, args.groups, args.group_size = 2, 512, 4, 4
         args.max_completion, args.matmul_n = 120, 1024
+    if args.smoke:
+        args.model, args.steps, args.seq_len, args.groups, args.group_size = "tiny", 1, 128, 2, 2
+        args.max_completion, args.matmul_n = 16, 128
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -155,6 +161,7 @@ def main() -> None:
         "packing_efficiency": tokens / processed if processed else 0.0,
         "row_fill": sum(fills) / len(fills),
         "quick": args.quick,
+        "smoke": args.smoke,
     }
     print(f"{'metric':<24}{'value':>16}")
     for k in ("train_tokens_per_s", "achieved_flops", "matmul_flops", "matmul_fraction", "packing_efficiency",
