@@ -24,6 +24,11 @@ plain_http_s, raw_copy_s, ratios, rounds, cpu_s).
 
     python bench/shardcast.py --quick                  # 256 MiB (8 MiB shards), a few minutes
     python bench/shardcast.py --size-mib 1024 --rounds 3 --json bench/results/shardcast.json
+    python bench/shardcast.py --smoke --json out.json  # 8 MiB, 2 clients, no memory warm-up (seconds)
+
+`--smoke` runs every system once at the smallest size so a default-tier test keeps the bench from rotting;
+it runs the reference (the anchor) only if its venv bench/.venvs/shardcast-ref already exists, says so
+when it skips it, and exits 1 if a system that ran failed.
 """
 
 from __future__ import annotations
@@ -569,6 +574,8 @@ def main() -> int:
     parser.add_argument("--shard-mib", type=int, default=None,
                         help="shard size for ours and the reference (default: size/32, within 4..32 MiB)")
     parser.add_argument("--quick", action="store_true", help="a short run (256 MiB)")
+    parser.add_argument("--smoke", action="store_true", help="8 MiB, 2 clients, no memory warm-up, the reference only "
+                        "if its venv exists (seconds; checks the bench, measures nothing)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--systems", default="ours,reference,plain_http,raw_copy", help="comma-separated subset")
     parser.add_argument("--ref-check-interval", type=int, default=30,
@@ -582,12 +589,19 @@ def main() -> int:
                         help="skip the memory warm-up before each system (see warm_memory: on a VM with free-page "
                              "reporting each system then pays for whatever memory the one before it gave back)")
     args = parser.parse_args()
+    if args.smoke:
+        args.clients, args.cold, args.rounds = 2, True, 1
     CLIENTS = args.clients
     WARM = not args.cold
-    size_mib = args.size_mib or (256 if args.quick else 1024)
+    size_mib = args.size_mib or (8 if args.smoke else 256 if args.quick else 1024)
     timeout = args.timeout or max(120.0, size_mib * 0.6)
-    args.shard_mib = args.shard_mib or max(4, min(32, size_mib // 32))
+    args.shard_mib = args.shard_mib or (2 if args.smoke else max(4, min(32, size_mib // 32)))
     systems = args.systems.split(",")
+    skipped: dict[str, str] = {}
+    if args.smoke and "reference" in systems and not (REF_VENV / "bin" / "python").exists():
+        systems.remove("reference")
+        skipped["reference"] = f"smoke: its venv {REF_VENV.relative_to(ROOT)} does not exist (a full run makes it)"
+        print(f"smoke: skipped the anchor (the reference shardcast): {skipped['reference']}; the others run", flush=True)
 
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="shardcast-bench-"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -655,7 +669,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_at_start": [round(x, 2) for x in load]},
         "cpu_s": cpu,
-        "notes": notes,
+        "notes": notes, "skipped": skipped, "smoke": args.smoke,
     }
     print()
     print(f"{'system':<12}{'seconds':>10}{'GiB/s (all copies)':>22}")
@@ -667,7 +681,7 @@ def main() -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
+    return 1 if args.smoke and notes else 0  # a smoke run is a check: a system that failed fails it
 
 
 if __name__ == "__main__":
