@@ -2,6 +2,7 @@
 
     python bench/learning_recipe.py --quick --json bench/measured/learning_recipe_quick.json   # pipeline check
     python bench/learning_recipe.py --json bench/measured/learning_recipe.json                # the recipe
+    python bench/learning_recipe.py --smoke --json out.json   # the tiny model, one step of each stage (seconds)
 
 The shipped recipe (configs/trainer/reverse-text-smollm2-sft.toml, then
 configs/trainer/reverse-text-smollm2-sft-rl.toml) with the step counts and directories replaced:
@@ -135,11 +136,17 @@ def main() -> None:
     p.add_argument("--work", type=Path, help="keep checkpoints here (default: a temporary directory)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the recipe")
+    p.add_argument("--smoke", action="store_true", help="the tiny model, 1 SFT step, 1 RL step, 2 eval tasks, 1 thread "
+                   "(seconds; checks the bench, measures nothing)")
     p.add_argument("--json", type=Path, help="write results here")
     args = p.parse_args()
     if args.quick:
         args.sft_steps, args.sft_batch, args.rl_steps, args.rl_groups, args.rl_group_size = 4, 8, 2, 2, 4
         args.eval_tasks, args.max_new_tokens = 16, 32
+    if args.smoke:
+        args.model, args.threads = "tiny", 1
+        args.sft_steps, args.sft_batch, args.rl_steps, args.rl_groups, args.rl_group_size = 1, 2, 1, 1, 2
+        args.eval_tasks, args.eval_batch, args.max_new_tokens = 2, 2, 8
     if args.model == "tiny":  # a random model: only the pipeline is being checked, with larger steps
         args.sft_lr, args.rl_lr = args.sft_lr or 3e-3, args.rl_lr or 1e-3
     torch.set_num_threads(args.threads)
@@ -187,6 +194,7 @@ def main() -> None:
         "load_average_after": os.getloadavg(),
         "model": args.model,
         "quick": args.quick,
+        "smoke": args.smoke,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "json"},
         "eval_in_sft_data": sum(q in sft_questions for q in eval_questions),
         "rows": rows,
