@@ -2,6 +2,8 @@
 
     python bench/learning.py --quick --json out.json      # ~6 min on 2 CPU cores (15 steps each)
     python bench/learning.py --json out.json              # ~12 min (40 steps each)
+    python bench/learning.py --smoke --json out.json      # 1 step each, the smallest devnet (1 node, 1 validator,
+                                                          # 1 relay), 2 groups x 4 x 8 tokens: checks the bench
 
 Anchor: `prime-trainer` in local mode (`data.type = "local"`: it generates its own on-policy rollouts,
 staleness 0) with the tiny model on `lowercase`. Measured: `prime-devnet up` with the same model, task,
@@ -49,6 +51,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def local_run(work: Path, steps: int) -> tuple[list[dict[str, Any]], float]:
+    """The anchor: `prime-trainer` in local mode with the recipe (GROUP, TOKENS, GROUPS, LR)."""
     metrics = work / "local.jsonl"
     flags = ["--model.type", "tiny"] + [f for k, v in MODEL.items() if k != "type" for f in (f"--model.{k.replace('_', '-')}", str(v))]
     cmd = [sys.executable, "-m", "trainer.cli", *flags, "--data.type", "local", "--data.env", "lowercase",
@@ -63,10 +66,12 @@ def local_run(work: Path, steps: int) -> tuple[list[dict[str, Any]], float]:
     return _jsonl(metrics), time.monotonic() - t0
 
 
-def devnet_run(work: Path, steps: int, nodes: int) -> tuple[list[dict[str, Any]], float, dict[str, Any], str]:
+def devnet_run(work: Path, steps: int, nodes: int, validators: int = 2,
+               relays: int = 2) -> tuple[list[dict[str, Any]], float, dict[str, Any], str]:
     state = work / "devnet"
     log = (work / "devnet.log").open("w")
     cmd = [sys.executable, "-m", "devnet.cli", "up", "--state-dir", str(state), "--nodes", str(nodes),
+           "--validators", str(validators), "--relays", str(relays),
            "--dashboard-port", "0", "--trainer.max-steps", str(steps), "--trainer.groups-per-step", str(GROUPS),
            "--trainer.lr", str(LR), "--trainer.async-level", "2", "--run.samples-per-task", str(GROUP),
            "--run.max-new-tokens", str(TOKENS), "--summary-interval-s", "5"]
@@ -105,14 +110,20 @@ def main() -> None:
                          "version; more nodes than that over-supply the trainer, whose backlog then makes every "
                          "step train on older work)")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--smoke", action="store_true", help="1 step each on the smallest devnet (1 node, 1 validator, "
+                    "1 relay) with 2 groups x 4 samples x 8 tokens: checks the bench, measures nothing")
     args = ap.parse_args()
-    steps = args.steps or (15 if args.quick else 40)
-    nodes = args.nodes
+    global GROUP, TOKENS, GROUPS
+    if args.smoke:
+        GROUP, TOKENS, GROUPS = 4, 8, 2
+    steps = args.steps or (1 if args.smoke else 15 if args.quick else 40)
+    nodes = 1 if args.smoke else args.nodes
+    small = 1 if args.smoke else 2
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         work = Path(tmp)
         local, local_s = local_run(work, steps)
-        net, net_s, audit, audit_table = devnet_run(work, steps, nodes)
+        net, net_s, audit, audit_table = devnet_run(work, steps, nodes, validators=small, relays=small)
     n = min(len(local), len(net), steps)
     lr_, nr_ = [m["reward_mean"] for m in local[:n]], [m["reward_mean"] for m in net[:n]]
     ls_, ns_ = smooth(lr_), smooth(nr_)
@@ -130,15 +141,18 @@ def main() -> None:
               f"{ratio if ratio is not None else float('nan'):>7.2f} {net[i].get('staleness_mean', 0):>13.2f}")
     last = max(1, n // 3)
     tail_local, tail_net = sum(lr_[-last:]) / last, sum(nr_[-last:]) / last
-    print(f"\nlast {last} steps: local {tail_local:.3f}, network {tail_net:.3f}, ratio {tail_net / tail_local:.2f}; "
+    tail_ratio = tail_net / tail_local if tail_local else None
+    print(f"\nlast {last} steps: local {tail_local:.3f}, network {tail_net:.3f}, ratio "
+          f"{tail_ratio if tail_ratio is not None else float('nan'):.2f}; "
           f"wall: local {local_s:.0f} s, network {net_s:.0f} s (start-up included)")
     print(audit_table)
     result = {
-        "bench": "learning", "quick": args.quick, "steps": n, "samples_per_step": per_step, "nodes": nodes,
+        "bench": "learning", "quick": args.quick, "smoke": args.smoke, "steps": n, "samples_per_step": per_step,
+        "nodes": nodes, "validators": small, "relays": small,
         "recipe": {"model": MODEL, "env": "lowercase", "group_size": GROUP, "max_new_tokens": TOKENS,
                    "groups_per_step": GROUPS, "lr": LR, "network_async_level": 2, "local_async_level": 0},
         "rows": rows, "tail_steps": last, "tail_local_reward": tail_local, "tail_network_reward": tail_net,
-        "tail_ratio": tail_net / tail_local if tail_local else None,
+        "tail_ratio": tail_ratio,
         "local_wall_s": local_s, "network_wall_s": net_s, "audit": audit,
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "torch_threads_per_process": 1, "load_average_before": load_before,
