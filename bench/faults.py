@@ -35,6 +35,8 @@ the faults), so a recovery can be read as "n ordinary intervals".
 
     python bench/faults.py --json bench/measured/faults.json
     python bench/faults.py --quick          # shorter settling, the same four faults
+    python bench/faults.py --smoke --json out.json   # the four faults with the least watching and settling
+                                                     # (a devnet still takes a minute or more to come up)
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class Devnet:
         deadline = time.monotonic() + timeout
         layout = self.state / "devnet.json"
         while not layout.exists():
-            self._alive_or_raise("coming up")
+            self.alive_or_raise("coming up")
             if time.monotonic() > deadline:
                 raise FaultError(f"the devnet did not come up in {timeout:.0f} s; see {self.log}")
             time.sleep(0.5)
@@ -102,7 +104,7 @@ class Devnet:
         dep = Deployment.load(self.layout["deployment"])
         self.pool = PoolClient(connect(self.layout["rpc_url"], timeout=5.0), dep.pool, dev_identity(0))  # reads only
 
-    def _alive_or_raise(self, what: str) -> None:
+    def alive_or_raise(self, what: str) -> None:
         if self.proc.poll() is not None:
             raise FaultError(f"prime-devnet up exited ({self.proc.returncode}) while {what}; see {self.log}")
 
@@ -193,7 +195,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float, net: Devnet, 
     """Seconds until `check()` holds (FaultError after `timeout`)."""
     t0 = time.monotonic()
     while not check():
-        net._alive_or_raise(f"waiting for {what}")
+        net.alive_or_raise(f"waiting for {what}")
         if time.monotonic() - t0 > timeout:
             raise FaultError(f"no {what} within {timeout:.0f} s; logs in {net.state}/logs")
         time.sleep(poll)
@@ -221,7 +223,7 @@ class Timer:
             if time.monotonic() > deadline:
                 missing = sorted(set(events) - set(self.at))
                 raise FaultError(f"after the kill, no {missing} within {timeout:.0f} s; logs in {net.state}/logs")
-            net._alive_or_raise("recovering")
+            net.alive_or_raise("recovering")
             time.sleep(0.2)
 
 
@@ -344,7 +346,7 @@ def cadence(net: Devnet, seconds: float) -> dict[str, Any]:
 
 
 def run(nodes: int, quick: bool, state_root: Path, seed: int = 0, extra: list[str] | None = None,
-        only: list[str] | None = None) -> dict[str, Any]:
+        only: list[str] | None = None, smoke: bool = False) -> dict[str, Any]:
     rng = random.Random(seed)
     timeout = 240.0
     net = Devnet(state_root / "devnet", nodes, extra or [])
@@ -356,7 +358,7 @@ def run(nodes: int, quick: bool, state_root: Path, seed: int = 0, extra: list[st
         wait_for("work accepted from every node", lambda: all(
             net.accepted(node=n["address"]) > 0 for n in net.layout["nodes"]), 600, net)
         res["up_to_first_step_s"] = round(time.monotonic() - t0, 1)
-        res["cadence"] = cadence(net, 20 if quick else 60)
+        res["cadence"] = cadence(net, 5 if smoke else 20 if quick else 60)
         plan = {"relay": lambda: fault_relay(net, timeout), "validator": lambda: fault_validator(net, timeout),
                 "trainer": lambda: fault_trainer(net, timeout, rng), "node": lambda: fault_node(net, timeout, rng)}
         for role in only or ROLES:
@@ -364,7 +366,7 @@ def run(nodes: int, quick: bool, state_root: Path, seed: int = 0, extra: list[st
             r = plan[role]()
             print(f"faults: {r['killed']} ({r['while']}): {r['recovery_s']}", flush=True)
             res["faults"].append({"role": role, **r})
-            time.sleep(2 if quick else 10)  # settle before the next fault
+            time.sleep(1 if smoke else 2 if quick else 10)  # settle before the next fault
         # every node has work accepted after the last fault, then the audit
         marks = {n["address"]: net.accepted(node=n["address"]) for n in net.layout["nodes"]}
         wait_for("work accepted from every node after the faults", lambda: all(
@@ -418,19 +420,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--quick", action="store_true", help="shorter cadence watch and settling")
+    ap.add_argument("--smoke", action="store_true", help="the four faults with a 5 s cadence watch and 1 s settling "
+                    "(checks the bench; the devnet's start-up still takes a minute or more)")
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--only", nargs="+", choices=ROLES, help="these faults only")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--state-root", type=Path, help="keep the devnet's state and logs here (default: a temporary "
                     "directory, removed at the end)")
     args = ap.parse_args(argv)
-    res: dict[str, Any] = {"info": machine(), "quick": args.quick,
+    res: dict[str, Any] = {"info": machine(), "quick": args.quick or args.smoke, "smoke": args.smoke,
                            "command": " ".join(["python", "bench/faults.py", *(argv if argv is not None else sys.argv[1:])])}
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         root = args.state_root or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         try:
-            res.update(run(args.nodes, args.quick, root, args.seed, only=args.only))
+            res.update(run(args.nodes, args.quick or args.smoke, root, args.seed, only=args.only, smoke=args.smoke))
         except FaultError as exc:
             res["error"] = str(exc)
             print(f"faults: {exc}", file=sys.stderr)
