@@ -32,11 +32,13 @@ logger = logging.getLogger(__name__)
 class ModelsEngine(InferenceEngine):
     """The `models/` engine (`type = "cpu"`): CPU, or one CUDA device through `engine.device`."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, *, fast_path: bool | None = None) -> None:
+        """`fast_path`: the engine's decode path (`models.engine.Engine`): None picks the fast path where the
+        model supports it, False forces the generic Hugging Face one (benchmarks compare both)."""
         from models.engine import Engine
 
         self.loaded = loaded
-        self._engine = Engine(loaded)
+        self._engine = Engine(loaded, fast_path=fast_path)
 
     @property
     def tokenizer(self) -> Any:
