@@ -3,8 +3,9 @@ exits 0 and writes JSON with its expected keys, so a rename in a package breaks 
 who runs the benchmark (issue 28: `bench/validator.py` once failed with an AttributeError nobody saw).
 
 One parametrization per program, so a failure names the bench. The two that need a whole devnet for more than
-a few seconds (`faults`, `learning`: a minute or more of start-up on 2 cores) are in the slow tier. Behaviour
-only: no timing is asserted."""
+a few seconds (`faults`, `learning`: a minute or more of start-up on 2 cores) are in the slow tier. The others
+are mostly Python and torch start-up in one process each, so the selected ones start together, two at a time
+(the CI box has 2 cores), and each test waits for its own. Behaviour only: no timing is asserted."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ def _ran(*keys: str) -> Check:
 
 # program -> (top-level JSON keys, a check that the measured side ran, slow?)
 PROGRAMS: dict[str, tuple[set[str], Check, bool]] = {
+    "capacity": ({"smoke", "networks"}, lambda o: len(o["networks"]) == 1, False),
     "discovery": ({"bench", "smoke", "reach", "rate", "machine"},
                   lambda o: o["reach"]["3"]["ours"]["p50_s"] > 0 and o["rate"]["ours"]["msgs_per_s"] > 0, False),
     "environments_bench": ({"n", "smoke", "rows"}, lambda o: len(o["rows"]) > 5, False),
@@ -73,19 +77,71 @@ def test_every_program_has_a_smoke_run_here_and_helpers_are_named() -> None:
     assert set(HELPERS) <= _programs()
 
 
-@pytest.mark.timeout(660)
+TIMEOUT_S = 600
+Result = tuple[int, str, str]
+
+
+class Smoke:
+    """`bench/<name>.py --smoke --json <dir>/out.json` in a subprocess; `run()` returns (exit code, stdout, stderr)."""
+
+    def __init__(self, name: str, work: Path) -> None:
+        self.name, self.work, self.out = name, work, work / "out.json"
+        self.proc: subprocess.Popen[str] | None = None
+        self.stopped = threading.Event()
+
+    def run(self) -> Result:
+        if self.stopped.is_set():
+            return -1, "", "not started: the session ended"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, str(BENCH / f"{self.name}.py"), "--smoke", "--json",
+                                      str(self.out)], cwd=self.work, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        try:
+            stdout, stderr = self.proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            stdout, stderr = self.proc.communicate()
+            stderr += f"\nkilled after {TIMEOUT_S} s"
+        return self.proc.returncode, stdout, stderr
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def started(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Smoke, Future[Result]]]]:
+    """The selected quick programs' smoke runs, started at once two at a time (name -> (run, future))."""
+    selected = [item.callspec.params["name"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_smoke_mode_runs_and_writes_its_json"]
+    runs = {n: Smoke(n, tmp_path_factory.mktemp(n)) for n in selected if not PROGRAMS[n][2]}
+    pool = ThreadPoolExecutor(2, thread_name_prefix="bench-smoke")
+    futures = {n: (r, pool.submit(r.run)) for n, r in runs.items()}
+    yield futures
+    for r in runs.values():
+        r.stop()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if slow else n
                                   for n, (_, _, slow) in PROGRAMS.items()])
-def test_smoke_mode_runs_and_writes_its_json(name: str, tmp_path: Path) -> None:
+def test_smoke_mode_runs_and_writes_its_json(name: str, started: dict[str, tuple[Smoke, Future[Result]]],
+                                             tmp_path: Path) -> None:
     keys, ran, _ = PROGRAMS[name]
-    out = tmp_path / "out.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--smoke", "--json", str(out)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"bench/{name}.py --smoke exited {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
-                                 f"{proc.stderr[-5000:]}"
+    if name in started:
+        smoke, future = started[name]
+        code, stdout, stderr = future.result()
+    else:  # slow (a devnet: never beside another), or not selected when the module started
+        smoke = Smoke(name, tmp_path)
+        code, stdout, stderr = smoke.run()
+    out = smoke.out
+    assert code == 0, f"bench/{name}.py --smoke exited {code}:\n{stdout[-3000:]}\n{stderr[-5000:]}"
     result = json.loads(out.read_text())
     assert keys <= set(result), f"missing keys: {sorted(keys - set(result))}"
     assert result.get("smoke", result.get("info", {}).get("smoke")) is True, "the JSON says it was a smoke run"
     assert ran(result), json.dumps(result)[:3000]
-    assert proc.stdout.strip(), "a benchmark prints its table"
+    assert stdout.strip(), "a benchmark prints its table"
