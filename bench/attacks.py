@@ -23,6 +23,7 @@ generic (Hugging Face) decode paths; any honest submission not accepted is a fal
 
     python bench/attacks.py --json bench/measured/attacks.json       # tiny: 20 trials each, 1,000+ honest
     python bench/attacks.py --quick                                  # 3 trials each, 64 honest (a few minutes)
+    python bench/attacks.py --smoke --json out.json                  # 1 trial each, 1 honest submission
     python bench/attacks.py --model smollm2 --only weight_noise      # the realistic model (slow)
 
 Not a speed benchmark: the table is counts. The anchor is the honest run in the same process (its
@@ -943,7 +944,6 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
     """Honest submissions across batch sizes, thread counts and decode paths; returns the counts."""
     import torch
 
-    from models.engine import Engine
     from node.engines import Completion, InferenceEngine, ModelsEngine, Request
     from node.rollouts import build_submission
 
@@ -987,8 +987,7 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
                                  chain_id=net.chain_id, pool=net.pool)
             except _Collected:
                 pass
-        engine = ModelsEngine(net.loaded)
-        engine._engine = Engine(net.loaded, fast_path=fast)  # the decode path under test (fast or generic HF)
+        engine = ModelsEngine(net.loaded, fast_path=fast)  # the decode path under test (fast or generic HF)
         torch.set_num_threads(threads)
         try:
             completions = engine.generate(recorder.requests, net.run)
@@ -1079,6 +1078,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--quick", action="store_true", help="3 trials each, 64 honest rollouts")
+    parser.add_argument("--smoke", action="store_true", help="1 trial each, one honest submission (checks the bench; "
+                        "a single trial of an attack the tiny model cannot catch by design may pass)")
     parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
     parser.add_argument("--trials", type=int, help="trials per attack (default 20, quick 3)")
     parser.add_argument("--honest", type=int, help="honest rollouts at least (default 1000, quick 64)")
@@ -1093,8 +1094,8 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("validator", "shardcast"):  # a verdict or ban line per attack trial would bury the table
         logging.getLogger(noisy).setLevel(logging.ERROR)
     torch.set_num_threads(1)
-    trials = args.trials or (3 if args.quick else 20)
-    honest = args.honest if args.honest is not None else (64 if args.quick else 1000)
+    trials = args.trials or (1 if args.smoke else 3 if args.quick else 20)
+    honest = args.honest if args.honest is not None else (4 if args.smoke else 64 if args.quick else 1000)
     wanted = set(args.only.split(",")) if args.only else None
     attacks = [a for a in ATTACKS if (wanted is None or a.name in wanted) and not (a.tiny_only and args.model != "tiny")]
     if wanted and len(attacks) != len(wanted):
@@ -1133,7 +1134,7 @@ def main(argv: list[str] | None = None) -> int:
             th = net.thresholds
         finally:
             net.stop()
-    res = {"bench": "attacks", "model": args.model, "quick": args.quick, "threads": 1, "machine": machine(),
+    res = {"bench": "attacks", "model": args.model, "quick": args.quick, "smoke": args.smoke, "threads": 1, "machine": machine(),
            "thresholds": {"max_exp_mismatches": th.max_exp_mismatches, "max_mant_err_mean": th.max_mant_err_mean,
                           "max_mant_err_median": th.max_mant_err_median,
                           "max_sampling_mismatches": th.max_sampling_mismatches,

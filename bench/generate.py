@@ -25,6 +25,7 @@ forces one.
 
     python bench/generate.py --threads 2 --json out.json           # full run (many minutes on AVX2)
     python bench/generate.py --quick                                # a few minutes (1-3 runs a row)
+    python bench/generate.py --smoke --json out.json                # tiny, batch 2, 4 tokens, 1 run (seconds)
 """
 
 from __future__ import annotations
@@ -215,6 +216,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads for both generators")
     ap.add_argument("--quick", action="store_true", help="short run (a few minutes)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny model, batch 2, 4 new tokens, one run per row, both "
+                    "dtypes, 1 thread (seconds; checks the bench, measures nothing)")
     ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of: tiny, smollm2")
     ap.add_argument("--engines", default="models,hf",
@@ -258,6 +261,9 @@ def main() -> int:
         "not show up as slowness of whichever generator it happened to hit)",
     )
     args = ap.parse_args()
+    if args.smoke:
+        args.models, args.batches, args.threads, args.repeats, args.extra_repeats_within = "tiny", "2", 1, 1, 0.0
+        args.max_new = args.max_new or 4
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
@@ -285,7 +291,7 @@ def main() -> int:
             ap.error(f"unknown dtype {dt_name!r}")
     kernel_cache = args.kernel_cache or Path(tempfile.mkdtemp(prefix="prime-kernels-"))
     cpu, simd = cpu_info()
-    rates = {d: matmul_rates(d, 0.5 if args.quick else 2.0) for d in dtypes}
+    rates = {d: matmul_rates(d, 0.05 if args.smoke else 0.5 if args.quick else 2.0) for d in dtypes}
     peaks = {d: max(r["gflops"] for r in rates[d].values()) * 1e9 for d in dtypes}
     info = {
         "machine": platform.processor() or platform.machine(),
@@ -301,6 +307,7 @@ def main() -> int:
         "extra_repeats_within_s": args.extra_repeats_within,
         "kernel": args.kernel,
         "clock": args.clock,
+        "smoke": args.smoke,
         "matmul_gflops": rates,
         "load_average": os.getloadavg(),
     }

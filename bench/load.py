@@ -57,6 +57,7 @@ Bounded: a fixed number of requests and pulls, each phase with a deadline.
     python bench/load.py --json bench/measured/load.json            # 10,000 submissions, 100 pulls
     python bench/load.py --quick --json bench/measured/load_quick.json
     python bench/load.py --quick --only flood                        # the flood alone (~2 min)
+    python bench/load.py --smoke --json out.json   # every part at the smallest size (checks the bench, seconds)
 """
 
 from __future__ import annotations
@@ -902,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (validator and honest generation)")
     ap.add_argument("--only", choices=["validator", "relay", "flood"], help="run one part")
     ap.add_argument("--flood-s", type=float, help="flood time per configuration (default 60; quick 20)")
+    ap.add_argument("--smoke", action="store_true", help="every part at the smallest size: 4 senders, 120 requests, "
+                    "4 honest, 6 pulls of a 1-layer checkpoint, 2 flooding keys for 3 s (checks the bench)")
     args = ap.parse_args(argv)
     vspec = ValidatorLoad(senders=args.senders, threads=args.threads,
                           requests=args.requests or (2_000 if args.quick else 10_000),
@@ -912,8 +915,15 @@ def main(argv: list[str] | None = None) -> int:
         fspec.slash_after_s, fspec.node_bytes_per_window, fspec.max_backlog = 5.0, 256 << 10, 2_000
     if args.quick:
         rspec.ckpt_hidden, rspec.ckpt_layers, rspec.shard_mib = 256, 2, 4
+    if args.smoke:  # the sizes of tests/integration/test_load_bench.py (the flood shorter)
+        vspec = ValidatorLoad(senders=4, requests=120, honest=4, rate=0.5, burst=2, greedy_senders=1, greedy_conns=4,
+                              greedy_share=0.25, anchor_requests=20, decide_timeout_s=60, traffic_timeout_s=60,
+                              threads=args.threads)
+        rspec = RelayLoad(pulls=6, ckpt_vocab=512, ckpt_hidden=64, ckpt_layers=1, shard_mib=1, timeout_s=60)
+        fspec = FloodLoad(keys=2, duration_s=args.flood_s or 3.0, slash_after_s=1.0, node_bytes_per_window=48 << 10,
+                          max_backlog=2000, threads=args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    res: dict[str, Any] = {"info": machine_info(args.threads), "quick": args.quick,
+    res: dict[str, Any] = {"info": machine_info(args.threads), "quick": args.quick, "smoke": args.smoke,
                            "command": " ".join(["python", "bench/load.py", *(argv if argv is not None else sys.argv[1:])])}
     with tempfile.TemporaryDirectory(prefix="load-") as tmp:
         if args.only in (None, "validator"):

@@ -12,6 +12,7 @@ is at most 0.10). The breakdown times each added step on the same work.
 
     python bench/node.py --json out.json     # tiny and SmolLM2 (~5 minutes)
     python bench/node.py --quick             # tiny only (~1 minute)
+    python bench/node.py --smoke --json out.json   # tiny, 1 batch of 2x2 rollouts of 8 tokens (seconds)
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny model only, fewer batches")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 1 batch of 2 tasks x 2 samples x 8 tokens "
+                    "(seconds; checks the bench, measures nothing)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--batches", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1)
@@ -169,17 +172,20 @@ def main() -> int:
     from protocol.run import RunSpec
 
     tiny_run = RunSpec(run_id="bench-node", tasks_per_batch=4, samples_per_task=4, max_new_tokens=64)
+    if args.smoke:
+        tiny_run = RunSpec(run_id="bench-node", tasks_per_batch=2, samples_per_task=2, max_new_tokens=8)
     smol_run = RunSpec(run_id="bench-node", env="reverse-text", tasks_per_batch=2, samples_per_task=4,
                        max_new_tokens=48)
-    cases = [("tiny", TinyModelSpec(hidden_size=128), tiny_run, args.batches or (6 if args.quick else 20))]
-    if not args.quick:
+    cases = [("tiny", TinyModelSpec(hidden_size=128), tiny_run,
+              args.batches or (1 if args.smoke else 6 if args.quick else 20))]
+    if not (args.quick or args.smoke):
         cases.append(("smollm2", SmolLM2Spec(), smol_run, args.batches or 3))
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-node-") as tmp:
         for name, model, run, batches in cases:
             results.append(bench_model(name, model, run, batches, args.threads, args.dtype, Path(tmp) / name))
     out = {"info": {"machine": platform.machine(), "cpu": _cpu(), "cpus": os.cpu_count(), "threads": args.threads,
-                    "load_average": os.getloadavg()}, "results": results}
+                    "load_average": os.getloadavg()}, "smoke": args.smoke, "results": results}
     print(f"{'model':<8} {'batches':>7} {'bare tok/s':>11} {'loop tok/s':>11} {'overhead':>9}  breakdown (s)")
     for r in results:
         print(f"{r['model']:<8} {r['batches']:>7} {r['bare_tok_s']:>11.1f} {r['loop_tok_s']:>11.1f} "

@@ -44,13 +44,22 @@ def _ran(*keys: str) -> Check:
 
 # program -> (top-level JSON keys, a check that the measured side ran, slow?)
 PROGRAMS: dict[str, tuple[set[str], Check, bool]] = {
+    "attacks": ({"bench", "attacks", "honest_rollouts", "false_positives", "on_chain", "smoke"},
+                lambda o: all(r["trials"] == 1 for r in o["attacks"]) and o["honest_submissions"] == 1, False),
     "capacity": ({"smoke", "networks"}, lambda o: len(o["networks"]) == 1, False),
     "discovery": ({"bench", "smoke", "reach", "rate", "machine"},
                   lambda o: o["reach"]["3"]["ours"]["p50_s"] > 0 and o["rate"]["ours"]["msgs_per_s"] > 0, False),
     "environments_bench": ({"n", "smoke", "rows"}, lambda o: len(o["rows"]) > 5, False),
     "gas": ({"bench", "anchor_gas", "rows", "smoke"}, lambda o: all(r["gas"] > 0 for r in o["rows"]), False),
+    "generate": ({"info", "kernels", "results", "ratio_vs_hf"},
+                 lambda o: {(r["dtype"], r["model"], r["batch"]) for r in o["results"]}
+                 == {("float32", "tiny", 2), ("bfloat16", "tiny", 2)}, False),
     "learning_recipe": ({"rows", "ratios", "curves", "smoke"},
                         lambda o: [r["stage"] for r in o["rows"]] == ["base", "sft", "sft+rl", "rl"], False),
+    "load": ({"info", "validator", "relay", "flood", "smoke"},
+             lambda o: o["validator"]["unexpected_answers"] == {} and o["relay"]["completed"] == 6, False),
+    "node": ({"info", "results", "smoke"}, lambda o: [r["model"] for r in o["results"]] == ["tiny"]
+             and o["results"][0]["same_tokens"], False),
     "shardcast": ({"ours_s", "plain_http_s", "raw_copy_s", "ratios", "notes", "skipped", "smoke"},
                   lambda o: not o["notes"] and _ran("ours_s", "plain_http_s", "raw_copy_s")(o), False),
     "toploc": ({"machine", "settings", "proof_math", "smollm2", "smoke", "reference_ran"},
