@@ -4,8 +4,9 @@ who runs the benchmark (issue 28: `bench/validator.py` once failed with an Attri
 
 One parametrization per program, so a failure names the bench. The two that need a whole devnet for more than
 a few seconds (`faults`, `learning`: a minute or more of start-up on 2 cores) are in the slow tier. The others
-are mostly Python and torch start-up in one process each, so the selected ones start together, two at a time
-(the CI box has 2 cores), and each test waits for its own. Behaviour only: no timing is asserted."""
+cost mostly Python, torch and model start-up (~175 CPU-seconds for all of them), so the selected ones start
+together, two at a time (the CI box has 2 cores), and each test waits for its own. Behaviour only: no timing
+is asserted."""
 
 from __future__ import annotations
 
