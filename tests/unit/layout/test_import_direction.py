@@ -109,3 +109,12 @@ def test_rooms_import_in_the_design_direction() -> None:
             if room == "devnet" and other in ROLES:
                 wrong.append(f"devnet {module} imports role {target}")
     assert wrong == []
+
+
+def test_test_file_basenames_are_unique() -> None:
+    """pytest imports test files by basename (rootdir-relative packages are not used here): two files of one
+    name stop the whole collection with 'import file mismatch', so `make test` would run nothing."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1 } == {}
