@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from node.worker import Tally
+from node.worker import WAIT_REASONS, Tally
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,12 @@ class _TallyCollector(Collector):
         for state in ("starting", "working", "waiting", "stopped", "failed"):
             up.add_metric([state], 1.0 if t.state == state else 0.0)
         yield up
+        waiting = GaugeMetricFamily("prime_node_waiting_seconds", "How long the loop has waited, by what it waits "
+                                    "for (0 for the reasons it does not wait for now)", labels=["reason"])
+        for reason in WAIT_REASONS:
+            now = t.state == "waiting" and t.reason == reason and t.waiting_since is not None
+            waiting.add_metric([reason], time.time() - t.waiting_since if now and t.waiting_since else 0.0)
+        yield waiting
         started = GaugeMetricFamily("prime_node_version_started_timestamp_seconds",
                                     "Unix time the first batch of each policy version began", labels=["version"])
         for version, at in sorted(t.version_started_at.items()):
@@ -65,7 +71,10 @@ def health(t: Tally, pending: int, records: dict[str, int] | None = None,
     compares `submitted + decided` with the rows the validators hold for this node)."""
     alive = t.state not in ("stopped", "failed")
     return (200 if alive else 503), {"node": node, "records": records,
-        "status": "ok" if alive else t.state, "state": t.state, "detail": t.detail, "policy_version": t.version,
+        "status": "ok" if alive else t.state, "state": t.state, "detail": t.detail,
+        "waiting_for": t.reason if t.state == "waiting" else None,
+        "waiting_s": None if t.waiting_since is None or t.state != "waiting" else round(time.time() - t.waiting_since, 1),
+        "policy_version": t.version,
         "batches": t.batches, "accepted": t.accepted, "rejected": dict(t.rejected), "pending": pending,
         "last_batch_age_s": None if t.last_batch_at is None else round(time.time() - t.last_batch_at, 1),
     }

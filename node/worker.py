@@ -180,6 +180,12 @@ MAX_VERDICT_BYTES = 64 << 10
 VERDICT_AGE_S = 365 * 24 * 3600.0
 """A verdict is a record polled long after it was signed: its age is not the point (its work key is)."""
 
+WAIT_REASONS = ("version", "validator", "verdicts", "assignments", "grader")
+"""What the loop can wait for: a usable policy version (chain, relays, weights), a validator that takes its
+work, verdicts on what it sent (`max_pending`), the next version once its assignments are done, its own grader."""
+SAY_AGAIN_S = 60.0
+"""A wait that lasts is logged again this often."""
+
 VERSIONS_KEPT = 64
 """Versions whose start time the tally keeps (and /metrics exports)."""
 
@@ -197,8 +203,12 @@ class Tally:
     """The policy version of the last batch."""
     state: str = "starting"
     """starting | working | waiting | stopped | failed"""
+    reason: str = ""
+    """What the loop waits for while `state` is waiting: one of `WAIT_REASONS`."""
     detail: str = ""
-    """Why the loop waits or stopped."""
+    """Why the loop waits or stopped, in words."""
+    waiting_since: float | None = None
+    """time.time() at which the current wait began."""
     last_batch_at: float | None = None
     """time.time() of the last batch generated."""
     submit_failures: int = 0
@@ -223,19 +233,28 @@ class Worker:
         self.node = identity.address
         self.tally = Tally()
         self._stop = threading.Event()
-        self._said = ""
+        self._said_at = -float("inf")
         self._down_until: dict[str, float] = {}
         self._closed: dict[int, str] = {}  # versions our validator takes no more of our work at: why
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _say_once(self, message: str) -> None:
-        """Log a waiting reason once, not every poll (an operator reads these at 3 a.m.)."""
-        self.tally.state, self.tally.detail = "waiting", message
-        if message != self._said:
-            logger.info("%s", message)
-            self._said = message
+    def _wait(self, reason: str, message: str, seconds: float) -> None:
+        """Wait `seconds` for `reason` (one of `WAIT_REASONS`): said at once in one log line and in `/health`
+        (`state` waiting, `reason`, `detail`), and again every `SAY_AGAIN_S` while the same wait lasts, never
+        once per poll (an operator reads these at 3 a.m.)."""
+        now = time.monotonic()
+        t = self.tally
+        if (t.state, t.reason, t.detail) != ("waiting", reason, message):
+            t.waiting_since = time.time()
+            self._said_at = -float("inf")
+        t.state, t.reason, t.detail = "waiting", reason, message
+        if now - self._said_at >= SAY_AGAIN_S:
+            since = time.time() - (t.waiting_since or time.time())
+            logger.warning("waiting (%s%s): %s", reason, f", for {since:.0f} s" if since >= 1 else "", message)
+            self._said_at = now
+        self._stop.wait(seconds)
 
     @property
     def stopping(self) -> bool:
@@ -250,41 +269,44 @@ class Worker:
                 self.poll_pending()
                 polled = time.monotonic()
             if not self.resend_unsent():  # a validator is down: keep the work, make no more
-                self._stop.wait(self.cfg.submit.max_backoff_s)
+                unsent = sum(r.state == "signed" for r in self.protection.unfinished(self.run.run_id, self.node))
+                self._wait("validator", f"{unsent} signed submissions wait for a validator to take them "
+                           f"(tried: {', '.join(self.validators.urls)}); no new work until they are out",
+                           self.cfg.submit.max_backoff_s)
                 continue
             if not self.validators.announced:
                 self.validators.refresh()
             if not self.validators.announced:  # nobody to send work to: generate none
-                logger.warning("no validator reachable (%s); waiting", ", ".join(self.validators.urls))
-                self._stop.wait(self.cfg.submit.max_backoff_s)
+                self._wait("validator", f"no validator reachable ({', '.join(self.validators.urls) or 'none known'})",
+                           self.cfg.submit.max_backoff_s)
                 continue
-            if len(self.pending()) >= self.cfg.submit.max_pending:
-                self._stop.wait(0.2)
+            pending = len(self.pending())
+            if pending >= self.cfg.submit.max_pending:
+                self._wait("verdicts", f"{pending} submissions await their verdicts (max_pending "
+                           f"{self.cfg.submit.max_pending})", 0.2)
                 continue
             try:
                 policy = self.weights.select()
             except Waiting as exc:
-                self._say_once(f"waiting: {exc}")
-                self._stop.wait(self.cfg.chain.poll_s)
+                self._wait("version", str(exc), self.cfg.chain.poll_s)
                 continue
             version, manifest = policy.version, policy.manifest_hash
             if version in self._closed:
-                self._say_once(f"waiting for the next version: {self._closed[version]}")
-                self._stop.wait(self.cfg.chain.poll_s)
+                self._wait("version", f"v{version} takes no more of our work ({self._closed[version]}); waiting for "
+                           f"the next version", self.cfg.chain.poll_s)
                 continue
             counter = self.protection.next_counter(self.run.run_id, self.node, version)
             if counter >= self.run.max_batches_per_version:
-                logger.info("all %d assignments at v%d done; waiting for the next version", counter, version)
-                self._stop.wait(self.cfg.chain.poll_s)
+                self._wait("assignments", f"all {counter} assignments at v{version} done "
+                           f"(max_batches_per_version); waiting for the next version", self.cfg.chain.poll_s)
                 continue
             started = time.monotonic()
             try:
                 sub = build_submission(policy.engine, self.run, self.node, version, counter, manifest,
                                        chain_id=self.chain_id, pool=self.pool)
             except UngradableError as exc:  # our grader failed: a guessed reward would be a slashable lie
-                logger.warning("v%d #%d: could not grade locally (%s); nothing signed, retrying later", version,
-                               counter, exc)
-                self._stop.wait(self.cfg.chain.poll_s)
+                self._wait("grader", f"v{version} #{counter}: could not grade locally ({exc}); nothing signed, "
+                           f"retrying", self.cfg.chain.poll_s)
                 continue
             elapsed = time.monotonic() - started
             self.tally.batches += 1
@@ -295,7 +317,8 @@ class Worker:
                 self.tally.version_started_at[version] = self.tally.last_batch_at - elapsed
                 for old in sorted(self.tally.version_started_at)[:-VERSIONS_KEPT]:
                     del self.tally.version_started_at[old]
-            self.tally.state, self.tally.detail, self._said = "working", "", ""
+            self.tally.state, self.tally.reason, self.tally.detail = "working", "", ""
+            self.tally.waiting_since, self._said_at = None, -float("inf")
             answer = self.submit(sub)
             logger.info("v%d #%d: %d tokens in %.1f s (%.1f tok/s) -> %s; accepted %d, rejected %d, pending %d",
                         version, counter, sub.n_tokens(), elapsed, sub.n_tokens() / max(elapsed, 1e-9),
