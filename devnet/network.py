@@ -219,8 +219,8 @@ class Network:
                   str(deployment), "--trainer", trainer_addr, "--fund-rewards", str(10**27)]
         for a in validator_addrs:
             deploy += ["--validator", a]
-        for a in node_addrs:
-            deploy += ["--mint", f"{a}={10**20}"]
+        for a in node_addrs + [dev_address(acc.node(cfg.nodes + i)) for i in range(cfg.spare_nodes)]:
+            deploy += ["--mint", f"{a}={10**20}"]  # spare nodes stake when they join
         self.table.run("deploy", deploy)
         dep = json.loads(deployment.read_text())
 
