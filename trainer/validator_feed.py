@@ -62,6 +62,8 @@ from trainer.source import Batch, DataStarvedError, Fill, Group, RolloutSource, 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+SLOW_FEED_S = 1.0
+"""How long one poll waits for every validator's answer; a slower one's page is taken at a later poll."""
 
 
 class FeedError(ProtocolError):
@@ -307,8 +309,9 @@ class ValidatorFeedSource(RolloutSource):
     # -- fetching ---------------------------------------------------------------------------------
 
     def _poll(self, batch: Batch, wait_s: float = 0.0) -> bool:
-        """A page from every validator that answers within `wait_s`; True if any had new items (then poll
-        again at once).
+        """A page from every validator that answers within `wait_s` (at least SLOW_FEED_S: healthy validators
+        are then read in their configured order, which decides who a duplicate is taken from); True if any
+        had new items (then poll again at once).
 
         Each validator's request runs on its own thread, at most one in flight per validator: one that hangs
         (accepts and never answers, or a byte a minute) keeps its request pending, up to `request_timeout_s`,
@@ -318,7 +321,7 @@ class ValidatorFeedSource(RolloutSource):
             if i not in self._inflight:
                 self._inflight[i] = (feed.fetched, self._pool.submit(self._page, feed, feed.fetched))
         futures = [f for _, f in self._inflight.values()]
-        concurrent.futures.wait(futures, timeout=wait_s, return_when=concurrent.futures.ALL_COMPLETED)
+        concurrent.futures.wait(futures, timeout=max(wait_s, SLOW_FEED_S), return_when=concurrent.futures.ALL_COMPLETED)
         got = False
         for i, feed in enumerate(self.feeds):
             after, future = self._inflight[i]
