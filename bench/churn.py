@@ -69,13 +69,13 @@ def ratios(steady: dict[str, Any], churn: dict[str, Any]) -> dict[str, float | N
 class Run:
     """One devnet in this process, with read-only probes."""
 
-    def __init__(self, state: Path, churn: bool, fill_timeout_s: float) -> None:
+    def __init__(self, state: Path, churn: bool, fill_timeout_s: float, extra: list[str] | None = None) -> None:
         from devnet.config import load_config
         from devnet.network import Network
 
         argv = ["--state-dir", str(state), "--nodes", "3", "--validators", "1", "--relays", "1",
                 "--spare-nodes", "1" if churn else "0", "--dashboard-port", "0",
-                "--trainer.fill-timeout-s", str(fill_timeout_s)]
+                "--trainer.fill-timeout-s", str(fill_timeout_s), *(extra or [])]
         self.net = Network(load_config(argv))
         self.state = state
 
