@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import sqlite3
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ import httpx
 
 from devnet.network import Layout
 from protocol.deadline import PeerTimeoutError, bounded_request
-from protocol.errors import PrimeError
+from protocol.identity import checksum
 
 log = logging.getLogger(__name__)
 
@@ -263,20 +264,23 @@ def _nodes(http: httpx.Client, layout: Layout) -> dict[str, dict[str, Any] | Non
 
 
 def _records_on_disk(layout: Layout, node: dict[str, str]) -> dict[str, Any] | None:
-    """A node that does not answer (killed for good, stopped): its slashing-protection record read from its
-    state directory, so a dead node's work is still accounted for (issue 26 item 2); None without one."""
-    from node.commands import PROTECTION_DB
-    from node.protection import SlashingProtection
-
-    path = Path(layout.state_dir) / node["name"] / PROTECTION_DB
+    """A node that does not answer (killed for good, stopped): its slashing-protection record read, read-only,
+    from its state directory (`node/protection.py`'s `signed` table, what its /health `records` counts), so a
+    dead node's work is still accounted for (issue 26 item 2); None without one. SQL rather than an import:
+    the devnet does not import the node role (DESIGN.md)."""
+    path = Path(layout.state_dir) / node["name"] / "protection.sqlite"
     if not path.exists():
         return None
     try:
-        with SlashingProtection(path) as db:
-            return db.counts(str(layout.run["run_id"]), node["address"])
-    except (PrimeError, OSError, sqlite3.Error) as exc:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+            rows = db.execute("SELECT state, COUNT(*) FROM signed WHERE run_id=? AND node=? GROUP BY state",
+                              (str(layout.run["run_id"]), checksum(node["address"]))).fetchall()
+    except sqlite3.Error as exc:
         log.warning("%s: cannot read its record at %s: %s", node["name"], path, exc)
         return None
+    out = {"signed": 0, "submitted": 0, "decided": 0}
+    out.update({str(state): int(n) for state, n in rows})
+    return out
 
 
 def _events(watch: Any, to_block: int) -> list[dict[str, Any]]:
