@@ -99,7 +99,7 @@ def test_work_fails_over_from_a_stopped_validator(
         while httpx.get(backup.url + "/v1/info", timeout=5).json().get("validator_urls", {}).get(first) != proxy.url:
             assert time.monotonic() < deadline, "the backup never identified its peer"
             time.sleep(0.2)
-        key = to_hex(work_key(RUN.run_id, node.address, 1, 0))
+        key = to_hex(published.work_key(RUN.run_id, node.address, 1, 0))
         cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [proxy.url, backup.url], run=RUN,
                           model=TINY, submit={"attempts": 6, "backoff_s": 0.5, "max_backoff_s": 2.0, "timeout_s": 20.0,
                                               "probe_timeout_s": 2.0, "decide_timeout_s": 120})
