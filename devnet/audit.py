@@ -7,7 +7,8 @@ The accounting lives in the roles; this module only reads it and compares:
 - the trainer's work ledger (`work_ledger`, JSON lines): which work keys each step trained or dropped,
   its feed cursors and what it still holds queued;
 - nodes, `GET /health` `records`: the slashing-protection record (posted = submitted + decided; signed
-  but not yet taken by any validator = `signed`);
+  but not yet taken by any validator = `signed`); a node that does not answer (killed for good) is read
+  from the record in its state directory instead;
 - the chain: `WorkRecorded`, `WorkInvalidated`, `StakeSlashed`, `WorkRestored` (an overturned appeal),
   `RewardsClaimed` events, `rewardsReserved`, `rewardPerUnit`.
 
@@ -30,6 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import sqlite3
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,10 @@ from typing import Any
 import httpx
 
 from devnet.network import Layout
+from protocol.deadline import PeerTimeoutError, bounded_request
+from protocol.identity import checksum
+
+log = logging.getLogger(__name__)
 
 ZERO32 = "0x" + "00" * 32
 
@@ -248,11 +256,31 @@ def _nodes(http: httpx.Client, layout: Layout) -> dict[str, dict[str, Any] | Non
     nodes: dict[str, dict[str, Any] | None] = {}
     for n in layout.nodes:
         try:
-            body = http.get(n["url"] + "/health").json()
+            body = bounded_request(http, "GET", n["url"] + "/health", 5.0).json()
             nodes[n["address"]] = body.get("records") if isinstance(body, dict) else None
-        except (httpx.HTTPError, ValueError):
-            nodes[n["address"]] = None
+        except (httpx.HTTPError, ValueError, PeerTimeoutError):
+            nodes[n["address"]] = _records_on_disk(layout, n)
     return nodes
+
+
+def _records_on_disk(layout: Layout, node: dict[str, str]) -> dict[str, Any] | None:
+    """A node that does not answer (killed for good, stopped): its slashing-protection record read, read-only,
+    from its state directory (`node/protection.py`'s `signed` table, what its /health `records` counts), so a
+    dead node's work is still accounted for (issue 26 item 2); None without one. SQL rather than an import:
+    the devnet does not import the node role (DESIGN.md)."""
+    path = Path(layout.state_dir) / node["name"] / "protection.sqlite"
+    if not path.exists():
+        return None
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+            rows = db.execute("SELECT state, COUNT(*) FROM signed WHERE run_id=? AND node=? GROUP BY state",
+                              (str(layout.run["run_id"]), checksum(node["address"]))).fetchall()
+    except sqlite3.Error as exc:
+        log.warning("%s: cannot read its record at %s: %s", node["name"], path, exc)
+        return None
+    out = {"signed": 0, "submitted": 0, "decided": 0}
+    out.update({str(state): int(n) for state, n in rows})
+    return out
 
 
 def _events(watch: Any, to_block: int) -> list[dict[str, Any]]:

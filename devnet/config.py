@@ -28,6 +28,11 @@ class TrainerSettings(Section):
     """Learning rate; default by model (tiny 0.01, smollm2 2e-6)."""
     async_level: int = Field(2, ge=0)
     """Step n trains on work of policy versions n - async_level .. n (also the run's window)."""
+    fill_timeout_s: float = Field(20.0, gt=0.0)
+    """A step that has waited this long for its groups trains on the fresh ones it has (at least
+    `min_groups_per_step`): a node that died or left costs each step this wait, it does not stall training."""
+    min_groups_per_step: int | None = Field(None, ge=1)
+    """Fewest groups a step trains on after `fill_timeout_s`; default one submission (`run.tasks_per_batch`)."""
     threads: int = Field(1, ge=1)
     """torch threads of the trainer."""
 
@@ -52,8 +57,8 @@ class RunSettings(Section):
     """Assignments each node makes per policy version; default ceil(submissions a trainer step needs / nodes):
     the step's demand and no more, so the trainer trains on fresh work instead of a growing backlog of stale
     work (learning per sample then matches local mode). More gives slack when nodes die, at the price of
-    staleness and of accepted work the trainer drops as stale; with the default a dead node stalls the trainer
-    until it is back (`--restart`)."""
+    staleness and of accepted work the trainer drops as stale; with the default a dead node's share of each step
+    is missing, and the step trains on the rest after `trainer.fill_timeout_s`."""
     run_id: str = Field("devnet", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     """Name of the run (in every seed, work key, manifest and envelope domain)."""
 
@@ -68,6 +73,9 @@ class DevnetConfig(PrimeConfig):
     """tiny: a seeded random model learning `lowercase` in minutes; smollm2: SmolLM2-135M on reverse-text."""
     nodes: int = Field(3, ge=1, le=20)
     """CPU nodes."""
+    spare_nodes: int = Field(0, ge=0, le=20)
+    """Nodes that join later (`Network.add_node`, bench/churn.py): their accounts are funded and their hosts
+    planned at `up`, and nothing of them runs until they join."""
     validators: int = Field(2, ge=1, le=8)
     """Validators (rendezvous assignment between them; each is the other's failover peer)."""
     relays: int = Field(2, ge=1, le=8)

@@ -112,13 +112,13 @@ class Network:
         if cfg.hosts == "netns":
             names = (["chain", "origin"] + [f"relay-{i}" for i in range(cfg.relays)]
                      + [f"validator-{i}" for i in range(cfg.validators)] + ["trainer"]
-                     + [f"node-{i}" for i in range(cfg.nodes)])
+                     + [f"node-{i}" for i in range(cfg.nodes + cfg.spare_nodes)])
             try:
                 self.hosts = plan_hosts(names, tag=state_tag(self.state), subnet=cfg.subnet)
             except ValueError as exc:
                 raise DevnetError(str(exc)) from None
         self.table = ProcessTable(self.state)
-        self.accounts = Accounts(cfg.validators, cfg.nodes)
+        self.accounts = Accounts(cfg.validators, cfg.nodes + cfg.spare_nodes)
         self.model, self.env, self.max_new_tokens, self.lr = model_defaults(cfg)
         self.groups_per_step = cfg.trainer.groups_per_step or cfg.nodes * cfg.run.tasks_per_batch
         per_step = math.ceil(self.groups_per_step / cfg.run.tasks_per_batch)
@@ -130,6 +130,7 @@ class Network:
             "max_batches_per_version": cfg.run.batches_per_version or math.ceil(per_step / cfg.nodes),
         }
         self.layout: Layout | None = None
+        self._node_plan: dict[str, Any] = {}  # what every node config shares (set by `up`)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -218,8 +219,8 @@ class Network:
                   str(deployment), "--trainer", trainer_addr, "--fund-rewards", str(10**27)]
         for a in validator_addrs:
             deploy += ["--validator", a]
-        for a in node_addrs:
-            deploy += ["--mint", f"{a}={10**20}"]
+        for a in node_addrs + [dev_address(acc.node(cfg.nodes + i)) for i in range(cfg.spare_nodes)]:
+            deploy += ["--mint", f"{a}={10**20}"]  # spare nodes stake when they join
         self.table.run("deploy", deploy)
         dep = json.loads(deployment.read_text())
 
@@ -279,7 +280,10 @@ class Network:
             "optim": {"lr": self.lr},
             "loss": {"temperature": 1.0},
             "batch": {"groups_per_step": self.groups_per_step, "seq_len": 256 if cfg.model == "tiny" else 512,
-                      "micro_batch_rows": 8, "async_level": cfg.trainer.async_level},
+                      "micro_batch_rows": 8, "async_level": cfg.trainer.async_level,
+                      "fill_timeout_s": cfg.trainer.fill_timeout_s,
+                      "min_groups_per_step": min(self.groups_per_step,
+                                                 cfg.trainer.min_groups_per_step or cfg.run.tasks_per_batch)},
             "data": {"type": "validators", "urls": v_urls, "addresses": validator_addrs,
                      "chain_id": int(dep["chain_id"]), "pool": dep["pool"], "run_id": cfg.run.run_id,
                      "poll_interval_s": 0.5, "wait_timeout_s": 86400.0},
@@ -298,22 +302,8 @@ class Network:
         self._wait(trainer, lambda: self._http_ok(f"{trainer.url}/metrics"), "/metrics")
 
         # nodes
-        nodes = []
-        for i in range(cfg.nodes):
-            name = f"node-{i}"
-            p = self.port("node")
-            path = self._config(name, {
-                "state_dir": str(self.state / f"node-{i}"), "validators": v_urls,
-                "key": {"key_env": "PRIME_DEVNET_NODE_KEY"},
-                "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 1.0},
-                "engine": {"type": cfg.node_engine, "threads": cfg.node_threads}, "weights": weights,
-                "preflight": {"skip": True}, "monitor": {"host": self.address(name), "port": p},
-                "submit": {"max_pending": 4, "backoff_s": 0.2, "max_backoff_s": 5.0},
-            })
-            nodes.append(self.table.start(
-                name, "node", self.command(name, [PY, "-m", "node.cli", "join", "--config", str(path)]),
-                env={"PRIME_DEVNET_NODE_KEY": dev_key_hex(acc.node(i)), "OMP_NUM_THREADS": "1"},
-                port=p, url=self.url(name, p)))
+        self._node_plan = {"validators": v_urls, "deployment": str(deployment), "rpc_url": rpc, "weights": weights}
+        nodes = [self._start_node(i) for i in range(cfg.nodes)]
         for n in nodes:
             self._wait(n, lambda n=n: self._http_ok(f"{n.url}/health"), "/health")
 
@@ -329,6 +319,37 @@ class Network:
         )
         self.layout.save()
         return self.layout
+
+    def _start_node(self, i: int) -> Entry:
+        cfg, plan, name = self.cfg, self._node_plan, f"node-{i}"
+        p = self.port("node")
+        path = self._config(name, {
+            "state_dir": str(self.state / name), "validators": plan["validators"],
+            "key": {"key_env": "PRIME_DEVNET_NODE_KEY"},
+            "chain": {"deployment": plan["deployment"], "rpc_url": plan["rpc_url"], "poll_s": 1.0},
+            "engine": {"type": cfg.node_engine, "threads": cfg.node_threads}, "weights": plan["weights"],
+            "preflight": {"skip": True}, "monitor": {"host": self.address(name), "port": p},
+            "submit": {"max_pending": 4, "backoff_s": 0.2, "max_backoff_s": 5.0},
+        })
+        return self.table.start(
+            name, "node", self.command(name, [PY, "-m", "node.cli", "join", "--config", str(path)]),
+            env={"PRIME_DEVNET_NODE_KEY": dev_key_hex(self.accounts.node(i)), "OMP_NUM_THREADS": "1"},
+            port=p, url=self.url(name, p))
+
+    def add_node(self) -> dict[str, str]:
+        """Start the next spare node (`spare_nodes`) on the running devnet: it stakes, registers and works
+        like the others; returns its layout entry (also saved to devnet.json)."""
+        if self.layout is None:
+            raise DevnetError("the devnet is not up")
+        i = len(self.layout.nodes)
+        if i >= self.cfg.nodes + self.cfg.spare_nodes:
+            raise DevnetError(f"no spare node left ({self.cfg.spare_nodes} configured: --spare-nodes)")
+        entry = self._start_node(i)
+        self._wait(entry, lambda: self._http_ok(f"{entry.url}/health"), "/health")
+        node = {"name": entry.name, "url": str(entry.url), "address": dev_address(self.accounts.node(i))}
+        self.layout.nodes.append(node)
+        self.layout.save()
+        return node
 
     def stop(self, grace_s: float = 10.0) -> None:
         order = [e.name for role in STOP_ORDER_ROLES for e in self.table.entries.values() if e.role == role]

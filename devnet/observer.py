@@ -2,7 +2,9 @@
 
 Sources: the trainer's metrics JSON lines (step, reward), each node's `/health` (state, policy version,
 batches, verdicts, its slashing-protection record counts), each validator's `/v1/audit` counts, and
-the pool's events. A role that does not answer is shown as such; nothing here raises for a peer's fault.
+the pool's events. A role that does not answer is shown as such; nothing here raises for a peer's fault,
+and nothing waits on one: the roles are read at once, each within a total deadline (a stopped role
+accepts connections and never answers).
 The dashboard (devnet/server.py) serves the same snapshot as JSON.
 """
 
@@ -12,6 +14,7 @@ import json
 import logging
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import httpx
 
 from devnet.network import Layout
 from devnet.processes import ProcessTable
+from protocol.deadline import PeerTimeoutError, bounded_request
 
 log = logging.getLogger(__name__)
 
@@ -84,18 +88,27 @@ class Observer:
 
     def __init__(self, layout: Layout, timeout_s: float = 3.0) -> None:
         self.layout = layout
+        self.timeout_s = timeout_s
         self.http = httpx.Client(timeout=timeout_s)
         self.chain: ChainWatch | None = None
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="observer")
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()
 
     def _get(self, url: str) -> Any:
+        """The JSON `url` answers within `timeout_s` (connect to last byte), else None: a hung role is shown
+        as down, it never holds up the snapshot (issue 26 item 3)."""
         try:
-            r = self.http.get(url)
+            r = bounded_request(self.http, "GET", url, self.timeout_s)
             return r.json() if r.headers.get("content-type", "").startswith("application/json") else None
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, PeerTimeoutError):
             return None
+
+    def _get_all(self, urls: list[str]) -> list[Any]:
+        """`_get` of every url at once: a snapshot costs one timeout however many roles hang."""
+        return list(self._pool.map(self._get, urls))
 
     def snapshot(self) -> dict[str, Any]:
         lay = self.layout
@@ -107,16 +120,16 @@ class Observer:
                         "stale_samples": m.get("stale_samples"), "staleness_mean": m.get("staleness_mean")}
                        for m in metrics],
         }
+        answers = self._get_all([n["url"] + "/health" for n in lay.nodes]
+                                + [v["url"] + "/v1/audit?rows=false" for v in lay.validators])  # counts only
         nodes = []
-        for n in lay.nodes:
-            h = self._get(n["url"] + "/health")
+        for n, h in zip(lay.nodes, answers, strict=False):
             nodes.append({"name": n["name"], "address": n["address"], "up": h is not None,
                           **({k: h.get(k) for k in ("state", "policy_version", "batches", "accepted", "rejected",
                                                      "pending", "records", "detail")} if isinstance(h, dict) else {})})
         validators = []
         verdicts: Counter[str] = Counter()
-        for v in lay.validators:
-            a = self._get(v["url"] + "/v1/audit?rows=false")  # counts only, from the validator's tallies
+        for v, a in zip(lay.validators, answers[len(lay.nodes):], strict=True):
             counts = a.get("counts", {}) if isinstance(a, dict) else {}
             verdicts.update({k: int(c) for k, c in counts.items() if isinstance(c, int)})
             validators.append({"name": v["name"], "address": v["address"], "up": a is not None, "counts": counts})

@@ -251,7 +251,7 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as protection:
             worker = Worker(cfg, node, run, domain, weights, protection, ValidatorDirectory(
                 list(cfg.validators), http, validator_role(pool),
-                learned=gossip.validator_urls if gossip is not None else None),
+                learned=gossip.validator_urls if gossip is not None else None, timeout_s=cfg.submit.probe_timeout_s),
                 is_active=lambda: bool(pool.is_active(node.address)))
             monitor = None
             if cfg.monitor.port is not None:

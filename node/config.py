@@ -105,7 +105,10 @@ class SubmitSettings(Section):
     max_backoff_s: float = Field(30.0, gt=0.0)
     """Cap of one backoff."""
     timeout_s: float = Field(30.0, gt=0.0)
-    """HTTP timeout of one request to a validator."""
+    """Total deadline of one submission to a validator (connect to last byte). A validator that misses it is
+    hung: not retried, marked down for `max_backoff_s`, and the work goes to the next validator."""
+    probe_timeout_s: float = Field(5.0, gt=0.0)
+    """Total deadline of a validator's `/v1/info` and of one verdict poll (cheap reads)."""
     decide_timeout_s: float = Field(300.0, gt=0.0)
     """How long to wait for the verdicts still pending when the node stops."""
     max_pending: int = Field(8, ge=1)

@@ -5,9 +5,12 @@ is signed, so a crash at any point either leaves nothing signed or leaves a reco
 a restart resubmits (same payload, fresh envelope: never a second, different payload). The next
 counter always comes from that record, so a restart never reuses a counter.
 
-Transient failures (connection refused or reset, timeouts, 5xx, 425 and 429, an unparseable answer)
-are retried with exponential backoff and full jitter (tenacity); when the tries run out the work is
-kept and resent later, and no new work is generated until it is out.
+Transient failures (connection refused or reset, 5xx, 425 and 429, an unparseable answer) are retried
+with exponential backoff and full jitter (tenacity); when the tries run out the work is kept and resent
+later, and no new work is generated until it is out. A validator that does not answer within its timeout
+(it accepts connections and hangs, or trickles bytes: every request has a total deadline, not only a
+per-read one) is not retried: it is marked down at once and the work goes to the next validator in the
+ranking (issue 26 item 3), and its `/v1/info` and verdict reads are bounded by `submit.probe_timeout_s`.
 
 Nothing a validator says is believed because it answered (issue 23, item 10):
 
@@ -41,7 +44,7 @@ import httpx
 from tenacity import (
     RetryError,
     Retrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     wait_random_exponential,
 )
@@ -51,6 +54,7 @@ from node.errors import NodeStopped
 from node.protection import SlashingProtection
 from node.rollouts import build_submission
 from node.weights import PolicyWeights, Waiting
+from protocol import deadline
 from protocol.canonical import to_hex
 from protocol.envelope import Envelope, open_envelope, seal
 from protocol.errors import PrimeError, UngradableError
@@ -69,6 +73,18 @@ class Transient(Exception):
     def __init__(self, message: str, retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class Hung(Transient):
+    """The validator did not answer within its deadline: down for now, tried again only after a backoff."""
+
+
+def bounded_request(http: httpx.Client, method: str, url: str, timeout_s: float, **kw: Any) -> httpx.Response:
+    """`protocol.deadline.bounded_request`, its timeout raised as `Hung`."""
+    try:
+        return deadline.bounded_request(http, method, url, timeout_s, **kw)
+    except deadline.PeerTimeoutError as exc:
+        raise Hung(str(exc)) from exc
 
 
 MAX_VALIDATORS = 64
@@ -100,6 +116,8 @@ class ValidatorDirectory:
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
     shunned: dict[str, float] = field(default_factory=dict)
     """URL -> time.monotonic() until which it is not asked (caught lying)."""
+    timeout_s: float = 5.0
+    """Total deadline of one `/v1/info` read (a URL slower than this is not answering, this pass)."""
     refused: Counter[str] = field(default_factory=Counter)
     """Claims not believed, by kind (`no_role`: the address holds no validator role; `taken`: another URL that
     still answers holds it)."""
@@ -128,7 +146,7 @@ class ValidatorDirectory:
             if self.shunned.get(url, 0.0) > now:
                 continue
             try:
-                r = self.http.get(url + "/v1/info")
+                r = bounded_request(self.http, "GET", url + "/v1/info", self.timeout_s)
                 r.raise_for_status()
                 info = r.json()
                 address = checksum(str(info["validator"]))
@@ -404,7 +422,7 @@ class Worker:
         s = self.cfg.submit
         retrying = Retrying(stop=stop_after_attempt(s.attempts), reraise=True,
                             wait=_wait(wait_random_exponential(multiplier=s.backoff_s, max=s.max_backoff_s)),
-                            retry=retry_if_exception_type(Transient))
+                            retry=retry_if_exception(lambda e: isinstance(e, Transient) and not isinstance(e, Hung)))
         for attempt in retrying:
             with attempt:
                 return self._post_once(url, data)
@@ -412,10 +430,9 @@ class Worker:
 
     def _post_once(self, url: str, data: bytes) -> tuple[int, dict[str, Any]]:
         try:
-            r = self.validators.http.post(url + "/v1/submissions", content=data,
-                                          headers={"content-type": "application/octet-stream"},
-                                          timeout=self.cfg.submit.timeout_s)
-        except httpx.TransportError as exc:
+            r = bounded_request(self.validators.http, "POST", url + "/v1/submissions", self.cfg.submit.timeout_s,
+                                content=data, headers={"content-type": "application/octet-stream"})
+        except httpx.HTTPError as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from exc
         if r.status_code >= 500 or r.status_code in (425, 429):
             raise Transient(f"HTTP {r.status_code}", _retry_after(r))
@@ -505,8 +522,13 @@ class Worker:
                 if url is None or self._down_until.get(address, 0.0) > time.monotonic():
                     continue
                 try:
-                    r = self.validators.http.get(f"{url}/v1/submissions/{key}", timeout=self.cfg.submit.timeout_s)
+                    r = bounded_request(self.validators.http, "GET", f"{url}/v1/submissions/{key}",
+                                        self.cfg.submit.probe_timeout_s)
                     body = r.json() if r.status_code == 200 else None
+                except Hung as exc:  # hung: ask no more of it until its backoff ends (the next one may know)
+                    logger.warning("validator %s: verdict poll %s", url, exc)
+                    self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                    continue
                 except (httpx.HTTPError, ValueError) as exc:
                     logger.debug("polling %s at %s: %s", key, url, exc)
                     continue

@@ -71,6 +71,12 @@ class BatchSettings(Section):
     """Packed rows per forward/backward pass (gradient accumulation covers the rest)."""
     async_level: int = Field(1, ge=0)
     """Step n trains only on samples from policy versions >= n - async_level."""
+    fill_timeout_s: float | None = Field(None, gt=0.0)
+    """A step that has waited this long for its groups trains on the fresh ones it has, if they are at least
+    `min_groups_per_step` (a dead or departed node's share is then missing, not waited for). None: wait for
+    all `groups_per_step` (up to the data source's `wait_timeout_s`)."""
+    min_groups_per_step: int | None = Field(None, ge=1)
+    """Fewest groups a step trains on after `fill_timeout_s`; None: `groups_per_step` (no short steps)."""
 
 
 class DirectoryData(Section):

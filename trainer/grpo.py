@@ -61,7 +61,9 @@ class Trainer(TrainLoop):
         cfg = self.cfg
         t0 = time.monotonic()
         step = self.step
-        batch = self.source.next_batch(step, cfg.batch.groups_per_step, cfg.batch.async_level)
+        batch = self.source.next_batch(step, cfg.batch.groups_per_step, cfg.batch.async_level,
+                                       min_groups=cfg.batch.min_groups_per_step,
+                                       fill_timeout_s=cfg.batch.fill_timeout_s)
         t_batch = time.monotonic()
         samples = batch.samples
         rewards = [s.reward for s in samples]

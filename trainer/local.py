@@ -62,7 +62,8 @@ class LocalSource(RolloutSource):
         """Generate with `model` (the trainer's live policy) from now on."""
         self.policy = model
 
-    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+    def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
+                   fill_timeout_s: float | None = None) -> Batch:  # generates its groups: never waits
         t0 = time.monotonic()
         tok = self.loaded.tokenizer
         tasks = self.env.sample(derive_seed("tasks", self.task_seed, step) % (2**63), n_groups)

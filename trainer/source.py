@@ -3,6 +3,11 @@
 A source hands out whole GRPO groups (all samples of one prompt). Step n accepts a group only if every
 sample's policy version is in [n - async_level, n]; older ones are stale (dropped and counted, as a
 validator would soft-reject them), newer ones cannot exist honestly (dropped and counted as `future`).
+
+A step waits a bounded time (issue 26 item 2): it takes `n_groups` as soon as they are there, and once
+`fill_timeout_s` has passed it trains on what it has if that is at least `min_groups`, so a node that died
+or left cannot stall training (its share of the step is simply missing). Below `min_groups` it keeps
+waiting, up to the source's `wait_timeout_s` (then `DataStarvedError`).
 """
 
 from __future__ import annotations
@@ -73,13 +78,41 @@ class Batch:
         return [s for g in self.groups for s in g]
 
 
+@dataclass(frozen=True)
+class Fill:
+    """When a step's wait for groups ends: `n_groups` in hand, or `min_groups` once `fill_deadline` passed."""
+
+    n_groups: int
+    min_groups: int
+    fill_deadline: float
+    """time.monotonic() after which `min_groups` are enough (inf: wait for all `n_groups`)."""
+
+    @classmethod
+    def start(cls, n_groups: int, min_groups: int | None, fill_timeout_s: float | None) -> Fill:
+        low = n_groups if min_groups is None else max(1, min(min_groups, n_groups))
+        deadline = float("inf") if fill_timeout_s is None else time.monotonic() + fill_timeout_s
+        return cls(n_groups, low, deadline)
+
+    def done(self, have: int) -> bool:
+        return have >= self.n_groups or (have >= self.min_groups and time.monotonic() >= self.fill_deadline)
+
+    def wake_in(self, have: int) -> float:
+        """Seconds until `done` could turn true without new groups (inf if only new groups help)."""
+        if have < self.min_groups:
+            return float("inf")
+        return max(0.0, self.fill_deadline - time.monotonic())
+
+
 class RolloutSource(ABC):
     """Supplies groups for step n; its position is checkpointed so a resumed run sees the same data."""
 
     @abstractmethod
-    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+    def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
+                   fill_timeout_s: float | None = None) -> Batch:
         """`n_groups` groups, all inside the async window of `step` (the local source returns fewer
-        when some could not be graded; `counts.ungradable` says how many samples that dropped)."""
+        when some could not be graded; `counts.ungradable` says how many samples that dropped). Sources
+        that wait for the network return as few as `min_groups` (default: all `n_groups`) once they have
+        waited `fill_timeout_s` (default: no such bound), see `Fill`."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -146,8 +179,10 @@ class DirectorySource(RolloutSource):
             self._pending.extend((p.name, idx) for idx in split_groups(rows))
         return rejected
 
-    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+    def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
+                   fill_timeout_s: float | None = None) -> Batch:
         batch = Batch(groups=[])
+        fill = Fill.start(n_groups, min_groups, fill_timeout_s)
         deadline = time.monotonic() + self.wait_timeout_s
         while True:
             batch.counts.rejected_files += self._scan()
@@ -162,14 +197,14 @@ class DirectorySource(RolloutSource):
                     batch.counts.stale += len(group)
                 else:
                     batch.counts.future += len(group)
-            if len(batch.groups) == n_groups:
+            if fill.done(len(batch.groups)):
                 self._evict()
                 return batch
             if time.monotonic() > deadline:
                 raise DataStarvedError(
                     f"step {step}: {len(batch.groups)}/{n_groups} fresh groups after {self.wait_timeout_s:.0f} s"
                 )
-            time.sleep(self.poll_interval_s)
+            time.sleep(min(self.poll_interval_s, fill.wake_in(len(batch.groups))))
 
     def _evict(self) -> None:
         live = {name for name, _ in self._pending}

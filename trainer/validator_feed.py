@@ -19,7 +19,9 @@ first verified listing pins its signer for that URL.
 
 Bounds: a response is read up to `max_response_bytes` (Content-Length checked first, then counted
 while reading, uncompressed bytes only) and within `request_timeout_s`; a page holds at most the
-`limit` asked for. A page refused as too large halves that validator's `limit` (down to 1).
+`limit` asked for. A page refused as too large halves that validator's `limit` (down to 1). Validators
+are read concurrently, one request in flight each: a hung one (accepts, never answers) delays neither the
+others nor the step, and counts as unavailable once its request times out.
 
 De-duplication: the same work (work key) may be served by several validators; it is trained once.
 Keys are remembered with the item that first brought them (url, seq) and its policy version, and
@@ -37,6 +39,7 @@ returned batch moves the position: a step that fails for lack of data puts its g
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import time
@@ -54,11 +57,13 @@ from protocol.identity import checksum
 from protocol.rollout import FeedItem, FeedPage, feed_item_hash
 from protocol.rollout_files import feed_groups
 from trainer.config import ValidatorsData
-from trainer.source import Batch, DataStarvedError, Group, RolloutSource, window_verdict
+from trainer.source import Batch, DataStarvedError, Fill, Group, RolloutSource, window_verdict
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+SLOW_FEED_S = 1.0
+"""How long one poll waits for every validator's answer; a slower one's page is taken at a later poll."""
 
 
 class FeedError(ProtocolError):
@@ -187,6 +192,9 @@ class ValidatorFeedSource(RolloutSource):
         self._buffer: deque[_Queued] = deque()
         self._guard = _AcceptAnyNonce()
         self._http = httpx.Client(timeout=httpx.Timeout(request_timeout_s), follow_redirects=False)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.feeds), thread_name_prefix="feed")
+        self._inflight: dict[int, tuple[int, concurrent.futures.Future[_Page]]] = {}
+        """Feed index -> (the `after` asked, the request): at most one request in flight per validator."""
 
     @classmethod
     def from_config(cls, cfg: ValidatorsData, vocab_size: int | None = None) -> ValidatorFeedSource:
@@ -200,11 +208,13 @@ class ValidatorFeedSource(RolloutSource):
 
     # -- RolloutSource ----------------------------------------------------------------------------
 
-    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+    def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
+                   fill_timeout_s: float | None = None) -> Batch:
         batch = Batch(groups=[])
         popped: list[_Queued] = []
         fresh: dict[str, int] = {}  # fingerprints first trained by this batch (kept only if it is returned)
         dropped = 0  # groups identical to trained ones
+        fill = Fill.start(n_groups, min_groups, fill_timeout_s)
         deadline = time.monotonic() + self.wait_timeout_s
         try:
             while True:
@@ -230,15 +240,16 @@ class ValidatorFeedSource(RolloutSource):
                         batch.counts.stale += len(q.group)
                     elif verdict == "future":
                         batch.counts.future += len(q.group)
-                if len(batch.groups) == n_groups:
+                if fill.done(len(batch.groups)):
                     break
                 if time.monotonic() > deadline:
                     raise DataStarvedError(
                         f"step {step}: {len(batch.groups)}/{n_groups} fresh groups from {len(self.feeds)} "
                         f"validator(s) after {self.wait_timeout_s:.0f} s"
                     )
-                if not self._poll(batch):
-                    time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+                wait = min(self.poll_interval_s, max(0.0, deadline - time.monotonic()), fill.wake_in(len(batch.groups)))
+                if not self._poll(batch, wait):
+                    time.sleep(wait)
         except BaseException:
             batch.work.clear()
             self._buffer.extendleft(reversed(popped))  # nothing of a failed step counts as consumed
@@ -284,6 +295,7 @@ class ValidatorFeedSource(RolloutSource):
         self._groups = {str(k): int(v) for k, v in state.get("groups", {}).items()}  # absent before issue 23
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)  # a hung request ends at its own timeout
         self._http.close()
 
     def cursors(self) -> dict[str, int]:
@@ -296,12 +308,30 @@ class ValidatorFeedSource(RolloutSource):
 
     # -- fetching ---------------------------------------------------------------------------------
 
-    def _poll(self, batch: Batch) -> bool:
-        """One page from every validator; True if any had new items (then poll again at once)."""
+    def _poll(self, batch: Batch, wait_s: float = 0.0) -> bool:
+        """A page from every validator that answers within `wait_s` (at least SLOW_FEED_S: healthy validators
+        are then read in their configured order, which decides who a duplicate is taken from); True if any
+        had new items (then poll again at once).
+
+        Each validator's request runs on its own thread, at most one in flight per validator: one that hangs
+        (accepts and never answers, or a byte a minute) keeps its request pending, up to `request_timeout_s`,
+        while the others are read at every poll; its page, when it comes, is taken at a later poll.
+        """
+        for i, feed in enumerate(self.feeds):
+            if i not in self._inflight:
+                self._inflight[i] = (feed.fetched, self._pool.submit(self._page, feed, feed.fetched))
+        futures = [f for _, f in self._inflight.values()]
+        concurrent.futures.wait(futures, timeout=max(wait_s, SLOW_FEED_S), return_when=concurrent.futures.ALL_COMPLETED)
         got = False
-        for feed in self.feeds:
+        for i, feed in enumerate(self.feeds):
+            after, future = self._inflight[i]
+            if not future.done():
+                continue
+            del self._inflight[i]
+            if after != feed.fetched:  # asked before a resume moved the position: not this position's page
+                continue
             try:
-                page = self._page(feed)
+                page = future.result()
             except FeedUnavailableError as exc:
                 self.stats["unavailable"] += 1
                 self._problem(feed, f"unavailable: {exc}")
@@ -332,8 +362,7 @@ class ValidatorFeedSource(RolloutSource):
         (log.debug if what == feed.last_problem else log.warning)("validator %s: %s", feed.url, what)
         feed.last_problem = what
 
-    def _page(self, feed: _Feed) -> _Page:
-        after = feed.fetched
+    def _page(self, feed: _Feed, after: int) -> _Page:
         data = self._get(feed.url + "/v1/feed", {"after": after, "limit": feed.limit})
         try:
             page = _Page.model_validate(parse_json(data))

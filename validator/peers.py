@@ -3,7 +3,9 @@
 Work is assigned by rendezvous ranking over the announced validator set. When the first-ranked
 validator is down, the next one takes the node's work, but only if *it* cannot reach the first one
 either, for at least `failover_after_s`: a node cannot shop for another validator by claiming its
-assigned one is down. A validator whose URL is unknown here is taken to be up (no failover for it).
+assigned one is down. A validator whose URL is unknown here is taken to be up (no failover for it). A peer that accepts and
+never answers (a stopped process), or trickles bytes, fails its probe at `timeout_s` (a total deadline) and
+counts as down like a dead one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from protocol.deadline import bounded_request
 from protocol.identity import checksum
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ class PeerWatch:
         self.me = checksum(me)
         self.failover_after_s = failover_after_s
         self.peers = [PeerState(u.rstrip("/")) for u in urls]
+        self.timeout_s = timeout_s
         self._http = httpx.Client(timeout=timeout_s)
         self._lock = threading.Lock()
 
@@ -43,7 +47,7 @@ class PeerWatch:
         for peer in self.peers:
             now = time.monotonic()
             try:
-                r = self._http.get(peer.url + "/v1/info")
+                r = bounded_request(self._http, "GET", peer.url + "/v1/info", self.timeout_s)
                 r.raise_for_status()
                 address = checksum(str(r.json()["validator"]))
             except Exception as exc:  # noqa: BLE001 - any failure is "not answering", recorded

@@ -4,6 +4,7 @@ it only once it cannot reach the first one itself (so no node shops for a valida
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,58 @@ def test_work_fails_over_to_the_next_validator_only_when_the_assigned_one_is_dow
         assert worker.tally.batches == 1 and worker.tally.accepted == 2 and worker.tally.submit_failures >= 1
         assert [db.get(RUN.run_id, node.address, 1, c).state for c in (0, 1)] == ["decided", "decided"]  # type: ignore[union-attr]
     assert backup.wait_reported(key)["outcome"] == "accepted"
+
+
+def test_work_fails_over_from_a_stopped_validator(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    """Issue 26 item 3: the assigned validator is SIGSTOPped (here the process its address is reached through:
+    it accepts connections and never answers). The node gives up on it at its submission deadline without
+    retrying it, the next validator's peer watch sees it down within its probe deadline, takes the work over
+    and accepts it. Before, the node tried the hung validator 6 times x `timeout_s` before failing over."""
+    import signal
+    from urllib.parse import urlparse
+
+    from netfixtures import ProxyProcess
+
+    a, b = published.chain.account(VALIDATOR).address, published.chain.account(STRANGER).address
+    published.admin.grant_role("validator", b)
+    node = published.new_node()
+    first, second = validator_ranking(RUN.run_id, node.address, 1, [a, b])
+    account = {a: VALIDATOR, b: STRANGER}
+    assigned = make_validator("first", account=account[first], validators=[a, b])
+    proxy = ProxyProcess(int(urlparse(assigned.url).port or 0))
+    try:
+        backup = make_validator("second", account=account[second], validators=[a, b], peers=[proxy.url],
+                                failover_after_s=1.0)
+        deadline = time.monotonic() + 60
+        while httpx.get(backup.url + "/v1/info", timeout=5).json().get("validator_urls", {}).get(first) != proxy.url:
+            assert time.monotonic() < deadline, "the backup never identified its peer"
+            time.sleep(0.2)
+        key = to_hex(published.work_key(RUN.run_id, node.address, 1, 0))
+        cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [proxy.url, backup.url], run=RUN,
+                          model=TINY, submit={"attempts": 6, "backoff_s": 0.5, "max_backoff_s": 2.0, "timeout_s": 20.0,
+                                              "probe_timeout_s": 2.0, "decide_timeout_s": 120})
+        chain = commands.open_chain(cfg)
+        with httpx.Client(timeout=5) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+            worker = make_worker(cfg, node, chain, db, http, [proxy.url, backup.url])
+            worker.validators.refresh()
+            assert worker.validators.url_of(first) == proxy.url
+            proxy.signal(signal.SIGSTOP)
+            failure: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    worker.run_loop()
+                except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+                    failure.append(exc)
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            row = backup.wait_decided(key, timeout=90)  # the old 6 x 20 s of retries alone would pass this
+            assert row["outcome"] == "accepted", row
+            thread.join(timeout=120)
+            assert not thread.is_alive() and not failure, failure
+            assert worker.tally.accepted == 1 and worker.tally.submit_failures >= 1
+    finally:
+        proxy.signal(signal.SIGCONT)
+        proxy.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from pathlib import Path
 from typing import Any
 
 from devnet.audit import Inputs, reconcile
@@ -153,3 +154,25 @@ def test_work_restored_by_an_overturned_appeal_must_reach_the_trainer() -> None:
     inp.trainer_steps[1]["trained"].remove(k(5))
     resolver["restored"][0]["feed_seq"] = None
     assert failing(reconcile(inp)) == []
+
+
+def test_a_dead_or_hung_node_is_audited_from_its_record_on_disk(tmp_path: Path) -> None:
+    """Issue 26 item 2: a node killed for good (nothing listens) or hung (accepts, never answers) no longer
+    answers /health; the audit reads its slashing-protection record from its state directory instead."""
+    import httpx
+    from netfixtures import free_port, hung_server
+
+    from devnet.audit import _nodes
+    from devnet.network import Layout
+    from node.protection import SlashingProtection
+
+    with SlashingProtection(tmp_path / "node-0" / "protection.sqlite"):
+        pass
+    with hung_server() as hung, httpx.Client(timeout=1.0) as http:
+        layout = Layout(state_dir=str(tmp_path), model="tiny", run={"run_id": "devnet"}, rpc_url="", deployment="",
+                        trainer={}, origin="", relays=[], validators=[],
+                        nodes=[{"name": "node-0", "address": NODE_A, "url": f"http://127.0.0.1:{free_port()}"},
+                               {"name": "node-1", "address": NODE_B, "url": hung}])
+        records = _nodes(http, layout)
+    assert records[NODE_A] is not None and set(records[NODE_A].values()) == {0}
+    assert records[NODE_B] is None  # no record on disk: unreachable, as before

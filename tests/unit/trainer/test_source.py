@@ -121,3 +121,17 @@ def test_kl_to_reference_starts_at_zero_then_grows(tmp_path: Path) -> None:
     assert first["kl"] == pytest.approx(0.0, abs=1e-9)
     assert second["kl"] > 1e-6
     assert first["entropy"] > 0
+
+
+def test_directory_step_trains_on_what_arrived_after_the_fill_timeout(tmp_path: Path) -> None:
+    """Issue 26 item 2: after `fill_timeout_s` a step takes the fresh groups it has, if at least `min_groups`."""
+    write_rollouts(tmp_path / "a.parquet", _groups([0, 3, 3]))
+    src = DirectorySource(tmp_path, poll_interval_s=0.01, wait_timeout_s=0.3)
+    state = src.state_dict()
+    with pytest.raises(DataStarvedError):
+        src.next_batch(step=3, n_groups=4, async_level=1)
+    src.load_state_dict(state)
+    batch = src.next_batch(step=3, n_groups=4, async_level=1, min_groups=2, fill_timeout_s=0.05)
+    assert [g[0].policy_version for g in batch.groups] == [3, 3] and batch.counts.stale == 2
+    with pytest.raises(DataStarvedError):
+        src.next_batch(step=3, n_groups=4, async_level=1, min_groups=1, fill_timeout_s=0.05)

@@ -1,0 +1,35 @@
+"""The devnet's observer never blocks on one peer (issue 26 item 3): roles that accept connections and never
+answer, or trickle a byte at a time, are shown as down within the observer's timeout, read all at once."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from netfixtures import hung_server
+
+from devnet.network import Layout
+from devnet.observer import Observer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_hung_roles_are_shown_down_not_waited_on(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        urls = [stack.enter_context(hung_server(trickle)) for trickle in (None, 0.2, None, 0.2, None)]
+        layout = Layout(state_dir=str(tmp_path), model="tiny", run={}, rpc_url=urls[4],
+                        deployment=str(tmp_path / "missing.json"), trainer={"metrics_file": str(tmp_path / "m.jsonl")},
+                        origin="", relays=[],
+                        validators=[{"name": f"validator-{i}", "address": "0x" + "11" * 20, "url": u}
+                                    for i, u in enumerate(urls[:2])],
+                        nodes=[{"name": f"node-{i}", "address": "0x" + "22" * 20, "url": u}
+                               for i, u in enumerate(urls[2:4])])
+        observer = Observer(layout, timeout_s=1.0)
+        try:
+            snap = observer.snapshot()
+        finally:
+            observer.close()
+    assert [n["up"] for n in snap["nodes"]] == [False, False]
+    assert [v["up"] for v in snap["validators"]] == [False, False]
+    assert snap["chain"]["up"] is False
