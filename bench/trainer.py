@@ -57,7 +57,8 @@ class SyntheticSource(RolloutSource):
         self.vocab, self.group_size, self.max_completion = vocab, group_size, max_completion
         self.rng = random.Random(seed)
 
-    def next_batch(self, step: int, n_groups: int, async_level: int) -> Batch:
+    def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
+                   fill_timeout_s: float | None = None) -> Batch:
         groups = []
         for g in range(n_groups):
             prompt = [self.rng.randrange(3, self.vocab) for _ in range(self.rng.randint(40, 80))]

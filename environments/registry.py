@@ -29,6 +29,16 @@ def register(name: str, version: str, factory: Callable[[], Environment]) -> Non
     versions[version] = factory
 
 
+def unregister(name: str, version: str) -> None:
+    """Remove an environment version added with `register` (a plugin unloading, a test cleaning up after
+    itself); unknown ones are ignored."""
+    with _LOCK:
+        _FACTORIES.get(name, {}).pop(version, None)
+        if name in _FACTORIES and not _FACTORIES[name]:
+            del _FACTORIES[name]
+        _INSTANCES.pop((name, version), None)
+
+
 for _cls in (ReverseText, Arithmetic, MathEnvironment, CodeEnvironment, Lowercase):
     register(_cls.name, _cls.version, _cls)
 

@@ -79,6 +79,14 @@ def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Devnet]:
             yield net
         finally:
             (net or Devnet(state, up, log_path, {}, state)).stop()
+    # the clean stop is checked here, after every test of the module has used the running network (in
+    # whatever order they ran): a failure shows as an error of the last test's teardown
+    assert up.returncode == 0, log_path.read_text()[-3000:]
+    _, entries = ProcessTable.read(state)
+    assert {e.role for e in entries} >= {"chain", "origin", "relay", "validator", "trainer", "node"}
+    assert [e.name for e in entries if e.alive() or e.group_members()] == []
+    tail = log_path.read_text().splitlines()[-1]
+    assert tail == f"prime-devnet: stopped {len(entries)} processes", tail
 
 
 def _ledgers(layout: dict[str, Any]) -> dict[str, Any]:
@@ -153,7 +161,7 @@ def test_dashboard_shows_what_the_ledgers_hold(devnet: Devnet, tmp_path: Path) -
         shutil.copyfile(shot, keep)
 
 
-def test_devnet_trains_accounts_for_every_rollout_and_stops_everything(devnet: Devnet) -> None:
+def test_devnet_trains_and_accounts_for_every_rollout(devnet: Devnet) -> None:
     state, metrics = devnet.state, devnet.metrics
     layout = devnet.layout
 
@@ -174,11 +182,4 @@ def test_devnet_trains_accounts_for_every_rollout_and_stops_everything(devnet: D
     assert "audit: reconciled" in audit.stdout
     status = _devnet("status", "--state-dir", str(state))
     assert status.returncode == 0 and "running" in status.stdout
-
-    devnet.stop()
-    assert devnet.up.returncode == 0, devnet.log.read_text()[-3000:]
-    _, entries = ProcessTable.read(state)
-    assert {e.role for e in entries} >= {"chain", "origin", "relay", "validator", "trainer", "node"}
-    assert [e.name for e in entries if e.alive() or e.group_members()] == []
-    tail = devnet.log.read_text().splitlines()[-1]
-    assert tail == f"prime-devnet: stopped {len(entries)} processes", tail
+    # stopping everything is checked by the module's fixture once both tests are done

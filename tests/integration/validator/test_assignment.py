@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,13 +82,21 @@ class _OneTask(ReverseText):
         return self.task_from("owl bear", "raeb lwo")
 
 
-if "test-one-task" not in registry.names():
-    registry.register(_OneTask.name, _OneTask.version, _OneTask)
-
 ONE_TASK = RUN.model_copy(update={"env": "test-one-task", "tasks_per_batch": 1})
 
 
-def test_a_task_drawn_again_is_sampled_afresh_and_a_cached_answer_is_refused(make_validator, make_node) -> None:
+@pytest.fixture
+def one_task_env() -> Iterator[None]:
+    """`test-one-task` registered for this test only (the registry is process-wide: other tests list it)."""
+    registry.register(_OneTask.name, _OneTask.version, _OneTask)
+    try:
+        yield
+    finally:
+        registry.unregister(_OneTask.name, _OneTask.version)
+
+
+def test_a_task_drawn_again_is_sampled_afresh_and_a_cached_answer_is_refused(make_validator, make_node,
+                                                                               one_task_env) -> None:
     """Item 5: counters 0 and 1 draw the same task; the honest samples differ (the seed binds the counter), and
     counter 0's samples replayed from a cache as counter 1 fail the sampling replay (before: paid twice)."""
     node: SimNode = make_node()

@@ -48,6 +48,9 @@ PROGRAMS: dict[str, tuple[set[str], Check, bool]] = {
     "attacks": ({"bench", "attacks", "honest_rollouts", "false_positives", "on_chain", "smoke"},
                 lambda o: all(r["trials"] == 1 for r in o["attacks"]) and o["honest_submissions"] == 1, False),
     "capacity": ({"smoke", "networks"}, lambda o: len(o["networks"]) == 1, False),
+    # its smoke (the report's arithmetic) also runs in the default tier as tests/unit/bench/test_churn_bench.py
+    "churn": ({"steady", "churn", "ratio"}, lambda o: set(o["ratio"]) >= {"steps_per_min", "reward_per_sample"},
+              True),
     "discovery": ({"bench", "smoke", "reach", "rate", "machine"},
                   lambda o: o["reach"]["3"]["ours"]["p50_s"] > 0 and o["rate"]["ours"]["msgs_per_s"] > 0, False),
     "environments_bench": ({"n", "smoke", "rows"}, lambda o: len(o["rows"]) > 5, False),
