@@ -43,8 +43,10 @@ $(VLLM_VENV)/.installed: pyproject.toml
 # The vLLM engine's tests (conformance through a real validator, hidden states vs the models/ prefill);
 # they live under VLLM_TESTS (collecting the whole suite in .venv-vllm costs ~1.5 min); ARGS replaces it.
 VLLM_TESTS := tests/integration/node
+# VLLM_MARK: which vLLM tests; CI runs `not slow` (the tiny model: SmolLM2 in vLLM takes ~8 min more here)
+VLLM_MARK ?= vllm and not gpu
 test-vllm: setup-vllm
-	VLLM_CONFIGURE_LOGGING=0 $(VLLM_PY) -m pytest -m "vllm and not gpu" $(or $(ARGS),$(VLLM_TESTS))
+	VLLM_CONFIGURE_LOGGING=0 $(VLLM_PY) -m pytest -m "$(VLLM_MARK)" $(or $(ARGS),$(VLLM_TESTS))
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -54,7 +56,7 @@ node_modules/.installed: package.json package-lock.json
 # another's leftovers fails here, not on someone else's machine. The header prints the seed; rerun an
 # order with `.venv/bin/pytest --random-order-seed=N`, or keep file order with `-p no:random_order`.
 test: setup
-	$(PY) -m pytest --random-order
+	$(PY) -m pytest --random-order --durations=20
 
 test-slow: setup
 	$(PY) -m pytest -m "slow and not gpu"
