@@ -191,9 +191,13 @@ class ValidatorConfig(PrimeConfig):
     explicit URLs above (`peers`, weight relays) work without it."""
     max_submission_bytes: int = Field(4 << 20, ge=1024)
     """Submissions larger than this are refused (413) before their body is read."""
-    audit_cache_s: float = Field(2.0, ge=0.0)
+    audit_cache_s: float = Field(0.0, ge=0.0)
     """`GET /v1/audit` with its row listings is built from a scan of the ledger at most this often (requests in
-    between get the same report); `?rows=false` answers the counts from running tallies, never a scan."""
+    between get the same report); scans never run two at a time. 0 (the default): every full audit is fresh,
+    because `prime-devnet audit` reconciles a live network by reading the validators, the trainer and the chain in
+    an order that is only exact with fresh reads (a 2 s old report read after the chain showed fewer accepted rows
+    than the dashboard's tallies). `?rows=false` answers the counts from running tallies, never a scan: that is
+    what dashboards poll."""
     max_age_s: float = Field(600.0, gt=0.0)
     """Envelopes older than this are refused."""
     rate_per_node: float = Field(5.0, gt=0.0)
