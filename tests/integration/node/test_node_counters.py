@@ -4,7 +4,6 @@ stopping or signing counters that validator will not take."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from chainfixtures import Pools
-from test_node_join import make_worker, node_config
+from test_node_join import make_worker, node_config, start_loop
 from validator_harness import MANIFEST_V0, RUN, TINY
 
 from node import commands
@@ -46,14 +45,7 @@ def test_a_node_refused_for_an_earlier_counter_waits_for_the_next_version(
                                          for c in (0, 1)]}]})
         worker = make_worker(cfg, node, chain, db, http, [served.url])
 
-        def run() -> None:
-            try:
-                worker.run_loop()
-            except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
-                failure.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        thread = start_loop(worker, failure)
         try:
             _wait(lambda: (r := db.get(RUN.run_id, node.address, 1, 2)) is not None and r.state == "refused",
                   f"v1 #2 not refused: {failure}")

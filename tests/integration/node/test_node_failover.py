@@ -3,7 +3,6 @@ it only once it cannot reach the first one itself (so no node shops for a valida
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from chainfixtures import STRANGER, VALIDATOR, Pools
-from test_node_join import make_worker, node_config
+from test_node_join import make_worker, node_config, start_loop
 from validator_harness import RUN, TINY
 
 from node import commands
@@ -56,14 +55,7 @@ def test_work_fails_over_to_the_next_validator_only_when_the_assigned_one_is_dow
         worker.validators.by_address[first] = assigned.url
         failure: list[BaseException] = []
 
-        def run() -> None:
-            try:
-                worker.run_loop()
-            except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
-                failure.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        thread = start_loop(worker, failure)
         row = backup.wait_decided(key, timeout=120)
         assert row["outcome"] == "accepted", row
         thread.join(timeout=120)
@@ -111,14 +103,7 @@ def test_work_fails_over_from_a_stopped_validator(
             proxy.signal(signal.SIGSTOP)
             failure: list[BaseException] = []
 
-            def run() -> None:
-                try:
-                    worker.run_loop()
-                except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
-                    failure.append(exc)
-
-            thread = threading.Thread(target=run, daemon=True)
-            thread.start()
+            thread = start_loop(worker, failure)
             row = backup.wait_decided(key, timeout=90)  # the old 6 x 20 s of retries alone would pass this
             assert row["outcome"] == "accepted", row
             thread.join(timeout=120)

@@ -54,6 +54,20 @@ def make_worker(cfg: NodeConfig, node: Any, chain: commands.Chain, db: Any, http
                   is_active=lambda: bool(chain.client(node).is_active(node.address)))
 
 
+def start_loop(worker: Any, failures: list[BaseException]) -> threading.Thread:
+    """The node's work loop in a daemon thread, started; whatever it raises is appended to `failures`."""
+
+    def run() -> None:
+        try:
+            worker.run_loop()
+        except BaseException as exc:  # noqa: BLE001 - recorded for the test's assertions
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.fixture
 def operator_env(published: Pools, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("PRIME_KEYSTORE_PASSWORD", PASSWORD)
@@ -129,14 +143,7 @@ def test_a_validator_that_is_down_does_not_crash_the_node_and_the_work_is_kept(
     db = SlashingProtection(tmp_path / "p.sqlite")
     worker = make_worker(cfg, node, chain, db, http, [dead])
 
-    def run() -> None:
-        try:
-            worker.run_loop()
-        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread = start_loop(worker, failure)
     time.sleep(3)
     assert thread.is_alive() and not failure
     assert worker.tally.batches == 0  # nothing generated without a validator to send it to
@@ -219,14 +226,7 @@ def test_a_validator_that_answers_garbage_hangs_or_fails_does_not_crash_the_node
     with httpx.Client(timeout=5) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
         worker = make_worker(cfg, node, chain, db, http, [url])
 
-        def run() -> None:
-            try:
-                worker.run_loop()
-            except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
-                failure.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        thread = start_loop(worker, failure)
         time.sleep(4)
         assert thread.is_alive() and not failure, failure
         assert worker.tally.batches == 1  # one batch made, kept unsent, no more generated

@@ -5,7 +5,6 @@ silently (/metrics: prime_node_waiting_seconds{reason}). Real anvil, a real vali
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from chainfixtures import Pools
-from test_node_join import make_worker, node_config
+from test_node_join import make_worker, node_config, start_loop
 from validator_harness import RUN
 
 from contracts.policy import PolicyHistory
@@ -37,15 +36,7 @@ def _until(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> 
 @contextmanager
 def running(worker: Any) -> Iterator[list[BaseException]]:
     failures: list[BaseException] = []
-
-    def loop() -> None:
-        try:
-            worker.run_loop()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            failures.append(exc)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
+    thread = start_loop(worker, failures)
     try:
         yield failures
     finally:
