@@ -201,20 +201,36 @@ class Discovery:
         return self.host.call(self._publish_async, topic, make)
 
     async def _publish_async(self, topic: Topic, make: Callable[[], AnnouncedBody]) -> Announcement:
-        """Seal and publish one announcement; raise the reason if our own validator refused it."""
-        body = make()
-        assert self.identity is not None  # checked by _announce before any intent is kept
-        wire = seal(self.identity, body, domain=self.domain, nonce=random_nonce(), now=self.clock()).to_bytes()
-        key = hashlib.sha256(wire).digest()
-        await self.host.publish_async(topic_name(self.domain, topic), wire)
-        refusal = self._own_refusals.pop(key, None)
-        if refusal is not None:
-            raise refusal
-        held = self.board.entries(topic)
-        for ann in held:
-            if ann.wire == wire:
-                return ann
-        raise DiscoveryError(f"our own {topic.value} announcement was not admitted")
+        """Seal and publish one announcement; raise the reason if our own validator refused it.
+
+        libp2p gives up on a validator after `validation_timeout_s` and then drops the message
+        without a word (a busy machine can get there). Our admission goes on in its thread and may
+        still land on the board, so we wait for it that long; if it never lands, we publish a freshly
+        sealed copy once more before calling it an error."""
+        for attempt in (1, 2):
+            body = make()
+            assert self.identity is not None  # checked by _announce before any intent is kept
+            wire = seal(self.identity, body, domain=self.domain, nonce=random_nonce(), now=self.clock()).to_bytes()
+            key = hashlib.sha256(wire).digest()
+            await self.host.publish_async(topic_name(self.domain, topic), wire)
+            deadline = trio.current_time() + self.host.settings.validation_timeout_s
+            while True:
+                refusal = self._own_refusals.pop(key, None)
+                if refusal is not None:
+                    raise refusal
+                for ann in self.board.entries(topic):
+                    if ann.wire == wire:
+                        return ann
+                if trio.current_time() >= deadline:
+                    break
+                await trio.sleep(0.05)
+            log.warning("our own %s announcement was not admitted within %.1f s (try %d of 2)",
+                        topic.value, self.host.settings.validation_timeout_s, attempt)
+        raise DiscoveryError(
+            f"our own {topic.value} announcement was not admitted: our validator did not finish in "
+            f"{self.host.settings.validation_timeout_s} s twice (an overloaded machine?); re-announced every "
+            f"{self.config.reannounce_s} s"
+        )
 
     def _own_addrs(self) -> tuple[str, ...]:
         if self.config.announce_addrs:

@@ -4,16 +4,20 @@ junk dropped and not forwarded, late joiners, a peer killed mid-run, clean shutd
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import threading
 import time
 
 import pytest
-from discovery_harness import DOMAIN, TOPICS, Net, policy_version, spawn_peer, wait_linked, wait_until
+from discovery_harness import DOMAIN, LOOPBACK, TOPICS, Net, policy_version, spawn_peer, wait_linked, wait_until
 
+from discovery.admission import Trust
+from discovery.config import DiscoveryConfig
 from discovery.errors import DiscoveryError, NotBelievedError
 from discovery.messages import PolicyAnnounced, RelayAnnounced, Topic, topic_name
+from discovery.service import Discovery
 from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.nonce import random_nonce
@@ -173,6 +177,29 @@ def test_a_killed_peer_does_not_stall_the_others(net: Net) -> None:
     wait_until(lambda: all(policy_version(h) == 7 for h in hosts), "policy 7 after the kill")
     wait_until(lambda: all(len(h.board.validators()) == 1 for h in hosts), "the validator after the kill")
     wait_until(lambda: info["peer_id"] not in a.peers() and info["peer_id"] not in b.peers(), "the dead peer dropped")
+
+
+def test_own_announcement_outlasting_libp2ps_validation_timeout_is_published_again(net: Net) -> None:
+    # libp2p drops a message without a word when its validator takes longer than the timeout (a
+    # busy machine): the first announcement is lost that way and the caller still gets one admitted.
+    me = Identity.create()
+    calls: list[str] = []
+
+    def slow_first_time(signer: str) -> bool:
+        calls.append(signer)
+        if len(calls) == 1:
+            time.sleep(1.0)
+        return signer == me.address
+
+    disc = Discovery(DiscoveryConfig(enabled=True, listen=[LOOPBACK], target_peers=0, reannounce_s=60.0),
+                     identity=me, domain=DOMAIN, trust=Trust(is_validator=slow_first_time),
+                     state_dir=net.root / "slow", name="slow")
+    net.hosts.append(disc)
+    disc.host.settings = dataclasses.replace(disc.host.settings, validation_timeout_s=0.2)
+    disc.start()
+    ann = disc.announce_validator("http://127.0.0.1:8701")
+    assert len(calls) == 2
+    assert [a.wire for a in disc.board.validators()] == [ann.wire]
 
 
 def test_own_announcement_refused_is_an_error(net: Net) -> None:
