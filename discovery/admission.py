@@ -104,10 +104,17 @@ class Limits:
     @classmethod
     def from_config(cls, config: DiscoveryConfig) -> Limits:
         """The limits a role's `discovery` config section sets."""
-        return cls(max_bytes=config.max_message_bytes, ttl_s=config.ttl_s, max_skew_s=config.max_skew_s,
-                   forwarder_rate=config.forwarder_rate, forwarder_burst=config.forwarder_burst,
-                   origin_rate=config.origin_rate, origin_burst=config.origin_burst,
-                   signer_rate=config.signer_rate, signer_burst=config.signer_burst)
+        return cls(
+            max_bytes=config.max_message_bytes,
+            ttl_s=config.ttl_s,
+            max_skew_s=config.max_skew_s,
+            forwarder_rate=config.forwarder_rate,
+            forwarder_burst=config.forwarder_burst,
+            origin_rate=config.origin_rate,
+            origin_burst=config.origin_burst,
+            signer_rate=config.signer_rate,
+            signer_burst=config.signer_burst,
+        )
 
 
 @dataclass(frozen=True)
@@ -143,7 +150,14 @@ class _Gate:
         self.topic = topic
 
     def check_and_record(
-        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
+        self,
+        domain: str,
+        signer: str,
+        nonce: int,
+        *,
+        sent_at: float,
+        expires_at: float,
+        now: float | None = None,
     ) -> None:
         self.admission.authorize(self.topic, signer)
         self.admission.replay_guard.check_and_record(
@@ -185,8 +199,14 @@ class Admission:
             if not self.trust.is_validator(signer):
                 raise NotBelievedError(f"{signer} does not hold the validator role")
         elif topic is Topic.RELAYS:
-            if signer != self._trainer and not self.trust.is_validator(signer) and not self.trust.relay_signer(signer):
-                raise NotBelievedError(f"{signer} is neither the trainer, a validator nor a staked relay signer")
+            if (
+                signer != self._trainer
+                and not self.trust.is_validator(signer)
+                and not self.trust.relay_signer(signer)
+            ):
+                raise NotBelievedError(
+                    f"{signer} is neither the trainer, a validator nor a staked relay signer"
+                )
 
     def admit(
         self,
@@ -213,7 +233,9 @@ class Admission:
             if named != origin_peer:
                 raise PeerMismatchError(f"announcement names peer {named!r}, published by {origin_peer}")
             if not self.origins.take(origin_peer):
-                raise RateLimitedError(f"peer {origin_peer} publishes faster than {self.limits.origin_rate}/s")
+                raise RateLimitedError(
+                    f"peer {origin_peer} publishes faster than {self.limits.origin_rate}/s"
+                )
         now_s = self.clock() if now is None else now
         opened = open_envelope(
             envelope,

@@ -191,12 +191,7 @@ class AnnouncementBoard:
         now_s = self.clock() if now is None else now
         topics = list(Topic) if topic is None else [topic]
         with self._lock:
-            return [
-                a
-                for t in topics
-                for _, a in sorted(self._entries[t].items())
-                if a.expires_at > now_s
-            ]
+            return [a for t in topics for _, a in sorted(self._entries[t].items()) if a.expires_at > now_s]
 
     def current_policy(self, *, now: float | None = None) -> Announcement | None:
         """The newest live policy announcement (highest version), if any."""
@@ -214,8 +209,9 @@ class AnnouncementBoard:
             return live
         return [a for a in live if isinstance(a.body, RelayAnnounced) and version in a.body.versions]
 
-    def to_json(self, *, now: float | None = None, max_items: int = SERVE_MAX_ITEMS,
-                max_bytes: int = SERVE_MAX_BYTES) -> bytes:
+    def to_json(
+        self, *, now: float | None = None, max_items: int = SERVE_MAX_ITEMS, max_bytes: int = SERVE_MAX_BYTES
+    ) -> bytes:
         """`GET /v1/announcements`: a JSON list of the live signed envelopes, each in canonical form.
 
         Bounded by `max_items` and `max_bytes` (below what `discovery.http` readers accept), whatever the

@@ -71,7 +71,9 @@ class DiscoveryConfig(BaseModel):
     max_per_topic: int = Field(4096, ge=1)
     """Signers remembered per topic on the board."""
 
-    def with_chain_bootstrap(self, read: Callable[[], Sequence[str]], *, source: str = "the pool") -> DiscoveryConfig:
+    def with_chain_bootstrap(
+        self, read: Callable[[], Sequence[str]], *, source: str = "the pool"
+    ) -> DiscoveryConfig:
         """This config, with the bootstrap peers recorded on chain when none are configured (`read` is e.g.
         `PoolClient.bootstrap_peers`). Entries are untrusted: each must be a multiaddr naming its peer
         (`.../p2p/<id>`), at most `MAX_CHAIN_BOOTSTRAP` are kept, the rest are logged and skipped; a chain that
@@ -85,8 +87,11 @@ class DiscoveryConfig(BaseModel):
             return self
         good, bad = usable_bootstrap(entries)
         for entry in bad:
-            log.warning("discovery: skipping bootstrap entry %r from %s (not a multiaddr with /p2p/<id>)",
-                        str(entry)[:80], source)
+            log.warning(
+                "discovery: skipping bootstrap entry %r from %s (not a multiaddr with /p2p/<id>)",
+                str(entry)[:80],
+                source,
+            )
         if good:
             log.info("discovery: %d bootstrap peer(s) from %s", len(good), source)
         return self.model_copy(update={"bootstrap": good})
@@ -107,8 +112,13 @@ def usable_bootstrap(entries: Sequence[object]) -> tuple[list[str], list[object]
     good: list[str] = []
     bad: list[object] = []
     for entry in entries:
-        ok = (isinstance(entry, str) and len(entry) <= 256 and _MULTIADDR.match(entry) is not None
-              and "/p2p/" in entry and len(good) < MAX_CHAIN_BOOTSTRAP)
+        ok = (
+            isinstance(entry, str)
+            and len(entry) <= 256
+            and _MULTIADDR.match(entry) is not None
+            and "/p2p/" in entry
+            and len(good) < MAX_CHAIN_BOOTSTRAP
+        )
         if ok and entry not in good:
             good.append(str(entry))
         elif not ok:

@@ -158,4 +158,3 @@ async def afetch_announcements(
             await http.aclose()
     envelopes = split_announcements(bytes(body))
     return await asyncio.to_thread(ingest, envelopes, admission, board)
-

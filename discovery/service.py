@@ -83,7 +83,11 @@ class Discovery:
         self.domain = domain
         self.clock = clock
         self.admission = Admission(
-            domain=domain, trust=trust, limits=Limits.from_config(config), replay_guard=replay_guard, clock=clock
+            domain=domain,
+            trust=trust,
+            limits=Limits.from_config(config),
+            replay_guard=replay_guard,
+            clock=clock,
         )
         self.board = board or AnnouncementBoard(max_per_topic=config.max_per_topic, clock=clock)
         key_file = config.key_file or Path(state_dir) / KEY_FILE
@@ -180,7 +184,9 @@ class Discovery:
         held = tuple(sorted(set(versions)))
         return self._announce(
             Topic.RELAYS,
-            lambda: RelayAnnounced(peer_id=self.peer_id, addrs=self._own_addrs(), http_url=http_url, versions=held),
+            lambda: RelayAnnounced(
+                peer_id=self.peer_id, addrs=self._own_addrs(), http_url=http_url, versions=held
+            ),
         )
 
     def withdraw(self, topic: Topic) -> None:
@@ -210,7 +216,9 @@ class Discovery:
         for attempt in (1, 2):
             body = make()
             assert self.identity is not None  # checked by _announce before any intent is kept
-            wire = seal(self.identity, body, domain=self.domain, nonce=random_nonce(), now=self.clock()).to_bytes()
+            wire = seal(
+                self.identity, body, domain=self.domain, nonce=random_nonce(), now=self.clock()
+            ).to_bytes()
             key = hashlib.sha256(wire).digest()
             await self.host.publish_async(topic_name(self.domain, topic), wire)
             deadline = trio.current_time() + self.host.settings.validation_timeout_s
@@ -224,8 +232,12 @@ class Discovery:
                 if trio.current_time() >= deadline:
                     break
                 await trio.sleep(0.05)
-            log.warning("our own %s announcement was not admitted within %.1f s (try %d of 2)",
-                        topic.value, self.host.settings.validation_timeout_s, attempt)
+            log.warning(
+                "our own %s announcement was not admitted within %.1f s (try %d of 2)",
+                topic.value,
+                self.host.settings.validation_timeout_s,
+                attempt,
+            )
         raise DiscoveryError(
             f"our own {topic.value} announcement was not admitted: our validator did not finish in "
             f"{self.host.settings.validation_timeout_s} s twice (an overloaded machine?); re-announced every "

@@ -51,18 +51,36 @@ class Net:
     def trust(self) -> Trust:
         # relay_signer=anyone: these tests are about the gossip transport (who may announce a relay is
         # tests/unit/discovery/test_admission.py)
-        return Trust(trainer=self.trainer.address, is_validator=allow(v.address for v in self.validators),
-                     relay_signer=anyone)
+        return Trust(
+            trainer=self.trainer.address,
+            is_validator=allow(v.address for v in self.validators),
+            relay_signer=anyone,
+        )
 
-    def start(self, identity: Identity | None = None, bootstrap: list[str] | None = None, *, start: bool = True,
-              listen_only: bool = False, topics: list[Topic] | None = None, **cfg: Any) -> Discovery:
+    def start(
+        self,
+        identity: Identity | None = None,
+        bootstrap: list[str] | None = None,
+        *,
+        start: bool = True,
+        listen_only: bool = False,
+        topics: list[Topic] | None = None,
+        **cfg: Any,
+    ) -> Discovery:
         """A (started) Discovery; `target_peers=0` by default so the topology is only what the test wires."""
         cfg.setdefault("target_peers", 0)
         cfg.setdefault("reannounce_s", 1.0)
         config = DiscoveryConfig(enabled=True, listen=[LOOPBACK], bootstrap=bootstrap or [], **cfg)
         state = self.root / f"host{len(self.hosts)}"
-        disc = Discovery(config, identity=None if listen_only else identity or Identity.create(), domain=DOMAIN,
-                         trust=self.trust, state_dir=state, name=f"disc{len(self.hosts)}", topics=topics)
+        disc = Discovery(
+            config,
+            identity=None if listen_only else identity or Identity.create(),
+            domain=DOMAIN,
+            trust=self.trust,
+            state_dir=state,
+            name=f"disc{len(self.hosts)}",
+            topics=topics,
+        )
         self.hosts.append(disc)
         if start:
             disc.start()
@@ -70,8 +88,13 @@ class Net:
 
     def start_raw(self, on_message: Callable[[str, str, bytes], None] | None = None) -> GossipHost:
         """A bare gossipsub peer with no validator: plays the hostile publisher or the observer."""
-        host = GossipHost(create_new_key_pair(), listen=[LOOPBACK], topics=TOPICS, on_message=on_message,
-                          name=f"raw{len(self.raw)}")
+        host = GossipHost(
+            create_new_key_pair(),
+            listen=[LOOPBACK],
+            topics=TOPICS,
+            on_message=on_message,
+            name=f"raw{len(self.raw)}",
+        )
         self.raw.append(host)
         host.start()
         return host
@@ -87,7 +110,9 @@ def wait_linked(a: Discovery | GossipHost, b: Discovery | GossipHost, topics: li
     """Wait until `a` knows `b` is subscribed to `topics` (safe to publish to it)."""
     host = a.host if isinstance(a, Discovery) else a
     peer = b.peer_id
-    wait_until(lambda: all(peer in host.topic_peers(t) for t in topics), f"{peer} subscribed at {host.peer_id}")
+    wait_until(
+        lambda: all(peer in host.topic_peers(t) for t in topics), f"{peer} subscribed at {host.peer_id}"
+    )
 
 
 def policy_version(disc: Discovery) -> int | None:
@@ -95,10 +120,18 @@ def policy_version(disc: Discovery) -> int | None:
     return None if current is None else current.body.policy_version  # type: ignore[union-attr]
 
 
-def spawn_peer(state_dir: Path, trainer: str, bootstrap: list[str]) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def spawn_peer(
+    state_dir: Path, trainer: str, bootstrap: list[str]
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """A discovery host in another process (it announces a relay); returns it and what it printed."""
-    args = [sys.executable, str(Path(__file__).with_name("discovery_peer_process.py")), DOMAIN, trainer,
-            str(state_dir), json.dumps(bootstrap)]
+    args = [
+        sys.executable,
+        str(Path(__file__).with_name("discovery_peer_process.py")),
+        DOMAIN,
+        trainer,
+        str(state_dir),
+        json.dumps(bootstrap),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     assert proc.stdout is not None

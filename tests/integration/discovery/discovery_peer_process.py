@@ -18,9 +18,16 @@ from protocol.identity import Identity
 def main() -> None:
     domain, trainer, state_dir, bootstrap = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     relay = Identity.create()
-    config = DiscoveryConfig(enabled=True, listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=bootstrap,
-                             reannounce_s=1.0, target_peers=0)
-    disc = Discovery(config, identity=relay, domain=domain, trust=Trust(trainer=trainer, relay_signer=anyone), state_dir=state_dir)
+    config = DiscoveryConfig(
+        enabled=True, listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=bootstrap, reannounce_s=1.0, target_peers=0
+    )
+    disc = Discovery(
+        config,
+        identity=relay,
+        domain=domain,
+        trust=Trust(trainer=trainer, relay_signer=anyone),
+        state_dir=state_dir,
+    )
     disc.start()
     disc.announce_relay("http://127.0.0.1:9999", [1])
     print(json.dumps({"peer_id": disc.peer_id, "addrs": disc.addrs, "relay": relay.address}), flush=True)

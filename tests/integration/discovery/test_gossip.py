@@ -11,7 +11,16 @@ import threading
 import time
 
 import pytest
-from discovery_harness import DOMAIN, LOOPBACK, TOPICS, Net, policy_version, spawn_peer, wait_linked, wait_until
+from discovery_harness import (
+    DOMAIN,
+    LOOPBACK,
+    TOPICS,
+    Net,
+    policy_version,
+    spawn_peer,
+    wait_linked,
+    wait_until,
+)
 
 from discovery.admission import Trust
 from discovery.config import DiscoveryConfig
@@ -72,8 +81,14 @@ def test_junk_is_dropped_and_not_forwarded(net: Net) -> None:
     wait_linked(b, x)
     wait_linked(b, o)
 
-    def relay_wire(signer: Identity, *, peer: str = x.peer_id, domain: str = DOMAIN, now: float | None = None,
-                   versions: tuple[int, ...] = (1,)) -> bytes:
+    def relay_wire(
+        signer: Identity,
+        *,
+        peer: str = x.peer_id,
+        domain: str = DOMAIN,
+        now: float | None = None,
+        versions: tuple[int, ...] = (1,),
+    ) -> bytes:
         body = RelayAnnounced(peer_id=peer, http_url="http://127.0.0.1:9100", versions=versions)
         return seal(signer, body, domain=domain, nonce=random_nonce(), now=now).to_bytes()
 
@@ -84,9 +99,12 @@ def test_junk_is_dropped_and_not_forwarded(net: Net) -> None:
     obj = json.loads(relay_wire(Identity.create()))
     obj["body"]["versions"] = [1, 2]
     forged = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-    stranger_policy = seal(Identity.create(), PolicyAnnounced(peer_id=x.peer_id, policy_version=9,
-                                                             manifest_hash=b"\x44" * 32),
-                           domain=DOMAIN, nonce=random_nonce()).to_bytes()
+    stranger_policy = seal(
+        Identity.create(),
+        PolicyAnnounced(peer_id=x.peer_id, policy_version=9, manifest_hash=b"\x44" * 32),
+        domain=DOMAIN,
+        nonce=random_nonce(),
+    ).to_bytes()
     junk = {
         "replayed": (RELAYS, genuine),
         "forged": (RELAYS, forged),
@@ -99,11 +117,21 @@ def test_junk_is_dropped_and_not_forwarded(net: Net) -> None:
     }
     for topic, data in junk.values():
         x.publish(topic, data)
-    wait_until(lambda: sum(n for k, n in b.stats().items() if k.startswith("dropped.")) >= len(junk),
-               "b to drop every junk message")
+    wait_until(
+        lambda: sum(n for k, n in b.stats().items() if k.startswith("dropped.")) >= len(junk),
+        "b to drop every junk message",
+    )
     drops = b.stats()
-    for code in ["replay", "bad_signature", "expired", "wrong_domain", "not_believed", "peer_mismatch",
-                 "oversize", "protocol"]:
+    for code in [
+        "replay",
+        "bad_signature",
+        "expired",
+        "wrong_domain",
+        "not_believed",
+        "peer_mismatch",
+        "oversize",
+        "protocol",
+    ]:
         assert drops.get(f"dropped.{code}", 0) >= 1, (code, drops)
 
     sentinel = relay_wire(Identity.create())
@@ -127,8 +155,10 @@ def test_a_flood_from_one_peer_is_cut_at_its_first_hop(net: Net) -> None:
     for _ in range(20):  # 20 well-formed announcements, each from a fresh relay key
         body = RelayAnnounced(peer_id=x.peer_id, http_url="http://127.0.0.1:9100", versions=(1,))
         x.publish(RELAYS, seal(Identity.create(), body, domain=DOMAIN, nonce=random_nonce()).to_bytes())
-    wait_until(lambda: b.stats().get("dropped.rate_limited", 0) + b.stats().get("accepted.new", 0) >= 20,
-               "b to judge the whole flood")
+    wait_until(
+        lambda: b.stats().get("dropped.rate_limited", 0) + b.stats().get("accepted.new", 0) >= 20,
+        "b to judge the whole flood",
+    )
     assert b.stats()["accepted.new"] == 3 and b.stats()["dropped.rate_limited"] == 17
     wait_until(lambda: len(seen) >= 3, "the admitted three at o")
     assert len(seen) == 3 and len(b.board.relays()) == 3
@@ -162,8 +192,10 @@ def test_a_killed_peer_does_not_stall_the_others(net: Net) -> None:
     proc, info = spawn_peer(net.root / "victim", net.trainer.address, a.addrs + b.addrs)
     try:
         for h in (a, b, c):
-            wait_until(lambda h=h: any(r.signer == info["relay"] for r in h.board.relays()),  # type: ignore[misc]
-                       "the victim's relay announcement everywhere")
+            wait_until(
+                lambda h=h: any(r.signer == info["relay"] for r in h.board.relays()),  # type: ignore[misc]
+                "the victim's relay announcement everywhere",
+            )
         wait_until(lambda: info["peer_id"] in a.peers() and info["peer_id"] in b.peers(), "the victim linked")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
@@ -176,7 +208,9 @@ def test_a_killed_peer_does_not_stall_the_others(net: Net) -> None:
     hosts = [a, b, c]
     wait_until(lambda: all(policy_version(h) == 7 for h in hosts), "policy 7 after the kill")
     wait_until(lambda: all(len(h.board.validators()) == 1 for h in hosts), "the validator after the kill")
-    wait_until(lambda: info["peer_id"] not in a.peers() and info["peer_id"] not in b.peers(), "the dead peer dropped")
+    wait_until(
+        lambda: info["peer_id"] not in a.peers() and info["peer_id"] not in b.peers(), "the dead peer dropped"
+    )
 
 
 def test_own_announcement_outlasting_libp2ps_validation_timeout_is_published_again(net: Net) -> None:
@@ -191,9 +225,14 @@ def test_own_announcement_outlasting_libp2ps_validation_timeout_is_published_aga
             time.sleep(1.0)
         return signer == me.address
 
-    disc = Discovery(DiscoveryConfig(enabled=True, listen=[LOOPBACK], target_peers=0, reannounce_s=60.0),
-                     identity=me, domain=DOMAIN, trust=Trust(is_validator=slow_first_time),
-                     state_dir=net.root / "slow", name="slow")
+    disc = Discovery(
+        DiscoveryConfig(enabled=True, listen=[LOOPBACK], target_peers=0, reannounce_s=60.0),
+        identity=me,
+        domain=DOMAIN,
+        trust=Trust(is_validator=slow_first_time),
+        state_dir=net.root / "slow",
+        name="slow",
+    )
     net.hosts.append(disc)
     disc.host.settings = dataclasses.replace(disc.host.settings, validation_timeout_s=0.2)
     disc.start()

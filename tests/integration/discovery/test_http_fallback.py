@@ -128,10 +128,19 @@ def test_asyncio_reader(net: Net, served: Served) -> None:
     source = AnnouncementBoard()
     peer = "12D3KooWJeBihrd6fXLo9Z5ShnedY1ahcqVjAikAJZ1qQGpD4ohP"
     for i, v in enumerate(validators):
-        wire = seal(v, ValidatorAnnounced(peer_id=peer, http_url=f"http://127.0.0.1:870{i}"), domain=DOMAIN,
-                    nonce=random_nonce()).to_bytes()
-        admit_to_board(Admission(domain=DOMAIN, trust=admission.trust), source, wire,
-                       topic=Topic.VALIDATORS, source="gossip")
+        wire = seal(
+            v,
+            ValidatorAnnounced(peer_id=peer, http_url=f"http://127.0.0.1:870{i}"),
+            domain=DOMAIN,
+            nonce=random_nonce(),
+        ).to_bytes()
+        admit_to_board(
+            Admission(domain=DOMAIN, trust=admission.trust),
+            source,
+            wire,
+            topic=Topic.VALIDATORS,
+            source="gossip",
+        )
     served.body = source.to_json()
     board = AnnouncementBoard()
     result = asyncio.run(asyncio.wait_for(afetch_announcements(served.url, admission, board), timeout=30))

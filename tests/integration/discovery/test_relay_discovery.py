@@ -30,9 +30,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "shardcast.cli", "--log-level", "WARNING", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardcast.cli", "--log-level", "WARNING", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on" not in line:
@@ -51,10 +56,13 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
             proc.wait(10)
 
 
-def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
-                                                      processes: list[subprocess.Popen[str]]) -> None:
+def test_relay_announces_its_url_and_complete_versions(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
     trainer = Identity.create()
-    staked = Identity.create()  # a key the run believes for relays (a staked node's, say): the relay announces with it
+    staked = (
+        Identity.create()
+    )  # a key the run believes for relays (a staked node's, say): the relay announces with it
     keys = {"ORIGIN_KEY": trainer.account.key.hex(), "RELAY_KEY": staked.account.key.hex()}
     trust = Trust(trainer=trainer.address, relay_signer=allow([staked.address]))
     ckpt = tmp_path / "ckpt"
@@ -62,18 +70,55 @@ def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
     (ckpt / "model.bin").write_bytes(os.urandom(200_000))
     publish_blocking(ckpt, tmp_path / "origin", identity=trainer, run_id="run-a", shard_size=64 << 10)
     origin_port, relay_port = free_port(), free_port()
-    reader = Discovery(DiscoveryConfig(enabled=True, listen=[LOOPBACK], target_peers=0), identity=Identity.create(),
-                       domain=DOMAIN, trust=trust, state_dir=tmp_path / "reader")
+    reader = Discovery(
+        DiscoveryConfig(enabled=True, listen=[LOOPBACK], target_peers=0),
+        identity=Identity.create(),
+        domain=DOMAIN,
+        trust=trust,
+        state_dir=tmp_path / "reader",
+    )
     reader.start()
     try:
-        processes.append(_start("origin", "--store", str(tmp_path / "origin"), "--run-id", "run-a",
-                                "--port", str(origin_port), "--trainer", trainer.address,
-                                "--discovery-bootstrap", reader.addrs[0], "--discovery-domain", DOMAIN,
-                                "--announce-key-env", "ORIGIN_KEY", env=keys))
-        relay = _start("relay", "--store", str(tmp_path / "relay"), "--upstream", f"http://127.0.0.1:{origin_port}",
-                       "--trainer", trainer.address, "--run-id", "run-a", "--port", str(relay_port),
-                       "--discovery-bootstrap", reader.addrs[0], "--discovery-domain", DOMAIN,
-                       "--announce-key-env", "RELAY_KEY", env=keys)
+        processes.append(
+            _start(
+                "origin",
+                "--store",
+                str(tmp_path / "origin"),
+                "--run-id",
+                "run-a",
+                "--port",
+                str(origin_port),
+                "--trainer",
+                trainer.address,
+                "--discovery-bootstrap",
+                reader.addrs[0],
+                "--discovery-domain",
+                DOMAIN,
+                "--announce-key-env",
+                "ORIGIN_KEY",
+                env=keys,
+            )
+        )
+        relay = _start(
+            "relay",
+            "--store",
+            str(tmp_path / "relay"),
+            "--upstream",
+            f"http://127.0.0.1:{origin_port}",
+            "--trainer",
+            trainer.address,
+            "--run-id",
+            "run-a",
+            "--port",
+            str(relay_port),
+            "--discovery-bootstrap",
+            reader.addrs[0],
+            "--discovery-domain",
+            DOMAIN,
+            "--announce-key-env",
+            "RELAY_KEY",
+            env=keys,
+        )
         processes.append(relay)
         mine = f"http://127.0.0.1:{relay_port}"
 
@@ -88,23 +133,45 @@ def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
         # HTTP fallback: a reader with no libp2p learns the origin and the relay from the relay's
         # /v1/announcements, every envelope checked as on gossip
         origin_url, relay_url = f"http://127.0.0.1:{origin_port}", f"http://127.0.0.1:{relay_port}"
-        wait_until(lambda: {a.body.http_url for a in reader.board.relays(1)} == {origin_url, relay_url},  # type: ignore[union-attr]
-                   "the origin's announcement", timeout=60)
+        wait_until(
+            lambda: {a.body.http_url for a in reader.board.relays(1)} == {origin_url, relay_url},  # type: ignore[union-attr]
+            "the origin's announcement",
+            timeout=60,
+        )
         board = AnnouncementBoard()
         deadline = time.monotonic() + 30
         while {a.body.http_url for a in board.relays(1)} != {origin_url, relay_url}:  # type: ignore[union-attr]
             assert time.monotonic() < deadline, [a.body for a in board.relays(1)]
             fetch_announcements(relay_url, Admission(domain=DOMAIN, trust=trust), board)
             time.sleep(0.2)
-        assert httpx.get(origin_url + "/v1/announcements", timeout=10).json()  # the origin serves its own view
+        assert httpx.get(
+            origin_url + "/v1/announcements", timeout=10
+        ).json()  # the origin serves its own view
 
         # a relay whose only configured upstream is dead learns the origin and the relay from announcements and
         # installs v1 from them (verified as from any upstream)
         late_port = free_port()
-        processes.append(_start("relay", "--store", str(tmp_path / "late"), "--upstream",
-                                f"http://127.0.0.1:{free_port()}", "--trainer", trainer.address, "--run-id", "run-a",
-                                "--port", str(late_port), "--discovery-bootstrap", reader.addrs[0],
-                                "--discovery-domain", DOMAIN, "--relay-signer", staked.address))
+        processes.append(
+            _start(
+                "relay",
+                "--store",
+                str(tmp_path / "late"),
+                "--upstream",
+                f"http://127.0.0.1:{free_port()}",
+                "--trainer",
+                trainer.address,
+                "--run-id",
+                "run-a",
+                "--port",
+                str(late_port),
+                "--discovery-bootstrap",
+                reader.addrs[0],
+                "--discovery-domain",
+                DOMAIN,
+                "--relay-signer",
+                staked.address,
+            )
+        )
 
         def late_has_v1() -> bool:
             index = httpx.get(f"http://127.0.0.1:{late_port}/versions", timeout=10).json()
@@ -121,23 +188,59 @@ def test_relay_announces_its_url_and_complete_versions(tmp_path: Path,
         reader.stop()
 
 
-def test_without_discovery_there_are_no_announcements(tmp_path: Path,
-                                                       processes: list[subprocess.Popen[str]]) -> None:
+def test_without_discovery_there_are_no_announcements(
+    tmp_path: Path, processes: list[subprocess.Popen[str]]
+) -> None:
     port = free_port()
-    processes.append(_start("origin", "--store", str(tmp_path / "origin"), "--run-id", "run-a", "--port", str(port)))
+    processes.append(
+        _start("origin", "--store", str(tmp_path / "origin"), "--run-id", "run-a", "--port", str(port))
+    )
     assert httpx.get(f"http://127.0.0.1:{port}/v1/announcements", timeout=10).status_code == 404
 
 
 def test_origin_with_discovery_needs_the_trainer(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "shardcast.cli", "origin", "--store", str(tmp_path / "o"),
-                           "--run-id", "run-a", "--discovery", "--discovery-domain", DOMAIN],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardcast.cli",
+            "origin",
+            "--store",
+            str(tmp_path / "o"),
+            "--run-id",
+            "run-a",
+            "--discovery",
+            "--discovery-domain",
+            DOMAIN,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode != 0 and "--trainer" in proc.stderr
 
 
 def test_relay_without_a_domain_refuses_discovery(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "shardcast.cli", "relay", "--store", str(tmp_path / "r"),
-                           "--upstream", "http://127.0.0.1:9", "--trainer", Identity.create().address,
-                           "--discovery"], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardcast.cli",
+            "relay",
+            "--store",
+            str(tmp_path / "r"),
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--trainer",
+            Identity.create().address,
+            "--discovery",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode != 0 and "--discovery-domain" in proc.stderr
