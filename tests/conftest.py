@@ -11,11 +11,24 @@ from __future__ import annotations
 import os
 import sys
 
+import benchsmoke
 import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the selected benchmarks' smoke runs in the background (tests/benchsmoke.py says why)."""
+    if session.config.option.collectonly:
+        return
+    benchsmoke.start([item.callspec.params["name"] for item in session.items
+                      if getattr(item, "originalname", "") == benchsmoke.TEST])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    benchsmoke.stop()
 
 
 @pytest.fixture(autouse=True)

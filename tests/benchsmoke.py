@@ -1,0 +1,122 @@
+"""The benchmarks' `--smoke` runs, started in the background when the session's tests are collected.
+
+Each `bench/<name>.py --smoke --json out.json` is a subprocess that costs seconds to minutes of CPU (a
+whole devnet for `faults` and `learning`), and most of the suite waits on servers and subprocesses, so
+the runs start as soon as collection ends (`tests/conftest.py`), at a lower CPU priority (nice 10), and
+soak up the CPU the suite leaves idle; `tests/unit/bench/test_bench_smoke.py` then only waits for its
+program's result. Two run at a time: one lane for the programs that start a devnet (never two devnets
+beside each other), one for the rest. A niced process still gets every cycle when nothing else wants
+it, so a test that waits for its run costs no more than running it then would.
+
+Only the selected tests' programs run (`-k`, `-m`, a single file: whatever pytest selected).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+TEST = "test_smoke_mode_runs_and_writes_its_json"
+"""The test (`tests/unit/bench/test_bench_smoke.py`) whose `name` parameters say which programs to run."""
+DEVNETS = frozenset({"faults", "learning"})
+"""Programs whose smoke starts a whole devnet: they run one after another in a lane of their own."""
+TIMEOUT_S = 900
+"""A smoke run is killed after this long (it runs niced beside the suite, so far above its own minute or two)."""
+NICE = 10
+
+Result = tuple[int, str, str]
+
+
+class Smoke:
+    """One program's smoke run; `run()` returns (exit code, stdout, stderr) and leaves its JSON at `out`."""
+
+    def __init__(self, name: str, work: Path) -> None:
+        self.name, self.work, self.out = name, work, work / "out.json"
+        self.proc: subprocess.Popen[str] | None = None
+        self.stopped = threading.Event()
+
+    def run(self, nice: int = 0) -> Result:
+        if self.stopped.is_set():
+            return -1, "", "not started: the session ended"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(BENCH / f"{self.name}.py"), "--smoke", "--json", str(self.out)],
+            cwd=self.work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        )
+        try:
+            stdout, stderr = self.proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            stdout, stderr = self.proc.communicate()
+            stderr += f"\nkilled after {TIMEOUT_S} s"
+        return self.proc.returncode, stdout, stderr
+
+    def stop(self) -> None:
+        """Kill the run and everything it started (a devnet's roles live in process groups of their own)."""
+        self.stopped.set()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.wait()
+
+
+class Background:
+    """The session's smoke runs: name -> (run, future of its result)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+        self.runs = {n: Smoke(n, self.dir / n) for n in names}
+        for run in self.runs.values():
+            run.work.mkdir()
+        self.lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"bench-smoke-{i}") for i in range(2)]
+        self.futures: dict[str, Future[Result]] = {}
+        for name in sorted(names):
+            lane = self.lanes[0 if name in DEVNETS else 1]
+            self.futures[name] = lane.submit(self.runs[name].run, NICE)
+
+    def stop(self) -> None:
+        for run in self.runs.values():
+            run.stop()
+        for lane in self.lanes:
+            lane.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_started: Background | None = None
+
+
+def start(names: list[str]) -> None:
+    """Start the smoke runs of `names` (called once, when collection ends)."""
+    global _started
+    if names and _started is None:
+        _started = Background(names)
+
+
+def started() -> Background | None:
+    return _started
+
+
+def stop() -> None:
+    global _started
+    if _started is not None:
+        _started.stop()
+        _started = None
