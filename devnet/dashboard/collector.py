@@ -177,7 +177,7 @@ class Collector:
 
     def _collect(self) -> dict[str, Any]:
         now = time.time()
-        snap = self.view.snapshot()
+        snap = self.view.refresh()  # what the roles say now: the summary loop's may be seconds old
         validators = []
         totals = {"received": 0, "accepted": 0, "rejected_hard": 0, "rejected_soft": 0, "pending": 0}
         for v, seen in zip(self.layout.validators, snap.get("validators", []), strict=False):

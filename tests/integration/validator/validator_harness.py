@@ -298,8 +298,8 @@ def skip_narrow_eos(loaded: LoadedModel, prompt: list[int], seed: int, params: S
 def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: float, *, domain: str,
                     tries: int = 512) -> Identity:
     """A fresh key whose assignment #0 at `version` in `domain`'s pool, generated honestly, ends a sample at an
-    EOS that won the seeded draw by more than `above` and at most `EOS_SKIP_TOLERANCE` (the EOS a `skip_eos`
-    node replaces)."""
+    EOS before its last allowed token that won the seeded draw by more than `above` and at most
+    `EOS_SKIP_TOLERANCE` (the EOS a `skip_eos` node replaces)."""
     env = get_environment(run.env, run.env_version)
     where = {"run_id": run.run_id, "chain_id": submission_venue(domain)[0], "pool": submission_venue(domain)[1]}
     params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
@@ -317,8 +317,10 @@ def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: floa
                     owners.append(key)
         for g, prompt, seed, key in zip(Engine(loaded).generate(prompts, params, seeds, run.max_new_tokens), prompts,
                                         seeds, owners, strict=True):
-            if g.tokens[-1] in eos and above < _eos_gap(loaded, prompt, g.tokens[:-1], seed, params)[0] \
-                    <= EOS_SKIP_TOLERANCE:
+            # An EOS at the last allowed position would be replaced by one token and no more: the skip would
+            # change nothing a test can see, so the EOS must leave room to generate on.
+            if g.tokens[-1] in eos and len(g.tokens) < run.max_new_tokens \
+                    and above < _eos_gap(loaded, prompt, g.tokens[:-1], seed, params)[0] <= EOS_SKIP_TOLERANCE:
                 return key
     raise AssertionError(f"no key among {tries} has a narrow EOS win in its first assignment")
 
