@@ -47,16 +47,19 @@ def _gradient(model: torch.nn.Module, samples: list[Sample]) -> torch.Tensor:
     return grad
 
 
-def test_steered_logprobs_are_accepted_but_the_trainer_learns_the_replay(make_validator, make_node, tiny_model,
-                                                                         tmp_path):
-    node: SimNode = make_node()
+def test_steered_logprobs_are_accepted_but_the_trainer_learns_the_replay(make_validator, make_node, published,
+                                                                         tiny_model, tmp_path):
     v = make_validator(feed_dir=tmp_path / "feed")
-    for counter in range(40):  # an assignment with a learning signal (the tiny model's rewards are mostly equal)
-        honest, _ = node.build(counter=counter)
+    # A key whose first assignment has a learning signal (the tiny model's rewards are mostly equal); its first,
+    # since the validator takes a node's counters in order.
+    for _ in range(40):
+        node: SimNode = make_node(register=False)
+        honest, _ = node.build(counter=0)
         if any(len({s.reward for s in tr.samples}) > 1 for tr in honest.tasks):
             break
     else:
-        pytest.fail("no assignment with a reward spread in 40 counters")
+        pytest.fail("no key among 40 has an assignment with a reward spread")
+    published.operator.register(node.identity, published.admin.params().min_stake)
     steered = steer_logprobs(honest)
     with v.client() as c:
         r = c.post("/v1/submissions", content=node.seal(steered))
