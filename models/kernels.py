@@ -196,7 +196,9 @@ def candidates(dtype: torch.dtype) -> tuple[str, ...]:
     return tuple(p for p in paths if available(p, dtype))
 
 
-def _cpu_identity() -> dict[str, object]:
+def cpu_identity() -> dict[str, object]:
+    """The CPU a measurement was taken on (model name, architecture, SIMD flags): part of every machine key
+    (this module's and the node's engine choice, `node/engine_choice.py`)."""
     model: str | None = None
     flags: str | None = None
     try:
@@ -220,7 +222,7 @@ def _cpu_identity() -> dict[str, object]:
     }
 
 
-def _simd_summary(simd: object) -> str:
+def simd_summary(simd: object) -> str:
     flags = set(simd) if isinstance(simd, list) else set()
     shown = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
     return " ".join(shown) or "no avx2"
@@ -230,7 +232,7 @@ def machine_key(shapes: Sequence[Shape], dtype: torch.dtype, threads: int | None
     """Everything a measured choice depends on; a cache file is valid only for an equal key."""
     return {
         "format": CACHE_FORMAT,
-        **_cpu_identity(),
+        **cpu_identity(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads() if threads is None else threads,
         "dtype": str(dtype).removeprefix("torch."),
@@ -372,12 +374,12 @@ def _read_cache(path: Path, key: dict[str, object], shapes: set[Shape]) -> Kerne
     return KernelChoice(paths, "cache", key, gflops, path)
 
 
-def _write_cache(choice: KernelChoice) -> None:
+def write_cache_file(path: Path, data: dict[str, object], what: str) -> None:
+    """Write a measurement cache file as JSON, whole or not at all; a failure is logged, never raised
+    (the measurement stays valid in memory)."""
     # A temporary sibling, fsynced, then renamed: a reader never sees half a file, and two
     # processes measuring at once both write whole files (the last rename wins).
-    assert choice.cache_file is not None
-    path = choice.cache_file
-    body = json.dumps({"key": choice.key, **choice.to_json()}, indent=1, sort_keys=True).encode()
+    body = json.dumps(data, indent=1, sort_keys=True).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -391,7 +393,12 @@ def _write_cache(choice: KernelChoice) -> None:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as exc:
-        logger.warning("could not write kernel cache %s: %s", path, exc)
+        logger.warning("could not write %s cache %s: %s", what, path, exc)
+
+
+def _write_cache(choice: KernelChoice) -> None:
+    assert choice.cache_file is not None
+    write_cache_file(choice.cache_file, {"key": choice.key, **choice.to_json()}, "kernel")
 
 
 _MEMO: dict[str, KernelChoice] = {}
@@ -461,7 +468,7 @@ def choose(
         "engine kernels for %s on %s (%s, %s threads), %s: %s\n%s",
         key["dtype"],
         key["cpu"],
-        _simd_summary(key["simd"]),
+        simd_summary(key["simd"]),
         key["threads"],
         choice.source,
         choice.summary(),

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from node.config import NodeConfig
+from node.config import EngineSettings, NodeConfig
 from node.errors import NodeError
 from protocol.errors import ChainError, ConfigError, KeystoreError
 from protocol.identity import Identity, load_identity, read_password
@@ -169,11 +169,19 @@ def _preflight(cfg: NodeConfig, chain: Chain | None) -> Any:
 
     with httpx.Client(timeout=cfg.submit.timeout_s) as http:
         run, model, checks = _rules(cfg, chain, http)
+    settings = engine_settings(cfg, model, run)
     logger.info("pre-flight: generating %d assignment(s) of %s with the %s engine (%s, %s), then checking them as "
-                "a validator would", cfg.preflight.batches, run.env, cfg.engine.type, cfg.engine.device,
-                cfg.engine.dtype)
-    engine = build_engine(cfg.engine, model)
+                "a validator would", cfg.preflight.batches, run.env, settings.type, settings.device, settings.dtype)
+    engine = build_engine(settings, model)
     return run_preflight(engine, model, run, checks, batches=cfg.preflight.batches, dtype=cfg.preflight.dtype)
+
+
+def engine_settings(cfg: NodeConfig, model: ModelSpec, run: RunSpec) -> EngineSettings:
+    """The engine `cfg` names, or where it names none, the one `node.engine_choice` picks for this machine (on a
+    CPU with vLLM installed: the faster of the two, measured once and cached)."""
+    from node.engine_choice import choose_engine
+
+    return choose_engine(cfg.engine, model, run).settings
 
 
 def ensure_registered(cfg: NodeConfig, chain: Chain, node: Identity, operator: Identity) -> None:
@@ -244,7 +252,8 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
             gossip = NodeGossip(cfg, pool=chain.client(node), history=history, domain=domain,
                                 trainer=NodeGossip.trainer_of(cfg, chain.trainers))
             gossip.start()
-        weights = PolicyWeights(cfg.weights, model, run, history, lambda spec: build_engine(cfg.engine, spec),
+        settings = engine_settings(cfg, model, run)
+        weights = PolicyWeights(cfg.weights, model, run, history, lambda spec: build_engine(settings, spec),
                                 cfg.state_dir / "weights", poll_s=cfg.chain.poll_s,
                                 learned_relays=gossip.relay_urls if gossip is not None else None)
         pool = chain.client(node)

@@ -51,7 +51,8 @@ class CpuEngineSettings(Section):
     """The `models/` engine (seeded sampler, hidden states captured for TOPLOC) on CPU or one CUDA device."""
 
     type: Literal["cpu"] = "cpu"
-    """Inference engine: `cpu` (the `models/` engine; `device` may still name a CUDA device)."""
+    """Inference engine: `cpu` (the `models/` engine; `device` may still name a CUDA device). Left unnamed on a CPU
+    with vLLM installed, the node measures both engines once and runs the faster (node/engine_choice.py)."""
     device: str = "cpu"
     """torch device: `cpu` or `cuda:N` (`--gpu N`)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -94,7 +95,8 @@ def _engine_type(value: object) -> str:
 
 EngineSettings = Annotated[Annotated[CpuEngineSettings, Tag("cpu")] | Annotated[VllmEngineSettings, Tag("vllm")],
                            Discriminator(_engine_type)]
-"""One of the engines, chosen by `type` (`--engine.type cpu|vllm`; default `cpu`)."""
+"""One of the engines, chosen by `type` (`--engine.type cpu|vllm`; default `cpu`, or on a CPU with vLLM installed
+the faster of the two here, measured: `node.engine_choice`)."""
 
 
 class SubmitSettings(Section):
@@ -157,7 +159,9 @@ class NodeConfig(PrimeConfig):
     model: ModelSpec | None = None
     """The run's base model; default: read from the validators' `/v1/info` (when given, it must match)."""
     engine: EngineSettings = CpuEngineSettings()
-    """The inference engine."""
+    """The inference engine. With no `type` named, a CPU node with vLLM installed runs whichever of the `models/`
+    engine and vLLM generated faster here (measured once per machine, model and dtype, and cached); without vLLM,
+    the `models/` engine."""
     weights: WeightSource = StaticWeights()
     """Where each policy version's weights come from: `shardcast` follows the relays (checked against the
     chain's manifest hash); `static` uses the run's base model for every version."""

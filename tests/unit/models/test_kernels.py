@@ -209,7 +209,7 @@ def test_corrupt_or_foreign_cache_is_ignored_and_replaced(tmp_path: Path, damage
 
 def test_another_machine_key_uses_another_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     here = choose(SHAPES, torch.float32, cache_dir=tmp_path)
-    monkeypatch.setattr(kernels, "_cpu_identity", lambda: {"cpu": "Other CPU", "arch": "x86_64", "simd": []})
+    monkeypatch.setattr(kernels, "cpu_identity", lambda: {"cpu": "Other CPU", "arch": "x86_64", "simd": []})
     there = choose(SHAPES, torch.float32, cache_dir=tmp_path)
     assert there.source == "measured" and there.cache_file != here.cache_file
     torch.set_num_threads(2)
