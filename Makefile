@@ -43,7 +43,8 @@ $(VLLM_VENV)/.installed: pyproject.toml
 # The vLLM engine's tests (conformance through a real validator, hidden states vs the models/ prefill);
 # they live under VLLM_TESTS (collecting the whole suite in .venv-vllm costs ~1.5 min); ARGS replaces it.
 VLLM_TESTS := tests/integration/node
-# VLLM_MARK: which vLLM tests; CI runs `not slow` (the tiny model: SmolLM2 in vLLM takes ~8 min more here)
+# VLLM_MARK: which vLLM tests; CI runs `not slow` (the tiny model, and SmolLM2 through the node's loop in
+# both dtypes: ~1.5 min); the slow ones add SmolLM2's captured rows and the node bench's vLLM smoke (~2 min)
 VLLM_MARK ?= vllm and not gpu
 test-vllm: setup-vllm
 	VLLM_CONFIGURE_LOGGING=0 $(VLLM_PY) -m pytest -m "$(VLLM_MARK)" $(or $(ARGS),$(VLLM_TESTS))

@@ -30,8 +30,7 @@ pytestmark = pytest.mark.timeout(900)
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's own log handler writes to streams pytest closes
 SMOLLM2_RUN = RUN.model_copy(update={"env": "reverse-text", "tasks_per_batch": 1, "samples_per_task": 2,
                                      "max_new_tokens": 24})
-MODELS = [pytest.param(TINY, RUN, id="tiny"),
-          pytest.param(SmolLM2Spec(), SMOLLM2_RUN, id="smollm2", marks=pytest.mark.slow)]
+MODELS = [(TINY, RUN, "tiny"), (SmolLM2Spec(), SMOLLM2_RUN, "smollm2")]
 
 
 
@@ -45,19 +44,26 @@ def _stop_vllm() -> Any:
         sys.modules["node.vllm_engine"].close_all()
 
 
-def _engines() -> list[Any]:
-    """The `models/` engines here, and the vLLM ones (marked `vllm`; a skip that says why where it is absent)."""
-    cases = [pytest.param(s, id=f"{s.type}-{s.device}-{s.dtype}") for s in available_engines()]
+def _cases() -> list[Any]:
+    """(engine, model, run) for the `models/` engines here and the vLLM ones (marked `vllm`; a skip that says why
+    where it is absent). SmolLM2 is `slow` on the `models/` engines (the default tier runs the tiny model); in
+    vLLM it is not, so `make test-vllm` in CI runs SmolLM2 through vLLM in both dtypes."""
     vllm = vllm_engines()
-    if vllm:
-        cases += [pytest.param(s, id=f"{s.type}-{s.device}-{s.dtype}", marks=pytest.mark.vllm) for s in vllm]
-    else:
-        cases += [pytest.param(None, id="vllm", marks=[pytest.mark.vllm, pytest.mark.skip(reason=VLLM_INSTALL)])]
+    cases = []
+    for model, run, name in MODELS:
+        slow = [pytest.mark.slow] if name == "smollm2" else []
+        cases += [pytest.param(s, model, run, id=f"{s.type}-{s.device}-{s.dtype}-{name}", marks=slow)
+                  for s in available_engines()]
+        if vllm:
+            cases += [pytest.param(s, model, run, id=f"{s.type}-{s.device}-{s.dtype}-{name}", marks=pytest.mark.vllm)
+                      for s in vllm]
+        else:
+            cases += [pytest.param(None, model, run, id=f"vllm-{name}",
+                                   marks=[pytest.mark.vllm, pytest.mark.skip(reason=VLLM_INSTALL), *slow])]
     return cases
 
 
-@pytest.mark.parametrize(("model", "run"), MODELS)
-@pytest.mark.parametrize("settings", _engines())
+@pytest.mark.parametrize(("settings", "model", "run"), _cases())
 def test_every_engine_here_produces_work_the_validator_accepts(
         settings: EngineSettings, model: ModelSpec, run: Any, published: Pools, deployment_file: Path,
         make_validator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,5 @@
 """The node's default engine where vLLM is not installed: the `models/` engine, unmeasured, vLLM never imported.
-(Where vLLM is installed the choice is measured: tests/integration/node/test_engine_choice.py, `make test-vllm`.)"""
+(Where vLLM is installed the choice is measured: tests/integration/node/test_engine_choice_vllm.py, `make test-vllm`.)"""
 
 from __future__ import annotations
 
