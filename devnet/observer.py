@@ -4,7 +4,9 @@ Sources: the trainer's metrics JSON lines (step, reward), each node's `/health` 
 batches, verdicts, its slashing-protection record counts), each validator's `/v1/audit` counts, and
 the pool's events. A role that does not answer is shown as such; nothing here raises for a peer's fault,
 and nothing waits on one: the roles are read at once, each within a total deadline (a stopped role
-accepts connections and never answers).
+accepts connections and never answers). The chain is read in a thread of its own that a snapshot waits on
+for the same deadline at most: a stopped chain endpoint is shown as not answering (with the last counts read)
+while its read goes on, instead of holding the summary line for a few RPC timeouts.
 The dashboard (devnet/server.py) serves the same snapshot as JSON.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -92,6 +95,9 @@ class Observer:
         self.http = httpx.Client(timeout=timeout_s)
         self.chain: ChainWatch | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="observer")
+        self._chain_lock = threading.Lock()
+        self._chain_read: tuple[threading.Thread, threading.Event] | None = None
+        self._chain_last: dict[str, Any] = {"up": False}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -110,8 +116,47 @@ class Observer:
         """`_get` of every url at once: a snapshot costs one timeout however many roles hang."""
         return list(self._pool.map(self._get, urls))
 
+    def _read_chain(self, done: threading.Event) -> None:
+        chain: dict[str, Any] = {"up": False}
+        try:
+            if self.chain is None:
+                self.chain = ChainWatch(self.layout)
+            self.chain.poll()
+            chain = {"up": True, "events": dict(self.chain.counts), "recent": self.chain.recent[-20:],
+                     "rewards_reserved": self.chain.pool.rewards_reserved(),
+                     "policy_version": self.chain.pool.policy()[0]}
+        except Exception as exc:  # noqa: BLE001 - the chain being down is something to show, not to crash on
+            chain["error"] = f"{type(exc).__name__}: {exc}"
+        with self._chain_lock:
+            self._chain_last = chain
+        done.set()
+
+    def _chain_start(self) -> threading.Event:
+        """A chain read in a daemon thread (so neither the next snapshot nor the process's exit waits for a
+        hung endpoint); one at a time: while one is still running, its event."""
+        with self._chain_lock:
+            if self._chain_read is None or not self._chain_read[0].is_alive():
+                done = threading.Event()
+                thread = threading.Thread(target=self._read_chain, args=(done,), name="observer-chain", daemon=True)
+                self._chain_read = (thread, done)
+                thread.start()
+            return self._chain_read[1]
+
+    def _chain_result(self, done: threading.Event, deadline: float) -> dict[str, Any]:
+        """The chain's part of a snapshot, waited on until `deadline` at most; past it the last values read
+        are shown with `up` False."""
+        answered = done.wait(max(0.0, deadline - time.monotonic()))
+        with self._chain_lock:
+            last = dict(self._chain_last)
+        if answered:
+            return last
+        return {**{k: v for k, v in last.items() if k != "error"}, "up": False,
+                "error": f"no answer from the chain ({self.layout.rpc_url}) within {self.timeout_s:g} s"}
+
     def snapshot(self) -> dict[str, Any]:
         lay = self.layout
+        deadline = time.monotonic() + self.timeout_s
+        chain_read = self._chain_start()  # beside the HTTP reads: a snapshot costs one timeout in all
         metrics = read_metrics(Path(lay.trainer["metrics_file"]))
         trainer = {
             "steps": len(metrics), "max_steps": lay.trainer.get("max_steps"),
@@ -133,16 +178,7 @@ class Observer:
             counts = a.get("counts", {}) if isinstance(a, dict) else {}
             verdicts.update({k: int(c) for k, c in counts.items() if isinstance(c, int)})
             validators.append({"name": v["name"], "address": v["address"], "up": a is not None, "counts": counts})
-        chain: dict[str, Any] = {"up": False}
-        try:
-            if self.chain is None:
-                self.chain = ChainWatch(lay)
-            self.chain.poll()
-            chain = {"up": True, "events": dict(self.chain.counts), "recent": self.chain.recent[-20:],
-                     "rewards_reserved": self.chain.pool.rewards_reserved(),
-                     "policy_version": self.chain.pool.policy()[0]}
-        except Exception as exc:  # noqa: BLE001 - the chain being down is something to show, not to crash on
-            chain["error"] = f"{type(exc).__name__}: {exc}"
+        chain = self._chain_result(chain_read, deadline)
         _, entries = ProcessTable.read(Path(lay.state_dir))
         processes = [{"name": e.name, "role": e.role, "pid": e.pid, "port": e.port, "url": e.url,
                       "alive": e.alive(), "log": e.log, "exit_code": e.exit_code} for e in entries]
