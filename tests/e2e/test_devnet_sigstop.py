@@ -29,7 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
+from devnet.dashboard.collector import Collector
 from devnet.observer import Observer
+from devnet.view import View
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,13 +45,20 @@ def _is_stopped(pid: int) -> bool:
 
 
 def _look(run: Any) -> dict[str, Any]:
-    """What an operator sees now: the observer's snapshot (as `up` and the dashboard read it), and
-    `prime-devnet status` from another process, which must answer."""
+    """What an operator sees now: the observer's snapshot (as `up`'s summary line reads it), the dashboard's
+    collection built on it, and `prime-devnet status` from another process; each must answer."""
     observer = Observer(run.layout)
     try:
         snap: dict[str, Any] = observer.snapshot()
     finally:
         observer.close()
+    collector = Collector(run.layout, View(run.layout, lambda: snap, dict))
+    try:
+        board = collector.collect()
+    finally:
+        collector.close()
+    assert [n["up"] for n in board["nodes"]] == [n["up"] for n in snap["nodes"]]
+    assert board["chain"]["up"] == snap["chain"]["up"]
     status = subprocess.run([sys.executable, "-m", "devnet.cli", "status", "--state-dir", str(run.state), "--json"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
