@@ -25,7 +25,7 @@ import httpx
 
 from devnet.network import Layout
 from devnet.processes import ProcessTable
-from protocol.deadline import PeerTimeoutError, bounded_request
+from protocol.deadline import PeerTimeoutError, bounded_request, deadline_client
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Observer:
     def __init__(self, layout: Layout, timeout_s: float = 3.0) -> None:
         self.layout = layout
         self.timeout_s = timeout_s
-        self.http = httpx.Client(timeout=timeout_s)
+        self.http = deadline_client(timeout_s)
         self.chain: ChainWatch | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="observer")
         self._chain_lock = threading.Lock()

@@ -28,7 +28,7 @@ import httpx
 
 from devnet.network import Layout
 from devnet.view import View
-from protocol.deadline import PeerTimeoutError, bounded_request
+from protocol.deadline import PeerTimeoutError, bounded_request, deadline_client
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Collector:
         self.layout = layout
         self.view = view
         self.timeout_s = timeout_s
-        self.http = httpx.Client(timeout=timeout_s)
+        self.http = deadline_client(timeout_s)
         self._lock = threading.Lock()
         self._items: dict[str, dict[str, dict[str, Any]]] = {v["url"]: {} for v in layout.validators}
         self._cursor: dict[str, float] = {v["url"]: 0.0 for v in layout.validators}
