@@ -51,7 +51,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 class ChainWatch:
     """The pool's events, read incrementally (from the deployment's start block)."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, timeout_s: float = 5.0) -> None:
         from contracts.deployment import Deployment
         from contracts.devchain import dev_identity
         from contracts.pool import PoolClient
@@ -59,7 +59,7 @@ class ChainWatch:
 
         dep = Deployment.load(layout.deployment)
         # reads only; any identity will do (DEV ONLY: the public deployer account)
-        self.pool = PoolClient(connect(layout.rpc_url, timeout=5.0), dep.pool, dev_identity(0))
+        self.pool = PoolClient(connect(layout.rpc_url, timeout=timeout_s), dep.pool, dev_identity(0))
         self.start_block = self.next_block = dep.start_block
         self.counts: Counter[str] = Counter()
         self.recent: list[dict[str, Any]] = []
@@ -78,6 +78,10 @@ class ChainWatch:
             self.next_block = head + 1
 
 
+def _without(d: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in keys}
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, bytes):
         return "0x" + v.hex()
@@ -89,9 +93,12 @@ def _plain(v: Any) -> Any:
 class Observer:
     """Builds snapshots of a running devnet (see the module docstring)."""
 
-    def __init__(self, layout: Layout, timeout_s: float = 3.0) -> None:
+    def __init__(self, layout: Layout, timeout_s: float = 3.0, chain_timeout_s: float = 5.0) -> None:
+        """`timeout_s`: how long a snapshot waits for any role; `chain_timeout_s`: each chain RPC's own timeout
+        (a read past `timeout_s` goes on in its thread until then)."""
         self.layout = layout
         self.timeout_s = timeout_s
+        self.chain_timeout_s = chain_timeout_s
         self.http = deadline_client(timeout_s)
         self.chain: ChainWatch | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="observer")
@@ -120,13 +127,15 @@ class Observer:
         chain: dict[str, Any] = {"up": False}
         try:
             if self.chain is None:
-                self.chain = ChainWatch(self.layout)
+                self.chain = ChainWatch(self.layout, self.chain_timeout_s)
             self.chain.poll()
             chain = {"up": True, "events": dict(self.chain.counts), "recent": self.chain.recent[-20:],
                      "rewards_reserved": self.chain.pool.rewards_reserved(),
                      "policy_version": self.chain.pool.policy()[0]}
         except Exception as exc:  # noqa: BLE001 - the chain being down is something to show, not to crash on
-            chain["error"] = f"{type(exc).__name__}: {exc}"
+            with self._chain_lock:  # the last values read stay on show beside the error
+                chain = {**_without(self._chain_last, "up", "error"), "up": False,
+                         "error": f"{type(exc).__name__}: {exc}"}
         with self._chain_lock:
             self._chain_last = chain
         done.set()
@@ -150,7 +159,7 @@ class Observer:
             last = dict(self._chain_last)
         if answered:
             return last
-        return {**{k: v for k, v in last.items() if k != "error"}, "up": False,
+        return {**_without(last, "up", "error"), "up": False,
                 "error": f"no answer from the chain ({self.layout.rpc_url}) within {self.timeout_s:g} s"}
 
     def snapshot(self) -> dict[str, Any]:
