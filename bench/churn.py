@@ -5,7 +5,9 @@ Two runs of the smallest devnet (tiny model, 3 nodes, 1 validator, 1 relay), in 
 
     steady   nothing happens for the measured window
     churn    at the window's start node-0's process group gets SIGKILL (no restart: gone for good);
-             a third of the way in, a new node (a spare account: `spare_nodes`) joins, stakes and works
+             a third of the way in (or later, once the trainer has stepped without node-0: a step waits
+             `fill_timeout_s` for the missing share), a new node (a spare account: `spare_nodes`) joins,
+             stakes and works
 
 For each, over the same window: trainer steps per minute, reward per trained sample (the trainer's
 metrics, weighted by samples), samples per step, stale samples dropped; for churn also the steps trained
@@ -151,6 +153,10 @@ def run(churn: bool, window_s: float, state_root: Path, fill_timeout_s: float = 
         if churn:
             out["killed"] = {"node": "node-0", "pid": r.kill_for_good("node-0"), "at_step": start_step}
             time.sleep(window_s / 3)
+            # and until the trainer has stepped without node-0: such a step waits `fill_timeout_s` for the dead
+            # node's share first, so a fixed third of the window (20 s in --quick, the default fill timeout)
+            # raced it and the new node could join before any step had shown training going on without node-0
+            r.wait("a step trained while node-0 was dead", lambda: r.step() > start_step, 3 * fill_timeout_s + 120)
             before_join = r.step()
             out["steps_while_dead_before_join"] = before_join - start_step
             joined = r.net.add_node()

@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from devnet.network import Layout
-from protocol.deadline import PeerTimeoutError, bounded_request
+from protocol.deadline import PeerTimeoutError, bounded_request, deadline_client
 from protocol.identity import checksum
 
 log = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
 
     trainer_steps = read_work_ledger(Path(layout.trainer["work_ledger"]))
     watch = ChainWatch(layout)
-    with httpx.Client(timeout=timeout_s) as http:
+    with deadline_client(timeout_s) as http:
         nodes = _nodes(http, layout)
         before = int(watch.pool.tx.w3.eth.block_number)
         events = _events(watch, before)

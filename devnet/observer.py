@@ -4,7 +4,9 @@ Sources: the trainer's metrics JSON lines (step, reward), each node's `/health` 
 batches, verdicts, its slashing-protection record counts), each validator's `/v1/audit` counts, and
 the pool's events. A role that does not answer is shown as such; nothing here raises for a peer's fault,
 and nothing waits on one: the roles are read at once, each within a total deadline (a stopped role
-accepts connections and never answers).
+accepts connections and never answers). The chain is read in a thread of its own that a snapshot waits on
+for the same deadline at most: a stopped chain endpoint is shown as not answering (with the last counts read)
+while its read goes on, instead of holding the summary line for a few RPC timeouts.
 The dashboard (devnet/server.py) serves the same snapshot as JSON.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +25,7 @@ import httpx
 
 from devnet.network import Layout
 from devnet.processes import ProcessTable
-from protocol.deadline import PeerTimeoutError, bounded_request
+from protocol.deadline import PeerTimeoutError, bounded_request, deadline_client
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 class ChainWatch:
     """The pool's events, read incrementally (from the deployment's start block)."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, timeout_s: float = 5.0) -> None:
         from contracts.deployment import Deployment
         from contracts.devchain import dev_identity
         from contracts.pool import PoolClient
@@ -56,7 +59,7 @@ class ChainWatch:
 
         dep = Deployment.load(layout.deployment)
         # reads only; any identity will do (DEV ONLY: the public deployer account)
-        self.pool = PoolClient(connect(layout.rpc_url, timeout=5.0), dep.pool, dev_identity(0))
+        self.pool = PoolClient(connect(layout.rpc_url, timeout=timeout_s), dep.pool, dev_identity(0))
         self.start_block = self.next_block = dep.start_block
         self.counts: Counter[str] = Counter()
         self.recent: list[dict[str, Any]] = []
@@ -75,6 +78,10 @@ class ChainWatch:
             self.next_block = head + 1
 
 
+def _without(d: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in keys}
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, bytes):
         return "0x" + v.hex()
@@ -86,12 +93,18 @@ def _plain(v: Any) -> Any:
 class Observer:
     """Builds snapshots of a running devnet (see the module docstring)."""
 
-    def __init__(self, layout: Layout, timeout_s: float = 3.0) -> None:
+    def __init__(self, layout: Layout, timeout_s: float = 3.0, chain_timeout_s: float = 5.0) -> None:
+        """`timeout_s`: how long a snapshot waits for any role; `chain_timeout_s`: each chain RPC's own timeout
+        (a read past `timeout_s` goes on in its thread until then)."""
         self.layout = layout
         self.timeout_s = timeout_s
-        self.http = httpx.Client(timeout=timeout_s)
+        self.chain_timeout_s = chain_timeout_s
+        self.http = deadline_client(timeout_s)
         self.chain: ChainWatch | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="observer")
+        self._chain_lock = threading.Lock()
+        self._chain_read: tuple[threading.Thread, threading.Event] | None = None
+        self._chain_last: dict[str, Any] = {"up": False}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -110,8 +123,49 @@ class Observer:
         """`_get` of every url at once: a snapshot costs one timeout however many roles hang."""
         return list(self._pool.map(self._get, urls))
 
+    def _read_chain(self, done: threading.Event) -> None:
+        chain: dict[str, Any] = {"up": False}
+        try:
+            if self.chain is None:
+                self.chain = ChainWatch(self.layout, self.chain_timeout_s)
+            self.chain.poll()
+            chain = {"up": True, "events": dict(self.chain.counts), "recent": self.chain.recent[-20:],
+                     "rewards_reserved": self.chain.pool.rewards_reserved(),
+                     "policy_version": self.chain.pool.policy()[0]}
+        except Exception as exc:  # noqa: BLE001 - the chain being down is something to show, not to crash on
+            with self._chain_lock:  # the last values read stay on show beside the error
+                chain = {**_without(self._chain_last, "up", "error"), "up": False,
+                         "error": f"{type(exc).__name__}: {exc}"}
+        with self._chain_lock:
+            self._chain_last = chain
+        done.set()
+
+    def _chain_start(self) -> threading.Event:
+        """A chain read in a daemon thread (so neither the next snapshot nor the process's exit waits for a
+        hung endpoint); one at a time: while one is still running, its event."""
+        with self._chain_lock:
+            if self._chain_read is None or not self._chain_read[0].is_alive():
+                done = threading.Event()
+                thread = threading.Thread(target=self._read_chain, args=(done,), name="observer-chain", daemon=True)
+                self._chain_read = (thread, done)
+                thread.start()
+            return self._chain_read[1]
+
+    def _chain_result(self, done: threading.Event, deadline: float) -> dict[str, Any]:
+        """The chain's part of a snapshot, waited on until `deadline` at most; past it the last values read
+        are shown with `up` False."""
+        answered = done.wait(max(0.0, deadline - time.monotonic()))
+        with self._chain_lock:
+            last = dict(self._chain_last)
+        if answered:
+            return last
+        return {**_without(last, "up", "error"), "up": False,
+                "error": f"no answer from the chain ({self.layout.rpc_url}) within {self.timeout_s:g} s"}
+
     def snapshot(self) -> dict[str, Any]:
         lay = self.layout
+        deadline = time.monotonic() + self.timeout_s
+        chain_read = self._chain_start()  # beside the HTTP reads: a snapshot costs one timeout in all
         metrics = read_metrics(Path(lay.trainer["metrics_file"]))
         trainer = {
             "steps": len(metrics), "max_steps": lay.trainer.get("max_steps"),
@@ -133,16 +187,7 @@ class Observer:
             counts = a.get("counts", {}) if isinstance(a, dict) else {}
             verdicts.update({k: int(c) for k, c in counts.items() if isinstance(c, int)})
             validators.append({"name": v["name"], "address": v["address"], "up": a is not None, "counts": counts})
-        chain: dict[str, Any] = {"up": False}
-        try:
-            if self.chain is None:
-                self.chain = ChainWatch(lay)
-            self.chain.poll()
-            chain = {"up": True, "events": dict(self.chain.counts), "recent": self.chain.recent[-20:],
-                     "rewards_reserved": self.chain.pool.rewards_reserved(),
-                     "policy_version": self.chain.pool.policy()[0]}
-        except Exception as exc:  # noqa: BLE001 - the chain being down is something to show, not to crash on
-            chain["error"] = f"{type(exc).__name__}: {exc}"
+        chain = self._chain_result(chain_read, deadline)
         _, entries = ProcessTable.read(Path(lay.state_dir))
         processes = [{"name": e.name, "role": e.role, "pid": e.pid, "port": e.port, "url": e.url,
                       "alive": e.alive(), "log": e.log, "exit_code": e.exit_code} for e in entries]

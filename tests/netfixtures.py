@@ -64,10 +64,11 @@ def serve_asgi(app: Any, timeout: float = 30.0) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def hung_server(trickle_s: float | None = None) -> Iterator[str]:
+def hung_server(trickle_s: float | None = None, head_first: bool = False) -> Iterator[str]:
     """A loopback peer that accepts connections and never answers (a `SIGSTOP`ped process, a wedged proxy):
     with `trickle_s`, it answers one byte of an endless HTTP response every `trickle_s` seconds instead
-    ("a byte a minute"). Yields its base URL; closes every connection on exit."""
+    ("a byte a minute"); with `head_first` too, the status line and headers come at once and only the body
+    trickles. Yields its base URL; closes every connection on exit."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -76,7 +77,14 @@ def hung_server(trickle_s: float | None = None) -> Iterator[str]:
     conns: list[socket.socket] = []
 
     def trickle(conn: socket.socket) -> None:
-        data = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{" + b" " * 1_000_000
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n"
+        data = head + b"{" + b" " * 1_000_000
+        if head_first:
+            try:
+                conn.sendall(head)
+            except OSError:
+                return
+            data = data[len(head):]
         for i in range(len(data)):
             if stop.wait(trickle_s):
                 return

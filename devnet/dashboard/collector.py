@@ -9,7 +9,10 @@ file, nodes' `/health`, validators' `/v1/audit` counts, the pool's events), and 
   (`GET /v/{version}/manifest`): how long each version took to reach each node;
 - the pool (`getNode`: stake, status, accepted units).
 
-A role that does not answer is shown as down; a hostile or broken answer is skipped, never a crash.
+A role that does not answer is shown as down; a hostile or broken answer is skipped, never a crash. Nothing
+waits on a hung role (issue 26 item 3): every read has a total deadline, and a validator, node or chain the
+snapshot already shows as not answering is not asked again in the same collection (its last answers are
+shown), so a stopped role costs a collection one timeout, in the snapshot, not one per read.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import httpx
 
 from devnet.network import Layout
 from devnet.view import View
+from protocol.deadline import PeerTimeoutError, bounded_request, deadline_client
 
 log = logging.getLogger(__name__)
 
@@ -79,28 +83,31 @@ class Collector:
     def __init__(self, layout: Layout, view: View, timeout_s: float = 3.0) -> None:
         self.layout = layout
         self.view = view
-        self.http = httpx.Client(timeout=timeout_s)
+        self.timeout_s = timeout_s
+        self.http = deadline_client(timeout_s)
         self._lock = threading.Lock()
         self._items: dict[str, dict[str, dict[str, Any]]] = {v["url"]: {} for v in layout.validators}
         self._cursor: dict[str, float] = {v["url"]: 0.0 for v in layout.validators}
         self._created: dict[int, float] = {}
         self._pool: Any = None
+        self._chain_last: dict[str, dict[str, Any]] = {}
+        self._metrics_last: dict[str, str] = {}
 
     def close(self) -> None:
         self.http.close()
 
     def _json(self, url: str, **params: Any) -> Any:
         try:
-            r = self.http.get(url, params=params or None)
+            r = bounded_request(self.http, "GET", url, self.timeout_s, params=params or None, max_bytes=64 << 20)
             return r.json() if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, PeerTimeoutError):
             return None
 
     def _text(self, url: str) -> str | None:
         try:
-            r = self.http.get(url)
+            r = bounded_request(self.http, "GET", url, self.timeout_s)
             return r.text if r.status_code == 200 else None
-        except httpx.HTTPError:
+        except (httpx.HTTPError, PeerTimeoutError):
             return None
 
     def _submissions(self, url: str) -> bool:
@@ -151,7 +158,10 @@ class Collector:
                         self._manifest_created(v["version"])
                 return
 
-    def _chain_nodes(self) -> dict[str, dict[str, Any]]:
+    def _chain_nodes(self, chain_up: bool) -> dict[str, dict[str, Any]]:
+        """Each node's record on chain; while the snapshot shows the chain not answering, the last one read."""
+        if not chain_up:
+            return self._chain_last
         out: dict[str, dict[str, Any]] = {}
         try:
             if self._pool is None:
@@ -169,6 +179,8 @@ class Collector:
                                      "accepted_units": int(info.accepted_units)}
         except Exception as exc:  # noqa: BLE001 - the chain being down is shown, not raised
             log.debug("dashboard: chain read failed: %s", exc)
+        if out:
+            self._chain_last = out
         return out
 
     def collect(self) -> dict[str, Any]:
@@ -180,15 +192,17 @@ class Collector:
         snap = self.view.refresh()  # what the roles say now: the summary loop's may be seconds old
         validators = []
         totals = {"received": 0, "accepted": 0, "rejected_hard": 0, "rejected_soft": 0, "pending": 0}
+        down = {v["url"] for v, seen in zip(self.layout.validators, snap.get("validators", []), strict=False)
+                if isinstance(seen, dict) and seen.get("up") is False}
         for v, seen in zip(self.layout.validators, snap.get("validators", []), strict=False):
-            up = self._submissions(v["url"])
+            up = v["url"] not in down and self._submissions(v["url"])
             counts = seen.get("counts", {}) if isinstance(seen, dict) else {}
             for k in totals:
                 totals[k] += int(counts.get(k, 0)) if isinstance(counts.get(k, 0), int) else 0
             validators.append({"name": v["name"], "address": v["address"], "url": v["url"], "up": up,
                                "counts": counts, "listed": len(self._items[v["url"]])})
         self._scan_versions()
-        chain_nodes = self._chain_nodes()
+        chain_nodes = self._chain_nodes(bool(snap.get("chain", {}).get("up", True)))
         health = {n.get("address"): n for n in snap.get("nodes", []) if isinstance(n, dict)}
         nodes, all_delays = [], []
         for n in self.layout.nodes:
@@ -196,6 +210,8 @@ class Collector:
             verdicts: dict[str, dict[str, int]] = {}
             pending = 0
             for v in self.layout.validators:
+                if v["url"] in down:
+                    continue
                 summary = self._json(f"{v['url']}/v1/nodes/{addr}")
                 if not isinstance(summary, dict):
                     continue
@@ -206,15 +222,18 @@ class Collector:
                                 slot = verdicts.setdefault(str(outcome), {})
                                 slot[str(reason)] = slot.get(str(reason), 0) + count
                 pending += int(summary.get("pending", 0)) if isinstance(summary.get("pending"), int) else 0
-            metrics = self._text(n["url"] + "/metrics")
-            started = parse_started(metrics) if metrics is not None else {}
+            h = health.get(addr, {})
+            metrics = None if h.get("up") is False else self._text(n["url"] + "/metrics")
+            if metrics is not None:
+                self._metrics_last[addr] = metrics
+            last = self._metrics_last.get(addr)
+            started = parse_started(last) if last is not None else {}
             delays = []
             for version, at in sorted(started.items()):
                 created = self._manifest_created(version) if version > 0 else None
                 if created is not None:
                     delays.append({"version": version, "delay_s": round(max(0.0, at - created), 3)})
             all_delays += [d["delay_s"] for d in delays]
-            h = health.get(addr, {})
             nodes.append({
                 "name": n["name"], "address": addr, "up": bool(h.get("up")) or metrics is not None,
                 "state": h.get("state"), "policy_version": h.get("policy_version"),

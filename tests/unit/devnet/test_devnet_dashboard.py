@@ -1,6 +1,6 @@
 """devnet/dashboard: the collector's pure parts, the node metric it reads (from a real node Monitor), and the
 page rendered by a real headless Chromium from a file (offline: no network, no script), hostile strings
-escaped. The page against a running devnet is tests/e2e/test_devnet.py."""
+escaped; a collection never waits on a hung role. The page against a running devnet is tests/e2e/test_devnet.py."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from headless import dump_dom, marked
+from netfixtures import hung_server
 
-from devnet.dashboard.collector import parse_started, percentile, timeline
+from devnet.dashboard.collector import Collector, parse_started, percentile, timeline
 from devnet.dashboard.page import render
+from devnet.network import Layout
+from devnet.view import View
 from node.monitor import Monitor
 from node.worker import Tally
 
@@ -162,3 +166,26 @@ def test_every_node_and_validator_supplied_field_is_escaped() -> None:
         assert {k for k, _ in seen.attrs} <= {k for k, _ in honest.attrs}, evil
         # and the string itself is shown (as text), not dropped
         assert any(evil in t for t in seen.text), evil
+
+
+@pytest.mark.timeout(60)
+def test_a_collection_never_waits_on_a_hung_role(tmp_path: Path) -> None:
+    """Roles that answer a body a byte every 0.2 s (httpx's per-read timeout never fires): the validator, node
+    and chain the snapshot shows as not answering are not asked again, and the origin and relay the collector
+    reads on its own are given up at its deadline."""
+    with hung_server(0.2, head_first=True) as hung:
+        layout = Layout(state_dir=str(tmp_path), model="tiny", run={}, rpc_url=hung,
+                        deployment=str(tmp_path / "deployment.json"), trainer={}, origin=hung, relays=[hung],
+                        validators=[{"name": "validator-0", "address": "0x" + "11" * 20, "url": hung}],
+                        nodes=[{"name": "node-0", "address": "0x" + "22" * 20, "url": hung}])
+        snap = {"trainer": {}, "validators": [{"name": "validator-0", "up": False, "counts": {}}],
+                "nodes": [{"name": "node-0", "address": "0x" + "22" * 20, "up": False}],
+                "chain": {"up": False, "error": "no answer"}}
+        collector = Collector(layout, View(layout, lambda: snap, dict), timeout_s=1.0)
+        try:
+            data = collector.collect()
+        finally:
+            collector.close()
+    assert [v["up"] for v in data["validators"]] == [False]
+    assert [n["up"] for n in data["nodes"]] == [False]
+    assert data["chain"]["up"] is False
