@@ -241,8 +241,10 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
     from node.protection import SlashingProtection
     from node.weights import PolicyWeights
     from node.worker import ValidatorDirectory, Worker
+    from protocol.deadline import deadline_client
 
-    with httpx.Client(timeout=cfg.submit.timeout_s) as http:
+    # A validator that trickles its status line and headers is given up at the deadline too (protocol/deadline.py).
+    with deadline_client(cfg.submit.timeout_s) as http:
         run, model, domain = run_rules(cfg, chain, http)
         history = PolicyHistory(chain.client(node), chain.start_block)
         gossip = None

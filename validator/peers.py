@@ -15,9 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import httpx
-
-from protocol.deadline import bounded_request
+from protocol.deadline import bounded_request, deadline_client
 from protocol.identity import checksum
 
 log = logging.getLogger(__name__)
@@ -40,7 +38,7 @@ class PeerWatch:
         self.failover_after_s = failover_after_s
         self.peers = [PeerState(u.rstrip("/")) for u in urls]
         self.timeout_s = timeout_s
-        self._http = httpx.Client(timeout=timeout_s)
+        self._http = deadline_client(timeout_s)  # headers trickled by a peer end at the deadline too
         self._lock = threading.Lock()
 
     def probe(self) -> None:
