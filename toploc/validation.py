@@ -1,8 +1,11 @@
 """One prefill, then every measurement a validator needs for a batch of submitted sequences.
 
 The node proves the final hidden states that produced its generated tokens (`prove`); the
-validator re-runs the claimed policy over prompt + completion in one batched prefill
-(`models.forward`), takes the same rows (positions len(prompt)-1 ... len(prompt)+n-2), and gets:
+validator re-runs the claimed policy over prompt + completion in batched prefills
+(`models.scoring.Scorer`: each distinct prompt once, its KV cache reused by every sample of it, on the
+engine's measured kernels), takes the same rows (positions len(prompt)-1 ... len(prompt)+n-2), runs
+the LM head and the seeded replay over the rows of all sequences at once (`_HEAD_ROWS` at a time, the
+float32 logits of a block dropped once replayed), and gets:
 
 - TOPLOC measurements per chunk of `decode_batching_size` generated tokens,
 - the sampling replay (margins of every submitted token under the protocol seed),
