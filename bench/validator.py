@@ -38,6 +38,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import sys
@@ -120,7 +121,8 @@ def matmul_gflops(dtype: str, seconds: float, n: int = 512) -> float:
 
 
 def matmul_peak(dtype: str, seconds: float) -> dict[str, Any]:
-    """The best GFLOP/s of any `models.kernels` path in `dtype` on a dense 1024 x 1024 weight at 512 rows."""
+    """The best GFLOP/s of any `models.kernels` path in `dtype` on a dense 1024 x 1024 weight at 512 rows (the
+    fastest of many single calls: other processes on a shared box only ever slow a call down)."""
     import torch
 
     from models.kernels import Linear, candidates
@@ -132,11 +134,12 @@ def matmul_peak(dtype: str, seconds: float) -> dict[str, Any]:
         for path in candidates(dt):
             lin = Linear(w, None, path)
             lin(x)
-            k, t0 = 0, time.perf_counter()
+            fastest, t0 = math.inf, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
+                t1 = time.perf_counter()
                 lin(x)
-                k += 1
-            rates[path] = 2 * 512 * 1024 * 1024 * k / (time.perf_counter() - t0) / 1e9
+                fastest = min(fastest, time.perf_counter() - t1)
+            rates[path] = 2 * 512 * 1024 * 1024 / fastest / 1e9
     best = max(rates, key=lambda p: rates[p])
     return {"gflops": rates[best], "path": best, "paths": rates}
 

@@ -79,7 +79,8 @@ class Scorer:
         with torch.inference_mode():
             if self.fast is not None:
                 return self.fast.logits(hidden)
-            return output_head(self.loaded.model)(hidden).float()
+            out: torch.Tensor = output_head(self.loaded.model)(hidden).float()
+            return out
 
     # -- hidden states --------------------------------------------------------------------------------
 
