@@ -39,7 +39,9 @@ from models.llama import FastLlama
 from models.loading import LoadedModel, output_head
 from protocol.errors import ModelError
 
-_SCORERS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, ...], Scorer]] = weakref.WeakKeyDictionary()
+_FAST: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, ...], FastLlama]] = weakref.WeakKeyDictionary()
+"""model -> (its weights' versions, its FastLlama). A FastLlama holds the model's tensors and submodules but not
+the model itself, so an entry goes when its model does (a validator drops old policy versions)."""
 
 
 def _weight_versions(model: torch.nn.Module) -> tuple[int, ...]:
@@ -52,25 +54,29 @@ class Scorer:
 
     def __init__(
         self, loaded: LoadedModel, *, fast_path: bool | None = None, kernel: str | None = None,
-        kernel_cache: Path | None = None,
+        kernel_cache: Path | None = None, prebuilt: FastLlama | None = None,
     ) -> None:
-        """``fast_path``, ``kernel`` and ``kernel_cache`` as for ``models.engine.Engine``."""
+        """``fast_path``, ``kernel`` and ``kernel_cache`` as for ``models.engine.Engine``; ``prebuilt``: a
+        ``FastLlama`` already built on ``loaded``'s current weights (what ``of`` passes)."""
         self.loaded = loaded
         use_fast = FastLlama.supports(loaded) if fast_path is None else fast_path
         if use_fast and not FastLlama.supports(loaded):
             raise ModelError(f"no fast path for model type {loaded.model.config.model_type!r}")
-        self.fast = FastLlama(loaded, kernel=kernel, kernel_cache=kernel_cache) if use_fast else None
+        if not use_fast:
+            self.fast: FastLlama | None = None
+        else:
+            self.fast = prebuilt or FastLlama(loaded, kernel=kernel, kernel_cache=kernel_cache)
 
     @classmethod
     def of(cls, loaded: LoadedModel) -> Scorer:
         """The scorer of ``loaded``'s model (built once, rebuilt after an in-place weight change)."""
+        if not FastLlama.supports(loaded):
+            return cls(loaded)
         versions = _weight_versions(loaded.model)
-        held = _SCORERS.get(loaded.model)
-        if held is not None and held[0] == versions and held[1].loaded.model is loaded.model:
-            return held[1]
-        scorer = cls(loaded)
-        _SCORERS[loaded.model] = (versions, scorer)
-        return scorer
+        held = _FAST.get(loaded.model)
+        if held is None or held[0] != versions:
+            held = _FAST[loaded.model] = (versions, FastLlama(loaded))
+        return cls(loaded, prebuilt=held[1])
 
     # -- logits ---------------------------------------------------------------------------------------
 
