@@ -18,7 +18,7 @@ integration tests), with honest submissions built the way a node builds them (ge
    pipeline's public timing hook `Pipeline.timer`, a `protocol.timing.StageTimer`), and the model's part
    (body + LM head: the matmul FLOPs the check runs, each distinct prompt once) is given in GFLOP/s and
    as a fraction of this machine's matmul peak in that dtype (`matmul_peak`: the best of the
-   `models.kernels` paths on a 1024 x 1024 weight at 512 rows, measured at the start).
+   `models.kernels` paths on a 1024 x 1024 weight at 512 rows, the better of the start and the end).
 3. Junk flood: N junk POSTs (malformed bytes, forged signatures, correctly signed submissions of
    unregistered nodes, oversized bodies declared and chunked) at a running validator (a subprocess,
    all its loops on, like `prime-validator`); its VmRSS is sampled from /proc during the flood
@@ -540,6 +540,13 @@ def main() -> int:
     finally:
         chain.stop()
     info["load_average_end"] = os.getloadavg()
+    for d in dtypes:  # measured again at the end: on a shared box the start may have had no quiet moment
+        again = matmul_peak(d, 0.05 if smoke else 0.5)
+        if again["gflops"] > args.peak[d]["gflops"]:
+            args.peak[d] = again
+            for r in results["models"].values():
+                if r["dtype"] == d:
+                    r["check_model_share_of_peak"] = r["check_model_gflops"] / again["gflops"]
     results["validation_over_generation"] = {m: r["validation_over_generation"] for m, r in results["models"].items()}
     results["cheap_checks_per_s"] = {m: r["intake_per_s"] for m, r in results["models"].items()}
     report(results)
@@ -564,7 +571,7 @@ def report(res: dict[str, Any]) -> None:
               f"{r['submission_bytes_mean']:>10.0f} {r['generation_gflops']:>12.1f} {r['check_model_gflops']:>16.1f} "
               f"{r['check_model_share_of_peak']:>8.0%}")
     peaks = ", ".join(f"{d} {p['gflops']:.1f} ({p['path']})" for d, p in info["matmul_peak"].items())
-    print(f"(matmul peak at the start, GFLOP/s: {peaks}; prefill GFLOP/s = the check's matmul FLOPs / time in the "
+    print(f"(matmul peak, the better of the start and the end, GFLOP/s: {peaks}; prefill GFLOP/s = the check's matmul FLOPs / time in the "
           "body and the lm head)")
     for m, r in res["models"].items():
         print(f"\n{m}: full-check time by stage ({r['check_s']:.2f} s)")
