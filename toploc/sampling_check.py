@@ -79,10 +79,12 @@ def check_sampling(
     """Replay the draws of `tokens` (T,) from the validator's `logits` (T, V).
 
     Row t of `logits` is the distribution the t-th generated token was drawn from (the prefill
-    output at the position before it); its sampler step is `first_step + t`.
+    output at the position before it); its sampler step is `first_step + t`. (`replay_draws` does
+    the same for rows of many sequences at once.)
     """
     import torch
 
+    from models.sampling import process_logits
 
     if logits.dim() != 2:
         raise ProtocolError(f"logits must be (T, V), got shape {tuple(logits.shape)}")
@@ -90,27 +92,53 @@ def check_sampling(
     ids = _as_token_list(tokens, vocab)
     if len(ids) != seq:
         raise ProtocolError(f"{len(ids)} tokens for {seq} logit rows")
-    if not 0 <= seed < 2**63:
-        raise ProtocolError(f"seed must be in [0, 2**63), got {seed}")
+    check_seed(seed)
+    device = logits.device
+    token_tensor = torch.tensor(ids, dtype=torch.int64, device=device)
+    steps = torch.arange(first_step, first_step + seq, dtype=torch.int64, device=device)
+    seeds = torch.full((seq,), seed, dtype=torch.int64, device=device)
     margins: list[float] = []
     winners: list[int] = []
-    token_tensor = torch.tensor(ids, dtype=torch.int64, device=logits.device)
     for start in range(0, seq, _ROWS_PER_BLOCK):
         end = min(seq, start + _ROWS_PER_BLOCK)
-        steps = torch.arange(first_step + start, first_step + end, dtype=torch.int64, device=logits.device)
-        seeds = torch.full((end - start,), seed, dtype=torch.int64, device=logits.device)
-        best, arg, chosen = _replay_block(logits[start:end], token_tensor[start:end], params, seeds, steps)
-        margin = (best.double() - chosen.double())
-        margin = torch.where(torch.isfinite(chosen), margin, torch.full_like(margin, math.inf))
+        processed = process_logits(logits[start:end], params)
+        margin, arg = replay_draws(processed, token_tensor[start:end], params, seeds[start:end], steps[start:end])
         margins.extend(float(m) for m in margin.tolist())
         winners.extend(int(w) for w in arg.tolist())
+    return sampling_check(margins, winners, ids, tolerance)
+
+
+def check_seed(seed: int) -> None:
+    """Raise `ProtocolError` unless `seed` is a protocol sampling seed (in [0, 2**63))."""
+    if not 0 <= seed < 2**63:
+        raise ProtocolError(f"seed must be in [0, 2**63), got {seed}")
+
+
+def sampling_check(margins: Sequence[float], winners: Sequence[int], tokens: Sequence[int],
+                   tolerance: float) -> SamplingCheck:
+    """The `SamplingCheck` of one sequence from its replayed margins and winners (see `replay_draws`)."""
     bad = tuple(i for i, m in enumerate(margins) if m > tolerance)
-    near = tuple(i for i, (m, w) in enumerate(zip(margins, winners, strict=True)) if w != ids[i] and m <= tolerance)
+    near = tuple(i for i, (m, w) in enumerate(zip(margins, winners, strict=True))
+                 if w != tokens[i] and m <= tolerance)
     return SamplingCheck(tuple(margins), tuple(winners), bad, tolerance, near)
 
 
+def replay_draws(
+    processed: torch.Tensor, tokens: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, steps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(margin float64, winner) per row: row r is the draw of `tokens[r]` from `processed[r]`
+    (`models.sampling.process_logits` of its logits) with `seeds[r]` at sampler step `steps[r]`. The
+    rows may come from any number of sequences: every row is replayed on its own."""
+    import torch
+
+    best, arg, chosen = _replay_block(processed, tokens, params, seeds, steps)
+    margin = best.double() - chosen.double()
+    margin = torch.where(torch.isfinite(chosen), margin, torch.full_like(margin, math.inf))
+    return margin, arg
+
+
 def _replay_block(
-    logits: torch.Tensor, tokens: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, steps: torch.Tensor
+    processed: torch.Tensor, tokens: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, steps: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(winner's score, winner, submitted token's score) per row of `processed + gumbel`.
 
@@ -120,9 +148,8 @@ def _replay_block(
     """
     import torch
 
-    from models.sampling import GUMBEL_BOUND, gumbel_at, gumbel_noise, process_logits
+    from models.sampling import GUMBEL_BOUND, gumbel_at, gumbel_noise
 
-    processed = process_logits(logits, params)
     b, v = processed.shape
     rows = torch.arange(b, device=processed.device)
     if params.greedy:

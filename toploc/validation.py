@@ -1,8 +1,11 @@
 """One prefill, then every measurement a validator needs for a batch of submitted sequences.
 
 The node proves the final hidden states that produced its generated tokens (`prove`); the
-validator re-runs the claimed policy over prompt + completion in one batched prefill
-(`models.forward`), takes the same rows (positions len(prompt)-1 ... len(prompt)+n-2), and gets:
+validator re-runs the claimed policy over prompt + completion in batched prefills
+(`models.scoring.Scorer`: each distinct prompt once, its KV cache reused by every sample of it, on the
+engine's measured kernels), takes the same rows (positions len(prompt)-1 ... len(prompt)+n-2), runs
+the LM head and the seeded replay over the rows of all sequences at once (`_HEAD_ROWS` at a time, the
+float32 logits of a block dropped once replayed), and gets:
 
 - TOPLOC measurements per chunk of `decode_batching_size` generated tokens,
 - the sampling replay (margins of every submitted token under the protocol seed),
@@ -29,7 +32,14 @@ from typing import TYPE_CHECKING
 from protocol.errors import ModelError, ProofError, ProtocolError
 from protocol.timing import StageTimer, stage
 from toploc.proofs import VerificationResult, build_proofs_bytes, verify_proofs_bytes
-from toploc.sampling_check import SamplingCheck, TerminationCheck, check_sampling, check_termination
+from toploc.sampling_check import (
+    SamplingCheck,
+    TerminationCheck,
+    check_seed,
+    check_termination,
+    replay_draws,
+    sampling_check,
+)
 from toploc.thresholds import ToplocThresholds
 
 if TYPE_CHECKING:
@@ -37,6 +47,7 @@ if TYPE_CHECKING:
 
     from models.loading import LoadedModel
     from models.sampling import SamplingParams
+    from models.scoring import Scorer
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +120,7 @@ def measure(
     module docstring)."""
     import torch
 
-    from models.forward import prefill
+    from models.scoring import Scorer
 
     cfg = config or ToplocThresholds()
     reports: list[SequenceReport | None] = [None] * len(rollouts)
@@ -120,67 +131,87 @@ def measure(
             reports[i] = SequenceReport((), None, None, err)
         else:
             todo.append(i)
-    todo.sort(key=lambda i: len(rollouts[i].prompt_tokens) + len(rollouts[i].tokens))
-    head = loaded.model.get_output_embeddings()  # type: ignore[no-untyped-call]
-    groups: list[list[int]] = []
+    if not todo:
+        return [r for r in reports if r is not None]
+    # The samples of a task share their prompt: each distinct prompt is prefilled once (models.scoring).
+    prompt_ids: dict[tuple[int, ...], int] = {}
     for i in todo:
-        length = len(rollouts[i].prompt_tokens) + len(rollouts[i].tokens) - 1
-        if groups and (len(groups[-1]) + 1) * length <= batch_tokens:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    for group in groups:
-        seqs = [list(rollouts[i].prompt_tokens) + list(rollouts[i].tokens[:-1]) for i in group]
-        width = max(len(s) for s in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, s in enumerate(seqs):  # right padding: real positions start at 0 in every row
-            ids[row, : len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[row, : len(s)] = 1
+        prompt_ids.setdefault(tuple(rollouts[i].prompt_tokens), len(prompt_ids))
+    try:
+        with stage(timer, "measure.prefill"):
+            scorer = Scorer.of(loaded)
+            hiddens = scorer.hidden(list(prompt_ids), [list(rollouts[i].tokens) for i in todo],
+                                    [prompt_ids[tuple(rollouts[i].prompt_tokens)] for i in todo],
+                                    batch_tokens=batch_tokens)
+    except ModelError as exc:  # prechecked, so this is the model failing: fail the batch loudly
+        raise ModelError(f"validation prefill failed: {exc}") from exc
+    replay = []  # (index, hidden, TOPLOC results) of the rollouts whose proofs and seed parse
+    for i, hidden in zip(todo, hiddens, strict=True):
+        r = rollouts[i]
         try:
-            with stage(timer, "measure.prefill"):
-                out = prefill(loaded, ids, mask, logits_last_only=True)
-        except ModelError as exc:  # prechecked, so this is the model failing: fail the group loudly
-            raise ModelError(f"validation prefill failed: {exc}") from exc
-        for row, i in enumerate(group):
-            r = rollouts[i]
-            start = len(r.prompt_tokens) - 1
-            hidden = out.hidden[row, start : start + len(r.tokens)]
-            with stage(timer, "measure.lm_head"), torch.inference_mode():
-                logits = head(hidden).float()
-            with stage(timer, "measure.logprobs"):
-                reports[i] = _measure_one(r, hidden, logits, params, cfg, loaded.eos_token_ids, timer)
+            with stage(timer, "measure.toploc"):
+                proofs = verify_proofs_bytes(hidden.to(torch.bfloat16), list(r.proofs), cfg.decode_batching_size,
+                                             cfg.topk, skip_prefill=True)
+        except ProofError as exc:
+            reports[i] = SequenceReport((), None, None, f"malformed proof: {exc}")
+            continue
+        try:
+            check_seed(r.seed)
+        except ProtocolError as exc:
+            reports[i] = SequenceReport(tuple(proofs), None, None, f"malformed rollout: {exc}")
+            continue
+        replay.append((i, hidden, proofs))
+    if not replay:
+        return [r for r in reports if r is not None]
+    margins, winners, logprobs = _replay(scorer, [(rollouts[i], h) for i, h, _ in replay], params, timer)
+    at = 0
+    for i, _, proofs in replay:
+        r = rollouts[i]
+        n = len(r.tokens)
+        with stage(timer, "measure.sampling"):
+            sampling = sampling_check(margins[at : at + n], winners[at : at + n], list(r.tokens),
+                                      cfg.sampling_margin_tolerance)
+        with stage(timer, "measure.termination"):
+            termination = check_termination(list(r.tokens), eos_token_ids=loaded.eos_token_ids,
+                                            max_tokens=r.max_tokens, sampling=sampling)
+        with stage(timer, "measure.logprobs"):
+            reports[i] = SequenceReport(tuple(proofs), sampling, termination, logprobs=tuple(logprobs[at : at + n]))
+        at += n
     return [r for r in reports if r is not None]
 
 
-def _measure_one(
-    r: Rollout,
-    hidden: torch.Tensor,
-    logits: torch.Tensor,
-    params: SamplingParams,
-    cfg: ToplocThresholds,
-    eos_token_ids: Sequence[int],
-    timer: StageTimer | None = None,
-) -> SequenceReport:
+_HEAD_ROWS = 256
+"""Rows per LM head call: bounds the [rows, vocab] float32 logits (256 x 49,152 = 50 MB) while the head's
+matmul still reads its weight once for many rows."""
+
+
+def _replay(
+    scorer: Scorer, items: list[tuple[Rollout, torch.Tensor]], params: SamplingParams, timer: StageTimer | None
+) -> tuple[list[float], list[int], list[float]]:
+    """(margins, winners, sampling logprobs) of every submitted token of `items`, in order: the LM head and the
+    seeded replay over the rows of all sequences at once, `_HEAD_ROWS` at a time."""
     import torch
 
-    try:
-        with stage(timer, "measure.toploc"):
-            proofs = verify_proofs_bytes(hidden.to(torch.bfloat16), list(r.proofs), cfg.decode_batching_size,
-                                         cfg.topk, skip_prefill=True)
-    except ProofError as exc:
-        return SequenceReport((), None, None, f"malformed proof: {exc}")
     from models.sampling import process_logits
 
-    try:
+    with stage(timer, "measure.logprobs"):
+        hidden = torch.cat([h for _, h in items])
+        tokens = torch.tensor([t for r, _ in items for t in r.tokens], dtype=torch.long, device=hidden.device)
+        seeds = torch.tensor([r.seed for r, _ in items for _ in r.tokens], dtype=torch.long, device=hidden.device)
+        steps = torch.cat([torch.arange(len(r.tokens), dtype=torch.long) for r, _ in items]).to(hidden.device)
+    margins: list[float] = []
+    winners: list[int] = []
+    logprobs: list[float] = []
+    for r0 in range(0, hidden.shape[0], _HEAD_ROWS):
+        r1 = min(hidden.shape[0], r0 + _HEAD_ROWS)
+        with stage(timer, "measure.lm_head"):
+            logits = scorer.logits(hidden[r0:r1])
         with stage(timer, "measure.sampling"):
-            sampling = check_sampling(logits, list(r.tokens), params, r.seed,
-                                      tolerance=cfg.sampling_margin_tolerance)
-        with stage(timer, "measure.termination"):
-            termination = check_termination(list(r.tokens), eos_token_ids, r.max_tokens, sampling)
-    except ProtocolError as exc:
-        return SequenceReport(tuple(proofs), None, None, f"malformed rollout: {exc}")
-    processed = process_logits(logits, params)
-    chosen = processed.gather(-1, torch.tensor(list(r.tokens), dtype=torch.long).unsqueeze(-1)).squeeze(-1)
-    logprobs = (chosen - torch.logsumexp(processed, dim=-1)).tolist()
-    return SequenceReport(tuple(proofs), sampling, termination, logprobs=tuple(float(x) for x in logprobs))
+            processed = process_logits(logits, params)
+            margin, arg = replay_draws(processed, tokens[r0:r1], params, seeds[r0:r1], steps[r0:r1])
+            margins.extend(margin.tolist())
+            winners.extend(arg.tolist())
+        with stage(timer, "measure.logprobs"):
+            chosen = processed.gather(-1, tokens[r0:r1, None]).squeeze(-1)
+            logprobs.extend((chosen - torch.logsumexp(processed, dim=-1)).tolist())
+    return margins, winners, logprobs
