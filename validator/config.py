@@ -52,13 +52,14 @@ class CheckSettings(Section):
     """A token counts as a sampling mismatch when the replayed winner beats it by more than this."""
     max_sampling_mismatches: int = Field(0, ge=0)
     """A sample fails with more sampling mismatches than this."""
-    eos_tie_drift: float = Field(0.25, ge=0.0)
+    eos_tie_drift: float = Field(0.5, ge=0.0)
     """Measured honest drift of replay margins. An EOS the replay ranks first that the node replaced by a
-    token within the sampling tolerance (a skipped near-tie EOS) is a hard `termination` failure unless its
-    margin is at most this (then float noise can explain the flip; the node is paid only up to the replay's
-    EOS either way). The default covers the nodes a run admits by default, bf16 ones included: honest CPU fp32
-    nodes measure margins of 0.0 (bench/attacks.py), honest bf16 ones up to 0.096 (SmolLM2 in vLLM, pre-flight)
-    and a skipped near-tie EOS at 0.08 (bench/validator.py, bf16); a network of fp32 nodes only can set 0.01."""
+    token within the sampling tolerance (a skipped near-tie EOS) is a hard `termination` failure when its
+    margin is above this; at or below it, float noise can explain the flip. The node is paid only up to the
+    replay's EOS either way. The default admits bf16 nodes, whose honest margins against a replay reach ~0.3
+    (bench/validator.py, bf16; 0.096 for SmolLM2 in vLLM at pre-flight), so it equals the sampling tolerance;
+    a run whose nodes all generate in fp32 (honest margins 0.0, bench/attacks.py) sets 0.01 and then a
+    node that skips near-tie EOS tokens is slashed."""
     batch_tokens: int = Field(8192, ge=64)
     """Padded tokens per validation prefill."""
     batch_submissions: int = Field(8, ge=1)

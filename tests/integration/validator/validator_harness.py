@@ -106,12 +106,18 @@ def serve(cfg: ValidatorConfig, identity: Identity, port: int = 0) -> Served:
     return Served(service, f"http://127.0.0.1:{port}", server, thread)
 
 
+FP32_EOS_TIE_DRIFT = 0.01
+"""`checks.eos_tie_drift` for a run whose nodes all generate in fp32 (the harness's validators)."""
+
+
 def validator_config(state_dir: Path, deployment_path: Path, rpc_url: str, **overrides: Any) -> ValidatorConfig:
     values: dict[str, Any] = {
         "state_dir": state_dir, "run": RUN, "model": TINY,
         "chain": {"deployment": deployment_path, "rpc_url": rpc_url, "poll_s": 0.2},
         "systemic": {"window_s": 0.5, "min_nodes": 3, "fraction": 0.5},
         "reporter": {"interval_s": 0.2},
+        # the tiny model in fp32 everywhere: honest replay margins are 0.0, so a skipped near-tie EOS is a cheat
+        "checks": {"eos_tie_drift": FP32_EOS_TIE_DRIFT},
     }
     values.update(overrides)
     return ValidatorConfig.model_validate(values)
