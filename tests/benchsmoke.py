@@ -5,8 +5,9 @@ whole devnet for `faults` and `learning`), and most of the suite waits on server
 the runs start as soon as collection ends (`tests/conftest.py`), at a lower CPU priority (nice 10), and
 soak up the CPU the suite leaves idle; `tests/unit/bench/test_bench_smoke.py` then only waits for its
 program's result. Two run at a time: one lane for the programs that start a devnet (never two devnets
-beside each other), one for the rest. A niced process still gets every cycle when nothing else wants
-it, so a test that waits for its run costs no more than running it then would.
+beside each other), one for the rest. Once a smoke test waits, the suite has nothing else to do, so every
+run still going (and every one still to start) is put back to normal priority (`hurry`): on a box busy
+with other work a niced run would crawl.
 
 Only the selected tests' programs run (`-k`, `-m`, a single file: whatever pytest selected).
 """
@@ -40,14 +41,16 @@ Result = tuple[int, str, str]
 class Smoke:
     """One program's smoke run; `run()` returns (exit code, stdout, stderr) and leaves its JSON at `out`."""
 
-    def __init__(self, name: str, work: Path) -> None:
+    def __init__(self, name: str, work: Path, hurried: threading.Event | None = None) -> None:
         self.name, self.work, self.out = name, work, work / "out.json"
         self.proc: subprocess.Popen[str] | None = None
         self.stopped = threading.Event()
+        self.hurried = hurried or threading.Event()
 
     def run(self, nice: int = 0) -> Result:
         if self.stopped.is_set():
             return -1, "", "not started: the session ended"
+        nice = 0 if self.hurried.is_set() else nice
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, str(BENCH / f"{self.name}.py"), "--smoke", "--json", str(self.out)],
@@ -62,16 +65,29 @@ class Smoke:
             stderr += f"\nkilled after {TIMEOUT_S} s"
         return self.proc.returncode, stdout, stderr
 
-    def stop(self) -> None:
-        """Kill the run and everything it started (a devnet's roles live in process groups of their own)."""
-        self.stopped.set()
+    def _tree(self) -> list[psutil.Process]:
+        """The run's process and everything it started (a devnet's roles live in process groups of their own)."""
         if self.proc is None or self.proc.poll() is not None:
-            return
+            return []
         try:
-            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+            return [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
-            tree = []
-        for p in tree:
+            return []
+
+    def renice(self) -> None:
+        """Back to normal priority (raising priority needs root or CAP_SYS_NICE; elsewhere it stays niced)."""
+        for p in self._tree():
+            try:
+                p.nice(0)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+
+    def stop(self) -> None:
+        """Kill the run and everything it started."""
+        self.stopped.set()
+        if self.proc is None:
+            return
+        for p in self._tree():
             try:
                 p.kill()
             except psutil.NoSuchProcess:
@@ -84,7 +100,8 @@ class Background:
 
     def __init__(self, names: list[str]) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
-        self.runs = {n: Smoke(n, self.dir / n) for n in names}
+        self.hurried = threading.Event()
+        self.runs = {n: Smoke(n, self.dir / n, self.hurried) for n in names}
         for run in self.runs.values():
             run.work.mkdir()
         self.lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"bench-smoke-{i}") for i in range(2)]
@@ -92,6 +109,12 @@ class Background:
         for name in sorted(names):
             lane = self.lanes[0 if name in DEVNETS else 1]
             self.futures[name] = lane.submit(self.runs[name].run, NICE)
+
+    def hurry(self) -> None:
+        """A test waits: every run from now on at normal priority (see the module docstring)."""
+        self.hurried.set()
+        for run in self.runs.values():
+            run.renice()
 
     def stop(self) -> None:
         for run in self.runs.values():

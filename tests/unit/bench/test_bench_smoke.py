@@ -90,6 +90,7 @@ def test_smoke_mode_runs_and_writes_its_json(name: str, tmp_path: Path) -> None:
     background = benchsmoke.started()
     if background is not None and name in background.futures:
         smoke = background.runs[name]
+        background.hurry()
         code, stdout, stderr = background.futures[name].result()
     else:  # selected in a way that did not start it when collection ended
         smoke = benchsmoke.Smoke(name, tmp_path)
