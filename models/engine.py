@@ -31,7 +31,7 @@ from typing import Literal
 
 import torch
 
-from models.forward import check_context, decode, prefill
+from models.forward import check_context, decode, left_pad, prefill
 from models.kernels import KernelChoice
 from models.llama import FastLlama
 from models.loading import LoadedModel
@@ -110,16 +110,6 @@ class Engine:
 
     # -- shared bookkeeping -------------------------------------------------------------------------
 
-    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(p) for p in prompts)
-        ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = True
-        device = self.loaded.device
-        return ids.to(device), mask.to(device)
-
     def _results(
         self,
         prompts: list[list[int]],
@@ -156,7 +146,7 @@ class Engine:
         assert fast is not None
         device, dtype = self.loaded.device, self.loaded.dtype
         b = len(prompts)
-        ids, valid = self._left_pad(prompts)
+        ids, valid = left_pad(prompts, self.loaded.device)
         width = ids.shape[1]
         total = width + max_new
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
@@ -232,7 +222,7 @@ class Engine:
     ) -> list[Generation]:
         device, dtype = self.loaded.device, self.loaded.dtype
         b = len(prompts)
-        ids, valid = self._left_pad(prompts)
+        ids, valid = left_pad(prompts, self.loaded.device)
         state = prefill(self.loaded, ids, valid.long(), use_cache=True, logits_last_only=True)
         hidden = state.hidden[:, -1]
         logits = state.logits[:, -1]

@@ -40,6 +40,17 @@ def check_context(loaded: LoadedModel, length: int) -> None:
         raise ModelError(f"sequence of {length} tokens exceeds the model's context of {loaded.max_context}")
 
 
+def left_pad(prompts: list[list[int]], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`prompts` as one left-padded batch on `device`: (token ids, the mask of real tokens)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = True
+    return ids.to(device), mask.to(device)
+
+
 def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 

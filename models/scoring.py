@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from models.forward import check_context, prefill
+from models.forward import check_context, left_pad, prefill
 from models.llama import FastLlama
 from models.loading import LoadedModel, output_head
 from protocol.errors import ModelError
@@ -132,13 +132,8 @@ class Scorer:
         device = self.loaded.device
         # 1. Every distinct prompt once, left-padded (as the engine does), into its own cache.
         ps = [list(prompts[j]) for j, _ in group]
-        width = max(len(p) for p in ps)
-        ids = torch.zeros((len(ps), width), dtype=torch.long)
-        pvalid = torch.zeros((len(ps), width), dtype=torch.bool)
-        for r, p in enumerate(ps):
-            ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            pvalid[r, width - len(p) :] = True
-        ids, pvalid = ids.to(device), pvalid.to(device)
+        ids, pvalid = left_pad(ps, device)
+        width = ids.shape[1]
         positions = (pvalid.long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
         mask = (causal & pvalid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
