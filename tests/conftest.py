@@ -19,6 +19,12 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(trylast=True)  # after --random-order has shuffled
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The bench smoke tests last, whatever the order: their runs then have the whole suite to finish in."""
+    items.sort(key=lambda item: getattr(item, "originalname", "") == benchsmoke.TEST)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the selected benchmarks' smoke runs in the background (tests/benchsmoke.py says why)."""
     if session.config.option.collectonly:

@@ -4,7 +4,7 @@ who runs the benchmark (issue 28: `bench/validator.py` once failed with an Attri
 
 One parametrization per program, so a failure names the bench; all of them are in the default tier. Together
 they cost ~8 CPU-minutes (`faults` and `learning` start a whole devnet), so the selected ones start in the
-background when collection ends and run niced beside the rest of the suite (tests/benchsmoke.py); each test
+background when collection ends and run niced beside the rest of the suite (tests/benchsmoke.py) and, whatever the random order, are the last tests run (tests/conftest.py); each test
 here waits for its own program's result. Behaviour only: no timing is asserted."""
 
 from __future__ import annotations
