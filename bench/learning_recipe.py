@@ -46,6 +46,7 @@ import torch  # noqa: E402
 import environments  # noqa: E402
 from models import load  # noqa: E402
 from protocol.model_spec import HFModelSpec, SmolLM2Spec, TinyModelSpec  # noqa: E402
+from trainer.checkpoint import list_checkpoints  # noqa: E402
 from trainer.config import SFTConfig, TrainerConfig  # noqa: E402
 from trainer.evaluate import EvalReport, evaluate  # noqa: E402
 from trainer.runner import run as run_rl  # noqa: E402
@@ -65,21 +66,27 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def score(spec: Any, args: argparse.Namespace) -> tuple[EvalReport, float]:
+def score(spec: Any, args: argparse.Namespace) -> tuple[EvalReport, EvalReport | None, float]:
+    """Greedy (one sample per task) and, with `--eval-samples`, sampled at temperature 1 on the same tasks."""
     t0 = time.monotonic()
-    loaded = load(spec)
-    env = environments.get("reverse-text")
+    loaded = load(spec, device=args.device)
+    env = environments.get(args.env)
     report = evaluate(loaded, env, args.seed_start, args.eval_tasks, samples_per_task=1, temperature=0.0,
                       max_new_tokens=args.max_new_tokens, batch_size=args.eval_batch)
+    sampled = None
+    if args.eval_samples:
+        sampled = evaluate(loaded, env, args.seed_start, args.eval_tasks, samples_per_task=args.eval_samples,
+                           temperature=1.0, max_new_tokens=args.max_new_tokens, batch_size=args.eval_batch)
     del loaded
     gc.collect()
-    return report, time.monotonic() - t0
+    return report, sampled, time.monotonic() - t0
 
 
 def sft_stage(args: argparse.Namespace, work: Path, model: dict[str, Any]) -> tuple[Path, float, list[dict[str, Any]]]:
     raw = _toml(SFT_TOML)
     raw.update(model=model, max_steps=args.sft_steps, torch_threads=args.threads, progress=not args.quiet,
-               metrics_file=str(work / "sft.jsonl"), output_dir=str(work / "sft-model"))
+               metrics_file=str(work / "sft.jsonl"), output_dir=str(work / "sft-model"), device=args.device)
+    raw["data"]["env"] = args.env
     if args.sft_batch:
         raw["batch"]["examples_per_step"] = args.sft_batch
     if args.sft_lr:
@@ -96,13 +103,14 @@ def sft_stage(args: argparse.Namespace, work: Path, model: dict[str, Any]) -> tu
 def rl_stage(args: argparse.Namespace, work: Path, name: str, model: dict[str, Any]) -> tuple[Path, float, list[dict[str, Any]]]:
     raw = _toml(RL_TOML)
     raw.update(model=model, max_steps=args.rl_steps, torch_threads=args.threads, progress=not args.quiet,
-               metrics_file=str(work / f"{name}.jsonl"))
+               metrics_file=str(work / f"{name}.jsonl"), device=args.device)
     if args.rl_lr:
         raw["optim"]["lr"] = args.rl_lr
     args.rl_lr = raw["optim"]["lr"]
     raw["batch"]["groups_per_step"] = args.rl_groups
-    raw["data"].update(group_size=args.rl_group_size, max_new_tokens=args.max_new_tokens)
-    raw["checkpoint"].update(dir=str(work / f"{name}-ck"), interval=max(1, args.rl_steps))
+    raw["data"].update(group_size=args.rl_group_size, max_new_tokens=args.max_new_tokens, env=args.env)
+    every = args.rl_eval_every or args.rl_steps
+    raw["checkpoint"].update(dir=str(work / f"{name}-ck"), interval=max(1, every), keep=args.rl_steps // max(1, every) + 1)
     raw["publish"] = {"type": "none"}
     t0 = time.monotonic()
     run_rl(TrainerConfig.model_validate(raw))
@@ -110,8 +118,16 @@ def rl_stage(args: argparse.Namespace, work: Path, name: str, model: dict[str, A
     return work / f"{name}-ck" / f"step-{args.rl_steps}", time.monotonic() - t0, _jsonl(work / f"{name}.jsonl")
 
 
-def row(name: str, report: EvalReport, eval_s: float, train_samples: int, train_s: float) -> dict[str, Any]:
-    return {"stage": name, **report.summary(), "eval_s": eval_s, "train_samples": train_samples, "train_s": train_s,
+def row(name: str, scored: tuple[EvalReport, EvalReport | None, float], train_samples: int,
+        train_s: float) -> dict[str, Any]:
+    report, sampled, eval_s = scored
+    extra = {} if sampled is None else {"sampled_pass_rate": sampled.pass_rate, "sampled_mean_reward": sampled.mean_reward,
+                                        "sampled_samples_per_task": sampled.samples_per_task}
+    print(f"scored {name}: pass {report.pass_rate:.3f} reward {report.mean_reward:.3f}"
+          + ("" if sampled is None else f", sampled pass {sampled.pass_rate:.3f}")
+          + f" ({train_samples} training samples, {train_s:.0f} s training, {eval_s:.0f} s scoring)", flush=True)
+    return {"stage": name, **report.summary(), **extra, "eval_s": eval_s, "train_samples": train_samples,
+            "train_s": train_s,
             "examples": [{"question": s.question, "completion": s.completion, "reward": s.reward}
                          for s in report.samples[:5]]}
 
@@ -133,6 +149,13 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--skip-rl-alone", action="store_true", help="leave out the RL-from-base row")
+    p.add_argument("--skip-base", action="store_true", help="leave out the base model's row")
+    p.add_argument("--sft-dir", type=Path, help="start RL from this SFT model instead of training one")
+    p.add_argument("--rl-eval-every", type=int, default=0, help="also score the RL checkpoints every N steps")
+    p.add_argument("--eval-samples", type=int, default=0,
+                   help="also score K samples per task at temperature 1 (sampled pass rate)")
+    p.add_argument("--env", default="reverse-text", help="the environment (SFT data needs reference answers)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--work", type=Path, help="keep checkpoints here (default: a temporary directory)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the recipe")
@@ -158,25 +181,30 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     t_start = time.monotonic()
+    sft_samples = 0 if args.sft_dir else args.sft_steps * args.sft_batch
     try:
-        report, eval_s = score(base_spec, args)
-        rows.append(row("base", report, eval_s, 0, 0.0))
-        sft_dir, sft_s, sft_curve = sft_stage(args, work, base_model)
-        report, eval_s = score(HFModelSpec(name_or_path=str(sft_dir)), args)
-        rows.append(row("sft", report, eval_s, args.sft_steps * args.sft_batch, sft_s))
-        rl_samples = args.rl_steps * args.rl_groups * args.rl_group_size
+        if not args.skip_base:
+            rows.append(row("base", score(base_spec, args), 0, 0.0))
+        sft_curve: list[dict[str, Any]] = []
+        if args.sft_dir:
+            sft_dir, sft_s = args.sft_dir, 0.0
+        else:
+            sft_dir, sft_s, sft_curve = sft_stage(args, work, base_model)
+        rows.append(row("sft", score(HFModelSpec(name_or_path=str(sft_dir)), args), sft_samples, sft_s))
+        per_step = args.rl_groups * args.rl_group_size
         ck, rl_s, sftrl_curve = rl_stage(args, work, "sft-rl", {"type": "hf", "name_or_path": str(sft_dir)})
-        report, eval_s = score(HFModelSpec(name_or_path=str(ck)), args)
-        rows.append(row("sft+rl", report, eval_s, args.sft_steps * args.sft_batch + rl_samples, sft_s + rl_s))
+        for step, path in list_checkpoints(work / "sft-rl-ck"):
+            name = "sft+rl" if step == args.rl_steps else f"sft+rl@{step}"
+            rows.append(row(name, score(HFModelSpec(name_or_path=str(path)), args), sft_samples + step * per_step,
+                            sft_s + rl_s * step / args.rl_steps))
         rl_curve: list[dict[str, Any]] = []
         if not args.skip_rl_alone:
             ck, rl_s, rl_curve = rl_stage(args, work, "rl", base_model)
-            report, eval_s = score(HFModelSpec(name_or_path=str(ck)), args)
-            rows.append(row("rl", report, eval_s, rl_samples, rl_s))
+            rows.append(row("rl", score(HFModelSpec(name_or_path=str(ck)), args), args.rl_steps * per_step, rl_s))
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    env = environments.get("reverse-text")
+    env = environments.get(args.env)
     sft_questions = {env.sample(s, 1)[0].question() for s in range(0, 8192)}
     eval_questions = [env.sample(s, 1)[0].question() for s in range(args.seed_start, args.seed_start + args.eval_tasks)]
     by = {r["stage"]: r for r in rows}
@@ -205,11 +233,13 @@ def main() -> None:
                    "rl_reward": [m["reward_mean"] for m in rl_curve]},
         "total_s": time.monotonic() - t_start,
     }
-    print(f"\n{'stage':<8}{'mean_reward':>12}{'pass_rate':>11}{'compl_tok':>11}{'truncated':>11}"
+    print(f"\n{'stage':<12}{'mean_reward':>12}{'pass_rate':>11}{'sampled':>9}{'compl_tok':>11}{'truncated':>11}"
           f"{'train_samples':>15}{'train_s':>9}")
     for r in rows:
-        print(f"{r['stage']:<8}{r['mean_reward']:>12.3f}{r['pass_rate']:>11.3f}{r['mean_completion_tokens']:>11.1f}"
-              f"{r['truncated_rate']:>11.2f}{r['train_samples']:>15}{r['train_s']:>9.0f}")
+        sampled = f"{r['sampled_pass_rate']:>9.3f}" if "sampled_pass_rate" in r else f"{'-':>9}"
+        print(f"{r['stage']:<12}{r['mean_reward']:>12.3f}{r['pass_rate']:>11.3f}{sampled}"
+              f"{r['mean_completion_tokens']:>11.1f}{r['truncated_rate']:>11.2f}{r['train_samples']:>15}"
+              f"{r['train_s']:>9.0f}")
     print("ratios (mean reward): " + ", ".join(f"{k} {v:.2f}" for k, v in result["ratios"].items() if v is not None))
     print(f"({args.model}, {args.eval_tasks} held-out tasks from seed {args.seed_start} (greedy, {args.max_new_tokens} "
           f"new tokens; {result['eval_in_sft_data']} also in the SFT range), SFT {args.sft_steps}x{args.sft_batch}, "

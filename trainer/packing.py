@@ -178,8 +178,11 @@ def selected_logprobs(
     keep[:, :-1] = select[:, 1:]  # position t predicts token t + 1
     mask = packed_attention_mask(model, segment_ids)
     n = int(keep.sum())
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
-                   logits_to_keep=keep).logits
+    try:
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
+                       logits_to_keep=keep).logits
+    except IndexError:  # transformers before boolean logits_to_keep (5.17 indexes with it as a slice)
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits
     if logits.dim() != 2 or logits.shape[0] != n:  # a model without boolean logits_to_keep gave them all
         logits = logits[keep]
     logits = logits.float()
