@@ -106,6 +106,8 @@ def rl_stage(args: argparse.Namespace, work: Path, name: str, model: dict[str, A
                metrics_file=str(work / f"{name}.jsonl"), device=args.device)
     if args.rl_lr:
         raw["optim"]["lr"] = args.rl_lr
+    if args.std_normalize is not None:
+        raw["loss"]["std_normalize"] = args.std_normalize
     args.rl_lr = raw["optim"]["lr"]
     raw["batch"]["groups_per_step"] = args.rl_groups
     raw["data"].update(group_size=args.rl_group_size, max_new_tokens=args.max_new_tokens, env=args.env)
@@ -156,6 +158,8 @@ def main() -> None:
                    help="also score K samples per task at temperature 1 (sampled pass rate)")
     p.add_argument("--env", default="reverse-text", help="the environment (SFT data needs reference answers)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--std-normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="divide RL advantages by the group's reward std (default: the RL config's)")
     p.add_argument("--work", type=Path, help="keep checkpoints here (default: a temporary directory)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the recipe")
