@@ -3,8 +3,10 @@
 `static`: the base model for every version (tests, benchmarks, a frozen policy). `shardcast`: a
 background thread follows the relays (`shardcast.follower.Follower`), and a version is usable only
 when its installed manifest is the trainer's and its `content_hash` equals the hash the chain
-recorded; versions up to `base_version` are the base model. Loaded models are kept for the versions inside the async window
-(least recently used evicted), so checking never waits for a load it already did.
+recorded; versions up to `base_version` are the base model. With `base_version = -1` (a run started from a
+trained checkpoint) no version is: version 0 is checked only with the weights pulled for it, and until they are
+here its work waits (`WeightsUnavailable`: our problem, never a slash). Loaded models are kept for the versions
+inside the async window (least recently used evicted), so checking never waits for a load it already did.
 """
 
 from __future__ import annotations
