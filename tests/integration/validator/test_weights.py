@@ -75,6 +75,7 @@ def test_with_no_base_version_work_waits_for_the_pulled_weights_and_is_never_che
     not here (our failure, never the node's): it waits for them."""
     trainer = dev_identity(TRAINER_INDEX)
     v = make_validator(weights={"type": "shardcast", "relays": [], "trainer": trainer.address, "base_version": -1})
+    assert v.service.weights.base is None  # the base weights are not even loaded
     with pytest.raises(WeightsUnavailable):
         v.service.weights.get(1)
     key = _post(v, make_node().build(version=1)[1])
