@@ -1,6 +1,6 @@
 """`prime-devnet`: the whole network on one machine. Parses its config before importing anything heavy.
 
-    prime-devnet up [--nodes 3 --validators 2 --relays 2 --model tiny|smollm2 --config devnet.toml ...]
+    prime-devnet up [--nodes 3 --validators 2 --relays 2 --model tiny|smollm2 --init CHECKPOINT --config devnet.toml ...]
     prime-devnet status [--state-dir devnet-state] [--json]
     prime-devnet down   [--state-dir devnet-state]
     prime-devnet audit  [--state-dir devnet-state] [--json]
@@ -80,7 +80,8 @@ def up(argv: list[str]) -> int:
         server = Server(build_app(view), port, ("127.0.0.1",) + ((net.gateway,) if net.gateway else ()))
         server.start()
         print(f"prime-devnet: up: {cfg.nodes} nodes, {cfg.validators} validators, {cfg.relays} relays, chain "
-              f"{layout.rpc_url}\nprime-devnet: dashboard {' and '.join(server.urls)}  (Ctrl-C stops everything; `prime-devnet status|"
+              f"{layout.rpc_url}" + (f", version 0 from {layout.init}" if layout.init else "") + "\n"
+              f"prime-devnet: dashboard {' and '.join(server.urls)}  (Ctrl-C stops everything; `prime-devnet status|"
               f"audit|down --state-dir {net.state}` from another terminal)", flush=True)
         while True:
             snap = view.refresh()

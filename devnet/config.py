@@ -71,6 +71,13 @@ class DevnetConfig(PrimeConfig):
     """Everything lives here: configs, logs, ledgers, checkpoints, the chain's deployment, processes.json."""
     model: Literal["tiny", "smollm2"] = "tiny"
     """tiny: a seeded random model learning `lowercase` in minutes; smollm2: SmolLM2-135M on reverse-text."""
+    init: Path | None = None
+    """A trained checkpoint the run starts from instead of `model`'s own weights: a Hugging Face safetensors directory
+    with its tokenizer (`prime-trainer sft`'s `output_dir`, a trainer's `step-N`) of `model`'s architecture and
+    vocabulary (`up` refuses any other). The trainer loads it and publishes it as version 0 through the origin and on
+    chain; nodes and validators pull version 0 over the relays like every later version (`weights.base_version =
+    -1`), `model` only giving them the architecture and tokenizer. Unset: version 0 is `model` itself, which every
+    role builds or loads locally."""
     nodes: int = Field(3, ge=1, le=20)
     """CPU nodes."""
     spare_nodes: int = Field(0, ge=0, le=20)

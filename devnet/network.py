@@ -1,6 +1,7 @@
 """Bringing the devnet up: ports, keys, each role's TOML config, and the processes in dependency order.
 
-    anvil -> deploy (job) -> origin -> relays -> trainer (publishes v0 through the origin and on chain)
+    anvil -> deploy (job) -> origin -> relays -> trainer (publishes v0 through the origin and on chain: the
+          model's own weights, or the `--init` checkpoint, which nodes and validators then pull like any version)
           -> validators -> nodes (stake, register, work)
 
 Every role is started as a process from its own CLI with a config file written under
@@ -68,6 +69,8 @@ class Layout:
     validators: list[dict[str, str]]
     nodes: list[dict[str, str]]
     dashboard: str | None = None
+    init: str | None = None
+    """The checkpoint the run started from (`--init`; version 0), or None: version 0 is `model` itself."""
     hosts: str = "loopback"
     """loopback or netns (then `hosts.json` in the state directory names every namespace and address)."""
     started_at: float = field(default_factory=time.time)
@@ -97,6 +100,7 @@ class Network:
     def __init__(self, cfg: DevnetConfig) -> None:
         self.cfg = cfg
         self.state = cfg.state_dir.resolve()
+        self.init = check_init(cfg, self.state)  # before anything is removed or started
         if cfg.fresh and self.state.exists():
             _refuse_if_running(self.state)
             _refuse_if_foreign(self.state)
@@ -247,7 +251,9 @@ class Network:
         for r in relays:
             self._wait(r, lambda r=r: self._http_ok(f"{r.url}/health"), "/health")
         relay_urls = [str(r.url) for r in relays]
-        weights = {"type": "shardcast", "relays": relay_urls, "trainer": trainer_addr, "base_version": 0}
+        # v0 is the base model every role has, or (--init) a checkpoint pulled over the relays like any version
+        weights = {"type": "shardcast", "relays": relay_urls, "trainer": trainer_addr,
+                   "base_version": -1 if self.init else 0}
 
         # validators (ports first: each names the others as failover peers)
         v_ports = [self.port("validator") for _ in range(cfg.validators)]
@@ -269,11 +275,13 @@ class Network:
                 env={"PRIME_DEVNET_VALIDATOR_KEY": dev_key_hex(acc.validator(i)), "OMP_NUM_THREADS": "1"},
                 port=v_ports[i], url=v_urls[i]))
 
-        # trainer: publishes its starting weights as v0 (origin + chain), then trains on the validators' feeds
+        # trainer: publishes its starting weights (the model, or the --init checkpoint) as v0 (origin + chain), then
+        # trains on the validators' feeds
         t_port = self.port("trainer")
         tdir = self.state / "trainer"
         path = self._config("trainer", {
-            "model": self.model, "max_steps": cfg.trainer.max_steps, "torch_threads": cfg.trainer.threads,
+            "model": {"type": "hf", "name_or_path": str(self.init)} if self.init else self.model,
+            "max_steps": cfg.trainer.max_steps, "torch_threads": cfg.trainer.threads,
             "progress": False, "metrics_file": str(tdir / "metrics.jsonl"), "metrics_port": t_port,
             "metrics_host": self.address("trainer"),
             "work_ledger": str(tdir / "work.jsonl"),
@@ -315,7 +323,7 @@ class Network:
             validators=[{"name": f"validator-{i}", "url": v_urls[i], "address": validator_addrs[i]}
                         for i in range(cfg.validators)],
             nodes=[{"name": f"node-{i}", "url": str(nodes[i].url), "address": node_addrs[i]} for i in range(cfg.nodes)],
-            dashboard=dashboard_url, hosts=cfg.hosts,
+            dashboard=dashboard_url, init=str(self.init) if self.init else None, hosts=cfg.hosts,
         )
         self.layout.save()
         return self.layout
@@ -361,6 +369,26 @@ class Network:
                 teardown(self.state)
             except HostsError as exc:
                 log.error("%s", exc)
+
+
+def check_init(cfg: DevnetConfig, state: Path) -> Path | None:
+    """The `--init` checkpoint, resolved, once it is known to be a checkpoint of `cfg.model`'s architecture and
+    vocabulary (`models.checkpoint.check_compatible`); DevnetError otherwise. None without `--init`."""
+    if cfg.init is None:
+        return None
+    init = cfg.init.expanduser().resolve()
+    if cfg.fresh and init.is_relative_to(state):
+        raise DevnetError(f"--init {init} lies inside the state directory {state}, which a fresh start removes: "
+                          f"copy it elsewhere first")
+    from models.checkpoint import check_compatible
+    from protocol.errors import ModelError
+    from protocol.model_spec import parse_model_spec
+
+    try:
+        check_compatible(init, parse_model_spec(model_defaults(cfg)[0]))
+    except ModelError as exc:
+        raise DevnetError(f"--init {cfg.init} cannot start a {cfg.model} run: {exc}") from None
+    return init
 
 
 def _refuse_if_foreign(state: Path) -> None:

@@ -15,6 +15,7 @@ import httpx
 
 from node.config import EngineSettings, NodeConfig
 from node.errors import NodeError
+from protocol.config import ShardcastWeights
 from protocol.errors import ChainError, ConfigError, KeystoreError
 from protocol.identity import Identity, load_identity, read_password
 from protocol.model_spec import ModelSpec
@@ -130,6 +131,14 @@ def _rules(cfg: NodeConfig, chain: Chain | None, http: httpx.Client) -> tuple[Ru
             raise ConfigError(f"the configured run differs from validator {url}'s: {their_run!r}")
         if model is not None and model != their_model:
             raise ConfigError(f"the configured model differs from validator {url}'s: {their_model!r}")
+        their_base = info.get("base_version")
+        if (isinstance(cfg.weights, ShardcastWeights) and isinstance(their_base, int)
+                and their_base != cfg.weights.base_version):
+            # generating a version with other weights than the validator checks it with gets honest work slashed
+            raise ConfigError(f"weights.base_version is {cfg.weights.base_version} here and {their_base} at validator "
+                              f"{url}: versions up to it run on the base model, the others on weights pulled over the "
+                              f"relays (-1: none is the base model, the run started from a checkpoint); set "
+                              f"weights.base_version = {their_base}")
         run, model = their_run, their_model
         checks = info.get("checks") if isinstance(info.get("checks"), dict) else checks
         if chain is not None:

@@ -9,7 +9,9 @@ replaces the old one in one assignment (a batch in flight keeps the engine it st
 The node never generates with weights older than the async window allows: when the newest usable
 version is more than `async_level` behind the chain's, `select()` says why and the worker waits
 (the validator would drop that work as stale anyway). Versions up to `base_version` are the base
-model (the run's `model`); with the `static` source every version is.
+model (the run's `model`); with the `static` source every version is. With `base_version = -1` (a run
+started from a trained checkpoint) none is: version 0 is pulled and checked like any other, and until it
+is here the node waits; it never generates with the base weights.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class PolicyWeights:
         self._lock = threading.Lock()
         self.follower: Follower | None = None
         self.base_version = source.base_version if isinstance(source, ShardcastWeights) else None
+        """Versions up to this one run on `base` (None: every version, the `static` source; -1: none)."""
         if isinstance(source, ShardcastWeights):
             self.follower = Follower(source.relays, trainer=source.trainer, out_dir=weights_dir, run_id=run.run_id,
                                      keep=run.async_level + 2, progress=progress, wanted=self._wanted,
@@ -77,7 +80,11 @@ class PolicyWeights:
     def _wanted(self) -> int | None:
         """The chain's version, for the follower to pull by number (versions up to `base_version` need no pull)."""
         current = self.history.current()
-        return None if current is None or current <= (self.base_version or 0) else current
+        return None if current is None or self._is_base(current) else current
+
+    def _is_base(self, version: int) -> bool:
+        """Whether `version` runs on the base model rather than weights pulled over the relays."""
+        return self.base_version is None or version <= self.base_version
 
     def start(self) -> None:
         if self.follower is not None:
@@ -110,7 +117,7 @@ class PolicyWeights:
             return self._policy(current, self.base)
         reasons: list[str] = []
         for version in sorted((v for v in self.follower.installed() if oldest <= v <= current), reverse=True):
-            if self.base_version is not None and version <= self.base_version:
+            if self._is_base(version):
                 break
             try:
                 path = self.follower.verified(version, self.history.manifest_hash(version))
@@ -118,7 +125,7 @@ class PolicyWeights:
                 reasons.append(str(exc))
                 continue
             return self._policy(version, self._engine_for(version, path))
-        base = None if self.base_version is None else min(current, self.base_version)
+        base = None if self.base_version is None or self.base_version < 0 else min(current, self.base_version)
         if base is not None and oldest <= base and self.history.manifest_hash(base) is not None:
             return self._policy(base, self.base)
         newest = self.follower.installed()

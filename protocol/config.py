@@ -229,8 +229,12 @@ class ShardcastWeights(BaseModel):
     """Relay (or origin) URLs, http://host:port."""
     trainer: str
     """Address of the trainer key that signs manifests."""
-    base_version: int = Field(0, ge=0)
-    """Versions up to this one are the base `model` (before the trainer's first publish)."""
+    base_version: int = Field(0, ge=-1)
+    """Versions up to this one are the base `model`, built or loaded locally and never pulled (a run whose trainer
+    starts from that model: its version 0 is the same weights). -1: no version is the base model, every version,
+    version 0 included, is pulled over the relays and checked against the chain like any other (a run started
+    from a trained checkpoint, `prime-devnet up --init`); the `model` then only names the architecture and
+    tokenizer. Node and validator must agree: a node refuses a validator that announces another value."""
 
 
 WeightSource = Annotated[StaticWeights | ShardcastWeights, Field(discriminator="type")]

@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 
+from protocol.config import ShardcastWeights
 from protocol.envelope import seal
 from protocol.identity import checksum
 from protocol.nonce import random_nonce
@@ -193,6 +194,9 @@ def build_app(service: Service) -> FastAPI:
             "validator": service.identity.address, "run": cfg.run.model_dump(mode="json"),
             "domain": service.domain, "chain_id": service.deployment.chain_id, "pool": service.deployment.pool,
             "model": cfg.model.model_dump(mode="json"), "current_version": current,
+            # versions checked with the base `model` (None: every version, the static source; -1: none, version 0
+            # is a checkpoint pulled over the relays): a node that would generate otherwise refuses to start
+            "base_version": cfg.weights.base_version if isinstance(cfg.weights, ShardcastWeights) else None,
             "checkable_versions": [] if current is None else [v for v in service.chain.versions() if v >= (low or 0)],
             "async_level": cfg.run.async_level, "checks": cfg.checks.model_dump(mode="json"),
             "thresholds_hash": service.pipeline.thresholds_hash, "validators": service.pipeline.validators(),

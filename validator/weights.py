@@ -3,8 +3,11 @@
 `static`: the base model for every version (tests, benchmarks, a frozen policy). `shardcast`: a
 background thread follows the relays (`shardcast.follower.Follower`), and a version is usable only
 when its installed manifest is the trainer's and its `content_hash` equals the hash the chain
-recorded; versions up to `base_version` are the base model. Loaded models are kept for the versions inside the async window
-(least recently used evicted), so checking never waits for a load it already did.
+recorded; versions up to `base_version` are the base model. With `base_version = -1` (a run started from a
+trained checkpoint) no version is: version 0 is checked only with the weights pulled for it, and until they are
+here its work waits (`WeightsUnavailable`: our problem, never a slash); the base weights are then not even
+loaded. Loaded models are kept for the versions inside the async window (least recently used evicted), so
+checking never waits for a load it already did.
 """
 
 from __future__ import annotations
@@ -43,23 +46,25 @@ class WeightStore:
         self._cfg = cfg
         self._load = load
         self._manifest_hash = manifest_hash
-        self.base = load(cfg.model, dtype=cfg.dtype)
+        source = cfg.weights
+        self._base_version = source.base_version if isinstance(source, ShardcastWeights) else None
+        # with no base version (-1) nothing is checked with the base weights: they are not loaded at all
+        self.base: LoadedModel | None = (None if self._base_version is not None and self._base_version < 0
+                                         else load(cfg.model, dtype=cfg.dtype))
         self._cache: OrderedDict[int, LoadedModel] = OrderedDict()
         self._keep = cfg.run.async_level + 1
         self._lock = threading.Lock()
         self.dir = cfg.state_dir / "weights"
-        source = cfg.weights
         self._follower: Follower | None = None
-        self._base_version = 0
         if isinstance(source, ShardcastWeights):
-            self._base_version = source.base_version
             self._follower = Follower(source.relays, trainer=source.trainer, out_dir=self.dir, run_id=cfg.run.run_id,
                                       keep=self._keep + 1,
                                       wanted=None if current is None else lambda: _above(current(), source.base_version))
 
     def get(self, version: int) -> LoadedModel:
         """The model of `version`; `WeightsUnavailable` when it is not installed and verified yet."""
-        if self._follower is None or version <= self._base_version:
+        if self._follower is None or self._base_version is None or version <= self._base_version:
+            assert self.base is not None  # loaded unless base_version < 0, and then no version gets here
             return self.base
         with self._lock:
             if version in self._cache:

@@ -19,6 +19,7 @@ from models.checkpoint import save_checkpoint
 from models.loading import load
 from protocol.model_spec import HFModelSpec
 from shardcast.publisher import publish_blocking
+from validator.weights import WeightsUnavailable
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[3]
@@ -65,3 +66,24 @@ def _post(v, data: bytes) -> str:  # type: ignore[no-untyped-def]
         r = c.post("/v1/submissions", content=data)
         assert r.status_code == 202, r.text
         return str(r.json()["work_key"])
+
+
+def test_with_no_base_version_work_waits_for_the_pulled_weights_and_is_never_checked_with_the_base_model(
+        make_validator, make_node):
+    """`base_version = -1` (a run started from a trained checkpoint): the chain's v1 is not the base model, so work
+    the node made with the base weights is not judged with them (it would pass) nor slashed while v1's weights are
+    not here (our failure, never the node's): it waits for them."""
+    trainer = dev_identity(TRAINER_INDEX)
+    v = make_validator(weights={"type": "shardcast", "relays": [], "trainer": trainer.address, "base_version": -1})
+    assert v.service.weights.base is None  # the base weights are not even loaded
+    with pytest.raises(WeightsUnavailable):
+        v.service.weights.get(1)
+    key = _post(v, make_node().build(version=1)[1])
+    with v.client() as c:
+        deadline = time.monotonic() + 60
+        while "policy version 1" not in str((row := c.get(f"/v1/submissions/{key}").json())["detail"]):
+            assert row["state"] == "received", row  # never decided with the base model
+            assert time.monotonic() < deadline, row
+            time.sleep(0.1)
+        assert row["state"] == "received" and row["outcome"] is None, row
+        assert c.get("/ready").status_code != 200

@@ -23,3 +23,30 @@ def test_flags_override_the_file_and_typos_are_refused() -> None:
     assert (cfg.nodes, cfg.model, cfg.validators) == (2, "smollm2", 3)
     with pytest.raises(ConfigError):
         load_config(["--nodez", "2"])
+
+
+def test_init_takes_only_a_checkpoint_of_the_runs_model(tmp_path: Path) -> None:
+    """`--init` (or `init` in the file): a checkpoint of the devnet's tiny model (another seed) is taken; one of
+    another shape or a path that is no checkpoint is refused before anything starts, with the reason."""
+    from devnet.network import TINY, DevnetError, Network
+    from models.checkpoint import save_checkpoint
+    from models.loading import load
+    from protocol.model_spec import TinyModelSpec
+
+    def saved(name: str, spec: dict[str, object]) -> Path:
+        m = load(TinyModelSpec.model_validate(spec))
+        return save_checkpoint(m.model, m.tokenizer, tmp_path / name)
+
+    good = saved("good", {**TINY, "seed": 1})
+    toml = tmp_path / "devnet.toml"
+    toml.write_text(f'init = "{good}"\nstate_dir = "{tmp_path / "state"}"\n')
+    assert Network(load_config(["--config", str(toml)])).init == good
+    narrow = saved("narrow", {"type": "tiny", "seed": 1})
+    for path, why in ((narrow, "hidden_size 64"), (tmp_path / "nowhere", "does not exist"),
+                      (tmp_path, "no config.json")):
+        with pytest.raises(DevnetError, match=f"--init .* cannot start a tiny run: .*{why}"):
+            Network(load_config(["--init", str(path), "--state-dir", str(tmp_path / "state")]))
+    inside = tmp_path / "state" / "ckpt"
+    good.rename(inside)
+    with pytest.raises(DevnetError, match="inside the state directory"):
+        Network(load_config(["--init", str(inside), "--state-dir", str(tmp_path / "state")]))

@@ -76,3 +76,38 @@ def test_corrupt_header_and_missing_shard(tiny: LoadedModel, tmp_path: Path) -> 
     (sharded / "config.json").unlink()
     with pytest.raises(ModelError):
         verify_checkpoint(sharded)
+
+
+def test_a_run_starts_only_from_a_checkpoint_of_its_base_models_architecture_and_vocabulary(tmp_path: Path) -> None:
+    """`check_compatible` (what `prime-devnet up --init` asks): another seed of the same tiny model passes; other
+    shapes, another vocabulary (size or tokens), no tokenizer, or no checkpoint at all are refused, naming why."""
+    from models.checkpoint import check_compatible
+    from models.loading import load
+    from protocol.model_spec import TinyModelSpec
+
+    base = TinyModelSpec(seed=0, hidden_size=128, intermediate_size=256)
+
+    def saved(name: str, spec: TinyModelSpec) -> Path:
+        m = load(spec)
+        return save_checkpoint(m.model, m.tokenizer, tmp_path / name)
+
+    ok = saved("seed1", base.model_copy(update={"seed": 1}))
+    check_compatible(ok, base)
+    with pytest.raises(ModelError, match="architecture: hidden_size 64 .*128"):
+        check_compatible(saved("narrow", TinyModelSpec(seed=1)), base)
+    with pytest.raises(ModelError, match="architecture: vocab_size 600"):
+        check_compatible(saved("vocab", base.model_copy(update={"vocab_size": 600})), base)
+    tokenizer = json.loads((ok / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]  # same size, other tokens
+    (ok / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(ModelError, match="tokenizer's vocabulary"):
+        check_compatible(ok, base)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (ok / name).unlink()
+    with pytest.raises(ModelError, match="tokenizer"):
+        check_compatible(ok, base)
+    with pytest.raises(ModelError, match="does not exist"):
+        check_compatible(tmp_path / "nowhere", base)
+    with pytest.raises(ModelError, match="no config.json"):
+        check_compatible(tmp_path, base)

@@ -181,3 +181,18 @@ def test_concurrent_parses_keep_their_own_toml(tmp_path: Path) -> None:
     for t in threads:
         t.join(timeout=60)
     assert results == {i: i + 10 for i in range(4)}
+
+
+def test_weights_base_version_minus_one_means_no_version_is_the_base_model() -> None:
+    """-1 (a run started from a checkpoint: every version, v0 included, comes over the relays) parses from a flag;
+    below it nothing does."""
+    from protocol.config import ShardcastWeights
+
+    class Role(PrimeConfig):
+        weights: ShardcastWeights
+
+    trainer = ["--weights.trainer", "0xabc"]
+    assert parse_config(Role, [*trainer, "--weights.base-version", "-1"]).weights.base_version == -1
+    assert parse_config(Role, trainer).weights.base_version == 0
+    with pytest.raises(ConfigError, match="greater than or equal to -1"):
+        parse_config(Role, [*trainer, "--weights.base-version=-2"])
