@@ -106,7 +106,8 @@ def eval_line(m: dict[str, Any]) -> str:
     for key in m:
         if key.startswith("eval/") and key.endswith("/pass_rate"):
             label = key[len("eval/"):-len("/pass_rate")]
-            parts.append(f"{label} pass {m[key]:.3f} reward {m[f'eval/{label}/mean_reward']:.3f}")
+            reward = m.get(f"eval/{label}/mean_reward", float("nan"))
+            parts.append(f"{label} pass {m[key]:.3f} reward {reward:.3f}")
     return f" | eval {' '.join(parts)}" if parts else ""
 
 
@@ -232,7 +233,11 @@ class MetricsSink:
                 fh.write(json.dumps(metrics, sort_keys=True) + "\n")
                 fh.flush()
         for writer in self.writers:
-            writer.write(int(metrics["step"]), values)
+            try:
+                writer.write(int(metrics["step"]), values)
+            except Exception as exc:  # a dashboard's trouble (disk full, W&B's process gone) never stops training
+                log.warning("%s: step %s not written: %s: %s", type(writer).__name__, metrics["step"],
+                            type(exc).__name__, exc)
         self._recorded += 1
         if self.progress:
             self.stream.write(self.progress_line(metrics) + "\n")

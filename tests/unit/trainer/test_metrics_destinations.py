@@ -221,3 +221,18 @@ def test_cli_progress_lines_and_no_tracking_imports_unless_configured(
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("step ")]
     assert [x.split()[1] for x in lines] == ["1/2", "2/2"]
     assert all(" samples/s " in x and " | eval greedy pass " in x for x in lines)
+
+
+def test_a_failing_destination_does_not_stop_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _offline_wandb_env(monkeypatch, tmp_path)
+    sink = MetricsSink(tmp_path / "m.jsonl", progress=False,
+                       wandb=WandbSettings(project="p", mode="offline", dir=tmp_path / "wb"))
+    try:
+        sink.writers[0].run.finish()  # W&B's side is gone: logging to it raises
+        sink.record({"step": 0, "loss": 0.5})
+    finally:
+        sink.close()
+    assert "WandbWriter: step 0 not written" in caplog.text
+    assert _rows(tmp_path / "m.jsonl") == [{"step": 0, "loss": 0.5}]
