@@ -95,9 +95,9 @@ def rl_line(m: dict[str, Any]) -> str:
 
 def sft_line(m: dict[str, Any]) -> str:
     """The SFT step's progress fields."""
-    return (f"loss {m['loss']:.4f} epoch {m['epoch']:.2f} examples {m['examples']} | "
-            f"{m['examples_per_s']:.2f} examples/s {m['tokens_per_s']:.0f} tok/s step {m['step_time_s']:.2f} s | "
-            f"|g| {m['grad_norm']:.3f} lr {m['lr']:.2e}")
+    return (f"loss {m['loss']:.4f} |g| {m['grad_norm']:.3f} lr {m['lr']:.2e} epoch {m['epoch']:.2f} "
+            f"examples {m['examples']} | {m['examples_per_s']:.2f} examples/s {m['tokens_per_s']:.0f} tok/s "
+            f"step {m['step_time_s']:.2f} s")
 
 
 def eval_line(m: dict[str, Any]) -> str:
