@@ -162,8 +162,7 @@ class WandbWriter:
         except Exception as exc:  # wandb raises its own error types (CommError, UsageError, ...)
             raise TrainerError(f"W&B could not start a run ({type(exc).__name__}: {exc}); with no network, "
                                "set wandb.mode = \"offline\" (or WANDB_MODE=offline)") from exc
-        log.info("W&B run %s, %s (%s)", self.run.id, "offline" if self.run.offline else "online",
-                 self.run.settings.sync_dir)
+        log.info("W&B run %s, %s mode (%s)", self.run.id, self.run.settings.mode, self.run.settings.sync_dir)
 
     def write(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
