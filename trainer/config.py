@@ -234,6 +234,75 @@ class CheckpointSettings(Section):
     """Resume from the newest complete checkpoint in `dir` if there is one."""
 
 
+class WandbSettings(Section):
+    """Weights & Biases (the optional `wandb` extra: `pip install -e '.[wandb]'`); on when `project` is set."""
+
+    project: str | None = None
+    """W&B project; None (the default) leaves W&B off and `wandb` unimported."""
+    entity: str | None = None
+    """Team or user the run belongs to; None = the API key's default entity."""
+    name: str | None = None
+    """Display name of the run; None = W&B's generated name."""
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,128}$")
+    """Run id; give one to continue the same W&B run after a restart (the run is resumed if it exists)."""
+    group: str | None = None
+    """Group runs together (e.g. an SFT run and the RL run started from it)."""
+    tags: list[str] = []
+    """Tags of the run."""
+    mode: Literal["online", "offline", "disabled"] | None = None
+    """online: stream to the server; offline: write the run under `dir` only (no network; `wandb sync` it
+    later); disabled: log nothing. None = W&B's default (`WANDB_MODE` if set, else online)."""
+    dir: Path | None = None
+    """Directory W&B writes its run files into (`<dir>/wandb/`); None = the working directory."""
+
+
+class EvalSettings(Section):
+    """Held-out evaluation during training (trainer/evaluate.py, the same as `prime-trainer eval`)."""
+
+    every: int = Field(0, ge=0)
+    """Evaluate every this many steps and after the last step; 0 (the default) = never."""
+    env: str | None = None
+    """Environment to evaluate on; None = the training environment (`data.env`)."""
+    env_version: str | None = None
+    """Environment version; None = newest (or `data.env_version` when `env` is None)."""
+    seed_start: int = Field(1_000_000, ge=0)
+    """First task seed of the held-out range (task seed s is `env.sample(s, 1)[0]`); keep it disjoint from
+    the training seeds (SFT environment data is checked)."""
+    num_tasks: int = Field(64, ge=1)
+    """Tasks scored: seeds seed_start .. seed_start + num_tasks - 1."""
+    samples_per_task: int = Field(1, ge=1)
+    """Completions per task and temperature."""
+    temperatures: list[float] = Field([0.0], min_length=1)
+    """One evaluation per temperature: 0 = greedy (keys `eval/greedy/...`), t > 0 = seeded sampling
+    (keys `eval/t<t>/...`, e.g. `eval/t1/pass_rate`)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Generation length limit; None = `data.max_new_tokens` in local mode, else 64."""
+    pass_threshold: float = Field(1.0, ge=0.0, le=1.0)
+    """A completion passes when its reward is at least this."""
+    batch_size: int = Field(32, ge=1)
+    """Completions generated together."""
+    seed: int = 0
+    """Seed of the sampling noise (temperature > 0)."""
+
+    @model_validator(mode="after")
+    def _temperatures(self) -> EvalSettings:
+        if any(t < 0 for t in self.temperatures):
+            raise ValueError("temperatures: each must be >= 0 (0 = greedy)")
+        if len({eval_label(t) for t in self.temperatures}) != len(self.temperatures):
+            raise ValueError("temperatures: a temperature is listed twice")
+        return self
+
+
+def _base_env(name: str) -> str:
+    """The environment a wrapped name draws its tasks from (`reverse-text+length-max` -> `reverse-text`)."""
+    return name.split("+", 1)[0]
+
+
+def eval_label(temperature: float) -> str:
+    """The key segment of one evaluation temperature: `greedy` for 0, else `t<t>` (`t1`, `t0.7`)."""
+    return "greedy" if temperature == 0 else f"t{temperature:g}"
+
+
 class TrainerConfig(PrimeConfig):
     model: ModelSpec = TinyModelSpec()
     """The policy model: type = "tiny" (seed, sizes), "smollm2", or "hf" (name_or_path, revision)."""
@@ -267,10 +336,23 @@ class TrainerConfig(PrimeConfig):
     """Address the /metrics server binds to (loopback by default; the host's own address to be scraped from
     elsewhere)."""
     progress: bool = True
-    """Print a one-line progress display per step to stderr."""
+    """Print one progress line per step to stderr (reward, samples, staleness, throughput, step time, eval)."""
+    tensorboard_dir: Path | None = None
+    """Also write every per-step scalar as TensorBoard event files here (`tensorboard --logdir DIR`); None = off."""
+    wandb: WandbSettings = WandbSettings()
+    """Weights & Biases logging (off unless `wandb.project` is set)."""
+    eval: EvalSettings = EvalSettings()
+    """Held-out evaluation on a schedule during training (off unless `eval.every` > 0)."""
     work_ledger: Path | None = None
     """Append one JSON line per step with the work keys it trained or dropped (validators' feeds), the feed
     cursors and the keys still queued: what an audit reconciles with the validators' ledgers."""
+
+    @model_validator(mode="after")
+    def _eval_env(self) -> TrainerConfig:
+        if self.eval.every and self.eval.env is None and not isinstance(self.data, LocalData):
+            raise ValueError(f"eval.env: name the environment to evaluate on (data.type {self.data.type!r} "
+                             "has no env to default to)")
+        return self
 
 
 def build_parser() -> object:
@@ -360,7 +442,28 @@ class SFTConfig(PrimeConfig):
     """Address the /metrics server binds to (loopback by default; the host's own address to be scraped from
     elsewhere)."""
     progress: bool = True
-    """Print a one-line progress display per step to stderr."""
+    """Print one progress line per step to stderr (reward, samples, staleness, throughput, step time, eval)."""
+    tensorboard_dir: Path | None = None
+    """Also write every per-step scalar as TensorBoard event files here (`tensorboard --logdir DIR`); None = off."""
+    wandb: WandbSettings = WandbSettings()
+    """Weights & Biases logging (off unless `wandb.project` is set)."""
+    eval: EvalSettings = EvalSettings()
+    """Held-out evaluation on a schedule during training (off unless `eval.every` > 0)."""
+
+
+    @model_validator(mode="after")
+    def _eval_seeds(self) -> SFTConfig:
+        ev, d = self.eval, self.data
+        if not ev.every:
+            return self
+        if ev.env is None and not isinstance(d, EnvironmentSFTData):
+            raise ValueError("eval.env: name the environment to evaluate on (file data has no env to default to)")
+        if isinstance(d, EnvironmentSFTData) and (ev.env is None or _base_env(ev.env) == _base_env(d.env)):
+            lo, hi = max(d.seed_start, ev.seed_start), min(d.seed_start + d.num_examples, ev.seed_start + ev.num_tasks)
+            if lo < hi:
+                raise ValueError(f"eval.seed_start: held-out seeds [{ev.seed_start}, {ev.seed_start + ev.num_tasks}) "
+                                 f"overlap the training seeds [{d.seed_start}, {d.seed_start + d.num_examples})")
+        return self
 
 
 def load_sft_config(argv: list[str] | None = None, toml_path: str | Path | None = None) -> SFTConfig:

@@ -11,13 +11,14 @@ A sample the environment could not grade (`UngradableError`) is counted apart, n
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,9 +26,14 @@ from environments import Environment, UngradableError, render_prompt
 from models import LoadedModel
 from models.engine import Engine
 from models.sampling import SamplingParams
-from trainer.config import EvalConfig
+from protocol.errors import ConfigError, TrainerError
+from trainer.config import EvalConfig, EvalSettings, SFTConfig, TrainerConfig, eval_label
+from trainer.distributed import DistInfo, barrier
 from trainer.local import derive_seed
 from trainer.sft_data import seed_range_tasks
+
+if TYPE_CHECKING:
+    from trainer.loop import TrainLoop
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +135,88 @@ def evaluate(
         truncated_rate=sum(x.finish_reason == "length" for x in samples) / n if n else 0.0,
         ungradable=n - len(graded), generation_s=time.monotonic() - t0, samples=samples,
     )
+
+
+# What goes into the metrics of a step with an evaluation, as `eval/<label>/<name>` (label: `greedy`, `t1`, ...).
+EVAL_KEYS = ("mean_reward", "pass_rate", "mean_completion_tokens", "truncated_rate", "ungradable", "generation_s")
+
+
+class ScheduledEval:
+    """`eval.every`: the held-out evaluation the training loop runs every N steps and after the last step.
+
+    It scores the live policy (the weights after the step: checkpoint `step-<n+1>`, version n+1 for the
+    row of step n) on the same seed range every time, once per configured temperature. Under torchrun
+    the policy is sharded: every rank gathers the full weights (a collective), rank 0 loads them into
+    its own copy of the model and evaluates while the others wait at a barrier.
+    """
+
+    def __init__(self, settings: EvalSettings, loaded: LoadedModel, env: Environment, max_new_tokens: int,
+                 dist_info: DistInfo | None = None, device: torch.device | None = None) -> None:
+        self.settings = settings
+        self.loaded = loaded
+        self.env = env
+        self.max_new_tokens = max_new_tokens
+        self.dist = dist_info or DistInfo()
+        self.copy: torch.nn.Module | None = None
+        if self.dist.enabled and self.dist.is_main:  # before the trainer shards `loaded.model`
+            model: torch.nn.Module = copy.deepcopy(loaded.model)
+            self.copy = model.to(device or torch.device("cpu")).eval().requires_grad_(False)
+
+    def due(self, steps_done: int, max_steps: int) -> bool:
+        every = self.settings.every
+        return every > 0 and (steps_done % every == 0 or steps_done >= max_steps)
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """`eval/<label>/<name>` for every configured temperature, and `eval/time_s`."""
+        s = self.settings
+        out: dict[str, float] = {}
+        t0 = time.monotonic()
+        for temperature in s.temperatures:
+            report = evaluate(self.loaded, self.env, s.seed_start, s.num_tasks, samples_per_task=s.samples_per_task,
+                              temperature=temperature, max_new_tokens=self.max_new_tokens,
+                              pass_threshold=s.pass_threshold, batch_size=s.batch_size, seed=s.seed, model=model)
+            label = eval_label(temperature)
+            out.update({f"eval/{label}/{k}": float(getattr(report, k)) for k in EVAL_KEYS})
+        out["eval/time_s"] = time.monotonic() - t0
+        return out
+
+    def run(self, loop: TrainLoop) -> dict[str, float]:
+        if not self.dist.enabled:
+            out = self.evaluate(loop.model)
+        else:
+            state = loop.full_model_state()  # every rank takes part
+            out = {}
+            if self.copy is not None:
+                missing, unexpected = self.copy.load_state_dict(state, strict=False)
+                if unexpected or any(k != "lm_head.weight" for k in missing):  # a tied head has no entry of its own
+                    raise TrainerError(f"scheduled eval: gathered weights do not fit the model "
+                                       f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+                out = self.evaluate(self.copy)
+            barrier()
+        log.info("held-out eval after %d steps on %s seeds [%d, %d): %s", loop.step, self.env.name,
+                 self.settings.seed_start, self.settings.seed_start + self.settings.num_tasks,
+                 " ".join(f"{k[5:]} {v:.3f}" for k, v in out.items() if k.endswith(("pass_rate", "mean_reward"))))
+        return out
+
+
+def build_scheduled_eval(cfg: TrainerConfig | SFTConfig, loaded: LoadedModel, dist_info: DistInfo | None = None,
+                         device: torch.device | None = None) -> ScheduledEval | None:
+    """The run's `[eval]` schedule, None when `eval.every` is 0. The environment defaults to the training one
+    (`data.env`, local mode and SFT environment data; the config refuses `every` without one), the length
+    limit to `data.max_new_tokens` (local mode) or 64."""
+    from environments import get as get_env
+
+    settings = cfg.eval
+    if not settings.every:
+        return None
+    env, env_version = settings.env, settings.env_version
+    if env is None:
+        env = getattr(cfg.data, "env", None)
+        env_version = env_version or getattr(cfg.data, "env_version", None)
+    if env is None:  # the config validators refuse this; kept for configs built without validation
+        raise ConfigError("eval.env: name the environment to evaluate on")
+    max_new_tokens = settings.max_new_tokens or getattr(cfg.data, "max_new_tokens", None) or 64
+    return ScheduledEval(settings, loaded, get_env(env, env_version), max_new_tokens, dist_info, device)
 
 
 def write_report(report: EvalReport, path: Path) -> None:

@@ -120,6 +120,7 @@ class Trainer(TrainLoop):
             "samples": len(train),
             "loss_tokens": n_loss_tokens,
             "tokens_per_s": useful / train_dt if train_dt > 0 else 0.0,
+            "samples_per_s": len(samples) / dt if dt > 0 else 0.0,
             "step_time_s": dt,
             "batch_wait_s": t_batch - t0,
             "train_time_s": train_dt,

@@ -28,6 +28,14 @@ from trainer.publish import PublishHook
 log = logging.getLogger(__name__)
 
 
+class Evaluator(Protocol):
+    """The scheduled held-out evaluation (`trainer.evaluate.ScheduledEval`)."""
+
+    def due(self, steps_done: int, max_steps: int) -> bool: ...
+
+    def run(self, loop: TrainLoop) -> dict[str, float]: ...
+
+
 class Positioned(Protocol):
     """A data source whose position goes into checkpoints (`trainer_state.json` under `source`)."""
 
@@ -111,6 +119,7 @@ class TrainLoop:
         )
         self.step = 0
         self.autocast_dtype = self._autocast_dtype()
+        self.evaluator: Evaluator | None = None
 
     def _autocast_dtype(self) -> torch.dtype | None:
         if self.dtype == "bfloat16" or (self.dtype == "auto" and self.device.type == "cuda"):
@@ -124,7 +133,8 @@ class TrainLoop:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     # ----------------------------------------------------------------- state
-    def _full_model_state(self) -> dict[str, torch.Tensor]:
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights on CPU (a collective under FSDP: every rank calls it; rank 0 gets them)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -137,7 +147,7 @@ class TrainLoop:
         return get_optimizer_state_dict(self.model, self.optimizer, options=opts)
 
     def save(self) -> Path | None:
-        model_state = self._full_model_state()
+        model_state = self.full_model_state()
         optim_state = self._full_optim_state()
         path: Path | None = None
         if self.dist.is_main:
@@ -232,7 +242,12 @@ class TrainLoop:
         return float(grad_norm)
 
     def finish_step(self, metrics: dict[str, Any]) -> StepResult:
-        """Record the step's metrics, then checkpoint (every `interval` steps and at the end) and publish."""
+        """Evaluate when due (`eval.every`), record the step's metrics, then checkpoint (every `interval` steps
+        and at the end) and publish."""
+        # Before the checkpoint, so the saved RNG state is the one after the evaluation: a resumed run
+        # goes on exactly as the uninterrupted one (which evaluated at the same steps).
+        if self.evaluator is not None and self.evaluator.due(self.step, self.max_steps):
+            metrics.update(self.evaluator.run(self))
         # Metrics before the checkpoint: a crash in between re-runs the step and logs it again (with
         # identical values, resume being exact) instead of leaving a hole in the metrics.
         if self.metrics is not None and self.dist.is_main:

@@ -11,9 +11,10 @@ import torch
 from protocol.errors import ConfigError
 from trainer.config import SFTConfig, TrainerConfig
 from trainer.distributed import DistInfo, RankZeroSource, init_distributed
+from trainer.evaluate import build_scheduled_eval
 from trainer.grpo import Trainer
 from trainer.loop import TrainLoop
-from trainer.metrics import MetricsSink
+from trainer.metrics import metrics_sink
 from trainer.publish import LocalDirectoryPublisher, PublishHook, ShardcastPublisher
 from trainer.source import DirectorySource, RolloutSource
 
@@ -99,12 +100,14 @@ def build_trainer(cfg: TrainerConfig) -> tuple[Trainer, DistInfo]:
     loaded = load(cfg.model, dtype="float32", device="cpu")
     source = build_source(cfg, loaded, dist_info=dist_info, device=device)
     hook = build_publish_hook(cfg, dist_info)
+    evaluator = build_scheduled_eval(cfg, loaded, dist_info, device)  # before the trainer shards the model
     metrics = None
     if dist_info.is_main:
-        metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps, host=cfg.metrics_host)
+        metrics = metrics_sink(cfg)
     pad = loaded.tokenizer.pad_token_id
     trainer = Trainer(cfg, loaded.model, source, device, dist_info, hook, metrics,
                       pad_token_id=int(pad) if pad is not None else 0, tokenizer=loaded.tokenizer)
+    trainer.evaluator = evaluator
     if hasattr(source, "attach"):
         source.attach(trainer.model)
     return trainer, dist_info

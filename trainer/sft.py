@@ -22,7 +22,7 @@ from trainer.config import SFTConfig
 from trainer.distributed import DistInfo, all_reduce_sum, barrier
 from trainer.loop import StepResult, TrainLoop
 from trainer.loss import token_weights
-from trainer.metrics import SFT_KEYS, MetricsSink, sft_line
+from trainer.metrics import SFT_KEYS, MetricsSink, metrics_sink, sft_line
 from trainer.packing import PackedRows, pack_examples, selected_logprobs, token_logprobs
 from trainer.publish import PublishHook, copy_public
 from trainer.sft_data import Example, SFTDataset, build_dataset
@@ -105,6 +105,7 @@ class SFTTrainer(TrainLoop):
             "examples": len(examples),
             "loss_tokens": sum(ex.n_loss_tokens for ex in examples),
             "tokens_per_s": useful / dt if dt > 0 else 0.0,
+            "examples_per_s": len(examples) / dt if dt > 0 else 0.0,
             "step_time_s": dt,
             "useful_tokens": useful,
             "processed_tokens": processed,
@@ -117,6 +118,7 @@ class SFTTrainer(TrainLoop):
 
 def build_sft(cfg: SFTConfig) -> tuple[SFTTrainer, DistInfo]:
     from models import load
+    from trainer.evaluate import build_scheduled_eval
     from trainer.runner import build_publish_hook, prepare_process
 
     device, dist_info = prepare_process(cfg)
@@ -129,13 +131,14 @@ def build_sft(cfg: SFTConfig) -> tuple[SFTTrainer, DistInfo]:
         raise TrainerError(f"the tokenizer produced ids outside the model's vocabulary of {vocab}")
     log.info("SFT: %d steps x %d examples = %.2f epochs of %d examples", cfg.max_steps,
              cfg.batch.examples_per_step, cfg.max_steps * cfg.batch.examples_per_step / len(data), len(data))
+    evaluator = build_scheduled_eval(cfg, loaded, dist_info, device)  # before the trainer shards the model
     metrics = None
     if dist_info.is_main:
-        metrics = MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps, keys=SFT_KEYS,
-                              line=sft_line, host=cfg.metrics_host)
+        metrics = metrics_sink(cfg, keys=SFT_KEYS, line=sft_line)
     pad = loaded.tokenizer.pad_token_id
     trainer = SFTTrainer(cfg, loaded.model, data, device, dist_info, build_publish_hook(cfg, dist_info), metrics,
                          pad_token_id=int(pad) if pad is not None else 0, tokenizer=loaded.tokenizer)
+    trainer.evaluator = evaluator
     return trainer, dist_info
 
 

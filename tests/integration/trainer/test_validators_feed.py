@@ -17,7 +17,8 @@ from trainer.config import load_config
 from trainer.runner import run
 
 ROOT = Path(__file__).resolve().parents[3]
-TIMING = {"step_time_s", "batch_wait_s", "train_time_s", "tokens_per_s"}
+TIMING = {"step_time_s", "batch_wait_s", "train_time_s", "tokens_per_s", "samples_per_s", "eval/time_s",
+          "eval/greedy/generation_s"}
 
 
 def _serve(a: FeedServer, b: FeedServer) -> None:
@@ -61,6 +62,11 @@ poll_interval_s = 0.05
 wait_timeout_s = 20
 [checkpoint]
 dir = "{tmp / name}-ck"
+[eval]
+every = 2
+env = "reverse-text"
+num_tasks = 2
+max_new_tokens = 3
 """)
     return path
 
@@ -87,6 +93,9 @@ def test_trainer_on_validator_feeds_resumes_exactly(tmp_path: Path) -> None:
     assert [straight[n]["stale_samples"] for n in range(3)] == [0, 0, 4]
     assert resumed_after == 2  # b's cursor: c2 trained, the duplicate done, c3 not yet consumed
     assert resumed[2] == straight[2]  # the same groups, model, optimizer and RNG: bit for bit
+    # The held-out eval ran after 2 steps and at the end (the resumed run's too); resuming after it stays exact.
+    assert "eval/greedy/mean_reward" not in straight[0] and "eval/greedy/mean_reward" in straight[1]
+    assert resumed[1] == straight[1] and "eval/greedy/mean_reward" in resumed[2]
     ckpt = json.loads((tmp_path / "straight-ck" / "step-3" / "trainer_state.json").read_text())
     assert ckpt["source"]["validators"][a.url]["cursor"] == 4
 
@@ -107,6 +116,8 @@ def test_two_processes_train_on_rank_zeros_feed(tmp_path: Path) -> None:
     one, two = _metrics(tmp_path / "one.jsonl"), _metrics(tmp_path / "two.jsonl")
     assert sorted(two) == [0, 1, 2]
     for n in range(3):
-        for key in ("loss", "grad_norm", "samples", "stale_samples", "rejected_files"):
+        for key in ("loss", "grad_norm", "samples", "stale_samples", "rejected_files", "eval/greedy/mean_reward"):
+            if key.startswith("eval/") and n == 0:
+                continue
             assert two[n][key] == pytest.approx(one[n][key], rel=1e-4, abs=1e-6), (n, key)
     assert two_requests == n_requests == 2  # one reader (rank 0), one page from each validator

@@ -26,7 +26,9 @@ def test_two_process_fsdp2_equals_one_process(tmp_path: Path) -> None:
     write_step_files(tmp_path / "roll", 3, groups=4, size=4, vocab=320)
     cfg = tmp_path / "c.toml"
     cfg.write_text(directory_run_config(steps=3, rollouts=tmp_path / "roll", groups_per_step=4))
-    common = ["-m", "trainer.cli", "--config", str(cfg)]
+    # The scheduled held-out eval runs at the end: under torchrun on rank 0's gathered copy of the weights.
+    common = ["-m", "trainer.cli", "--config", str(cfg), "--eval.every", "3", "--eval.env", "reverse-text",
+              "--eval.num-tasks", "3", "--eval.max-new-tokens", "4", "--eval.temperatures", "[0, 1]"]
     _run([sys.executable, *common, "--metrics-file", "one.jsonl", "--checkpoint.dir", "ck1"], tmp_path)
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
           "--master-port", str(free_port()), *common, "--metrics-file", "two.jsonl", "--checkpoint.dir", "ck2"],
@@ -37,6 +39,9 @@ def test_two_process_fsdp2_equals_one_process(tmp_path: Path) -> None:
     for a, b in zip(one, two, strict=True):
         for key in ("loss", "grad_norm", "clip_low_frac", "entropy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert not any(k.startswith("eval/") for k in two[0]) and "eval/greedy/mean_reward" in two[2]
+    for key in ("eval/greedy/mean_reward", "eval/t1/mean_reward", "eval/t1/mean_completion_tokens"):
+        assert two[2][key] == pytest.approx(one[2][key], abs=1e-6), key
     w1 = load_file(tmp_path / "ck1" / "step-3" / "model.safetensors")
     w2 = load_file(tmp_path / "ck2" / "step-3" / "model.safetensors")
     assert w1.keys() == w2.keys()
