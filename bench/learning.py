@@ -1,167 +1,700 @@
 """Learning through the network vs local mode: the same GRPO recipe and sample budget, per sample.
 
-    python bench/learning.py --quick --json out.json      # ~6 min on 2 CPU cores (15 steps each)
-    python bench/learning.py --json out.json              # ~12 min (40 steps each)
-    python bench/learning.py --smoke --json out.json      # 1 step each, the smallest devnet (1 node, 1 validator,
-                                                          # 1 relay), 2 groups x 4 x 8 tokens: checks the bench
+    python bench/learning.py --quick --json out.json      # tiny model on lowercase, ~6 min on 2 CPU cores (15 steps each)
+    python bench/learning.py --json out.json              # tiny model, ~12 min (40 steps each)
+    python bench/learning.py --smoke --json out.json      # tiny, 1 step each on the smallest devnet, with a held-out
+                                                          # evaluation of 2 tasks: checks the bench, measures nothing
+    python bench/learning.py --model smollm2 --init runs/reverse-text-smollm2-sft/model --json out.json
+    python bench/learning.py --model smollm2 --sft-steps 120 --work runs/learning-smollm2 --json out.json
 
-Anchor: `prime-trainer` in local mode (`data.type = "local"`: it generates its own on-policy rollouts,
-staleness 0) with the tiny model on `lowercase`. Measured: `prime-devnet up` with the same model, task,
-group size (8), generation length (12 tokens), groups per step (4), learning rate and step count, where
-the samples come through the network instead: nodes generate with weights pulled over two SHARDCAST
-relays, validators check them (TOPLOC, sampling replay, rewards), the trainer reads the validators'
-feeds with async level 2 (samples up to two versions old). Both train on 4 x 8 = 32 samples per step,
-so step n of each has seen the same number of samples. The table prints both reward curves (mean
-reward of the samples each step trained on), their 3-step moving averages and the ratio network /
-local per sample count, plus the network run's audit. The two runs go one after the other (never
-side by side: they would share the 2 cores); wall times are recorded, not compared. Tasks differ between
-the runs (local draws from its task seed, nodes from their assignments), so the curves agree within
-noise, not bit for bit.
+Anchor: `prime-trainer` in local mode (`data.type = "local"`: it generates its own on-policy rollouts, staleness
+0). Measured: `prime-devnet up` with the same model, starting weights, environment, group size, groups per step,
+generation length, sampling temperature, learning rate (and warm-up), advantage normalization and step count,
+where the samples come through the network instead: nodes generate with weights pulled over SHARDCAST relays,
+validators check them (TOPLOC, sampling replay, rewards), the trainer reads the validators' feeds with async level
+2 (samples up to two versions old). Both runs train on the same number of samples per step, so step n of each has
+seen about the same number of samples (a network step that waited `--trainer.fill-timeout-s` may train on fewer;
+the curves are against samples seen). The two runs go one after the other (never side by side: they would share
+the cores); wall times are recorded, not compared as a speed claim. Tasks differ between the runs (local draws
+from its task seed, nodes from their assignments), so the curves agree within noise, not bit for bit.
+
+Models:
+- `tiny` (default): the seeded tiny model on `lowercase` (group 8, 12 tokens, 4 groups per step, lr 0.005), 2
+  nodes, 2 validators, 2 relays; no held-out evaluation unless `--eval-every`.
+- `smollm2`: SmolLM2-135M on reverse-text, both runs from the same SFT checkpoint (`--init DIR`, or made first by
+  `prime-trainer sft --config configs/trainer/reverse-text-smollm2-sft.toml --max-steps N` with `--sft-steps N`).
+  The RL recipe is configs/trainer/reverse-text-smollm2-sft-rl.toml (`--recipe`), whose values the flags override
+  (`--lr`, `--std-normalize/--no-std-normalize`, `--steps`, `--groups`, `--group-size`, `--max-new-tokens`,
+  `--temperature`): local mode runs `prime-trainer --config <recipe>` with them, the devnet gets the same values
+  (`--trainer.lr`, `--trainer.std-normalize`, `--trainer.warmup-steps`, `--run.temperature`, ...); a recipe setting
+  the devnet cannot pass on (another clip range, KL, ...) is refused before anything runs. 3 nodes, 2 validators,
+  2 relays. Held-out evaluation (`eval.every`, greedy and sampled at temperature 1, task seeds from 1000000:
+  disjoint from SFT's [0, 8192) and from RL's hashed seeds) in both runs, and the starting checkpoint scored once
+  with the same settings (`prime-trainer eval`): the table shows the pass rate at step 0 and the gain.
+
+The tables: the reward per sample curve of both runs (mean reward of each step's training samples) with 3-step
+moving averages and their ratio; the held-out pass rate (greedy, sampled) and mean reward at each evaluation
+point; wall time per step and, for the network, where the time goes (trainer waiting for data vs training vs
+evaluating vs checkpointing, node generation, validation latency, publication and its chain share, propagation
+from a signed manifest to a node's first batch at that version) from the roles' own metrics; the devnet's audit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = {"type": "tiny", "hidden_size": 128, "intermediate_size": 256, "seed": 0}  # devnet/network.py TINY
-GROUP, TOKENS, GROUPS, LR = 8, 12, 4, 0.005
+sys.path[0] = str(REPO)  # the repository's packages, not bench/trainer.py and its siblings
+
+SFT_TOML = REPO / "configs/trainer/reverse-text-smollm2-sft.toml"
+RL_TOML = REPO / "configs/trainer/reverse-text-smollm2-sft-rl.toml"
+TINY = {"type": "tiny", "hidden_size": 128, "intermediate_size": 256, "seed": 0}  # devnet/network.py TINY
+SEQ_LEN = {"tiny": 256, "smollm2": 512}  # the devnet trainer's batch.seq_len per model (devnet/network.py)
+PY = sys.executable
+TASKS_PER_BATCH = 2  # the devnet's run.tasks_per_batch (its default): groups per submission
 
 
+@dataclass
+class Recipe:
+    """What both runs share: the model and starting weights, the task stream's environment, the RL settings,
+    the step count and the held-out evaluation."""
+
+    model: str
+    env: str
+    group_size: int
+    groups_per_step: int
+    lr: float
+    max_new_tokens: int
+    temperature: float = 1.0
+    std_normalize: bool = False
+    warmup_steps: int = 0
+    steps: int = 40
+    init: str | None = None
+    eval_every: int = 0
+    eval_tasks: int = 64
+    eval_temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    eval_seed_start: int = 1_000_000
+    eval_samples: int = 1
+    local_task_seed: int = 0
+    local_threads: int = 1
+    recipe_file: str | None = None
+
+    def eval_flags(self, prefix: str) -> list[str]:
+        if not self.eval_every:
+            return []
+        return [f"--{prefix}every", str(self.eval_every), f"--{prefix}num-tasks", str(self.eval_tasks),
+                f"--{prefix}temperatures", ",".join(f"{t:g}" for t in self.eval_temperatures),
+                f"--{prefix}seed-start", str(self.eval_seed_start), f"--{prefix}samples-per-task",
+                str(self.eval_samples), f"--{prefix}max-new-tokens", str(self.max_new_tokens)]
+
+
+# ------------------------------------------------------------------------------------- the recipe
+CARRIED = {("optim", "lr"), ("optim", "warmup_steps"), ("loss", "std_normalize"), ("loss", "temperature")}
+"""Recipe settings the devnet's trainer takes (devnet/config.py); every other [loss] and [optim] value of the
+recipe must be the trainer's default, which is what the devnet's trainer runs with."""
+
+
+def devnet_gaps(recipe: dict[str, Any]) -> list[str]:
+    """Settings of the recipe TOML the devnet cannot give its trainer (they differ from the trainer's defaults)."""
+    from trainer.config import LossSettings, OptimSettings
+
+    gaps = []
+    for section, defaults in (("loss", LossSettings()), ("optim", OptimSettings())):
+        for key, value in recipe.get(section, {}).items():
+            if (section, key) not in CARRIED and getattr(defaults, key, object()) != value:
+                gaps.append(f"{section}.{key} = {value!r} (the devnet's trainer runs with {getattr(defaults, key, '?')!r})")
+    data = recipe.get("data", {})
+    if data.get("temperature", 1.0) != recipe.get("loss", {}).get("temperature", 1.0):
+        gaps.append("data.temperature differs from loss.temperature (the devnet uses one for both)")
+    if recipe.get("batch", {}).get("seq_len", SEQ_LEN["smollm2"]) != SEQ_LEN["smollm2"]:
+        gaps.append(f"batch.seq_len = {recipe['batch']['seq_len']} (the devnet's smollm2 trainer packs {SEQ_LEN['smollm2']})")
+    return gaps
+
+
+def smollm2_recipe(args: argparse.Namespace, init: str | None) -> Recipe:
+    with Path(args.recipe).open("rb") as fh:
+        toml = tomllib.load(fh)
+    gaps = devnet_gaps(toml)
+    if gaps:
+        raise SystemExit(f"{args.recipe}: the devnet cannot run this recipe as local mode does: {'; '.join(gaps)} "
+                         f"(add the setting to devnet/config.py's trainer section)")
+    loss, optim, batch, data = (toml.get(k, {}) for k in ("loss", "optim", "batch", "data"))
+    return Recipe(
+        model="smollm2", env=data.get("env", "reverse-text"), init=init, recipe_file=str(args.recipe),
+        group_size=pick(args.group_size, data.get("group_size", 8)),
+        groups_per_step=pick(args.groups, batch.get("groups_per_step", 8)),
+        lr=pick(args.lr, optim.get("lr", 1e-5)), max_new_tokens=pick(args.max_new_tokens, data.get("max_new_tokens", 32)),
+        temperature=pick(args.temperature, data.get("temperature", 1.0)),
+        std_normalize=pick(args.std_normalize, loss.get("std_normalize", False)),
+        warmup_steps=optim.get("warmup_steps", 0), steps=pick(args.steps, toml.get("max_steps", 40)),
+        eval_every=pick(args.eval_every, 5), eval_tasks=args.eval_tasks, eval_samples=args.eval_samples,
+        local_task_seed=data.get("task_seed", 0), local_threads=pick(args.threads, toml.get("torch_threads", 1)),
+    )
+
+
+def pick(flag: Any, value: Any) -> Any:
+    """A flag given on the command line, else the recipe's value."""
+    return value if flag is None else flag
+
+
+def tiny_recipe(args: argparse.Namespace) -> Recipe:
+    smoke = args.smoke
+    return Recipe(
+        model="tiny", env="lowercase", group_size=pick(args.group_size, 4 if smoke else 8),
+        groups_per_step=pick(args.groups, 2 if smoke else 4), lr=pick(args.lr, 0.005),
+        max_new_tokens=pick(args.max_new_tokens, 8 if smoke else 12), temperature=pick(args.temperature, 1.0),
+        std_normalize=bool(args.std_normalize), steps=pick(args.steps, 1 if smoke else 15 if args.quick else 40),
+        eval_every=pick(args.eval_every, 1 if smoke else 0), eval_tasks=2 if smoke else args.eval_tasks,
+        eval_samples=args.eval_samples, local_threads=pick(args.threads, 1),
+    )
+
+
+def model_flags(r: Recipe) -> list[str]:
+    """The trainer's `--model.*` flags: the starting weights of both runs."""
+    if r.init:
+        return ["--model.type", "hf", "--model.name-or-path", r.init]
+    if r.model == "smollm2":
+        return ["--model.type", "smollm2"]
+    return ["--model.type", "tiny"] + [f for k, v in TINY.items() if k != "type"
+                                       for f in (f"--model.{k.replace('_', '-')}", str(v))]
+
+
+# ------------------------------------------------------------------------------------- processes
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    steps: dict[int, dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                m = json.loads(line)
-                steps[int(m["step"])] = m
-            except (ValueError, KeyError):
-                continue
-    return [steps[k] for k in sorted(steps)]
+    from devnet.observer import read_metrics
+
+    return read_metrics(path)
 
 
-def local_run(work: Path, steps: int) -> tuple[list[dict[str, Any]], float]:
-    """The anchor: `prime-trainer` in local mode with the recipe (GROUP, TOKENS, GROUPS, LR)."""
+class StepClock:
+    """When each step's metrics line appeared (the trainer writes it at the end of the step, evaluation
+    included): wall time per step as the operator sees it, checkpointing and everything else included."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.t0 = time.time()
+        self.seen: dict[int, float] = {}
+
+    def poll(self) -> list[dict[str, Any]]:
+        rows = _jsonl(self.path)
+        now = time.time()
+        for m in rows:
+            self.seen.setdefault(int(m["step"]), now)
+        return rows
+
+    def per_step(self) -> dict[str, Any]:
+        steps = sorted(self.seen)
+        times = [self.seen[s] for s in steps]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        return {"first_step_s": round(times[0] - self.t0, 1) if times else None,
+                "per_step_s": [round(g, 2) for g in gaps],
+                "mean_step_s": round(sum(gaps) / len(gaps), 2) if gaps else None}
+
+
+def _wait(proc: subprocess.Popen[Any], clock: StepClock, steps: int, log: Path, what: str,
+          each: Any = None) -> list[dict[str, Any]]:
+    while True:
+        rows = clock.poll()
+        if each is not None:
+            each(rows)
+        if len(rows) >= steps:
+            return rows
+        if proc.poll() is not None:
+            rows = clock.poll()
+            if len(rows) >= steps:
+                return rows
+            raise RuntimeError(f"{what} exited with {proc.returncode} after {len(rows)} steps; {log} ends:\n"
+                               f"{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def make_sft(work: Path, steps: int, threads: int) -> tuple[str, float]:
+    """`prime-trainer sft` with the shipped SFT config for `steps` steps; returns (its model directory, seconds)."""
+    out = work / "sft"
+    cmd = [PY, "-m", "trainer.cli", "sft", "--config", str(SFT_TOML), "--max-steps", str(steps),
+           "--output-dir", str(out / "model"), "--checkpoint.dir", str(out / "checkpoints"),
+           "--checkpoint.interval", str(steps + 1), "--metrics-file", str(out / "metrics.jsonl"), "--no-progress",
+           "--torch-threads", str(threads)]
+    t0 = time.monotonic()
+    with (work / "sft.log").open("w") as log:
+        subprocess.run(cmd, cwd=REPO, check=True, stdout=log, stderr=subprocess.STDOUT, env=_env())
+    return str(out / "model"), time.monotonic() - t0
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def score_init(r: Recipe) -> dict[str, Any]:
+    """The starting weights on the held-out tasks with the runs' `eval` settings (`trainer.evaluate.evaluate`, what
+    the trainer's `eval.every` runs, here on the loaded checkpoint): the row of step 0."""
+    import torch
+
+    import environments
+    from models import load
+    from protocol.model_spec import parse_model_spec
+    from trainer.evaluate import evaluate
+
+    torch.set_num_threads(r.local_threads)
+    spec = {"type": "hf", "name_or_path": r.init} if r.init else ({"type": "smollm2"} if r.model == "smollm2" else TINY)
+    t0 = time.monotonic()
+    loaded = load(parse_model_spec(spec))
+    env = environments.get(r.env)
+    out: dict[str, Any] = {}
+    for t in r.eval_temperatures:
+        report = evaluate(loaded, env, r.eval_seed_start, r.eval_tasks, samples_per_task=r.eval_samples,
+                          temperature=t, max_new_tokens=r.max_new_tokens, seed=0)
+        label = "greedy" if t == 0 else f"t{t:g}"
+        out[f"eval/{label}/pass_rate"] = report.pass_rate
+        out[f"eval/{label}/mean_reward"] = report.mean_reward
+    out["eval/time_s"] = time.monotonic() - t0
+    del loaded
+    return out
+
+
+def local_run(work: Path, r: Recipe) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
+    """The anchor: `prime-trainer` in local mode with the recipe."""
     metrics = work / "local.jsonl"
-    flags = ["--model.type", "tiny"] + [f for k, v in MODEL.items() if k != "type" for f in (f"--model.{k.replace('_', '-')}", str(v))]
-    cmd = [sys.executable, "-m", "trainer.cli", *flags, "--data.type", "local", "--data.env", "lowercase",
-           "--data.group-size", str(GROUP), "--data.max-new-tokens", str(TOKENS), "--batch.groups-per-step",
-           str(GROUPS), "--batch.seq-len", "256", "--batch.micro-batch-rows", "8", "--batch.async-level", "0",
-           "--optim.lr", str(LR), "--max-steps", str(steps), "--torch-threads", "1", "--no-progress",
-           "--checkpoint.dir", str(work / "local-ck"), "--checkpoint.interval", str(steps + 1),
-           "--metrics-file", str(metrics)]
+    common = ["--max-steps", str(r.steps), "--no-progress", "--metrics-file", str(metrics),
+              "--checkpoint.dir", str(work / "local-ck"), "--checkpoint.interval", str(r.steps + 1),
+              "--publish.type", "none", "--torch-threads", str(r.local_threads), "--optim.lr", str(r.lr),
+              "--optim.warmup-steps", str(r.warmup_steps),
+              "--loss.std-normalize" if r.std_normalize else "--no-loss.std-normalize",
+              "--loss.temperature", str(r.temperature), "--data.temperature", str(r.temperature),
+              "--data.group-size", str(r.group_size), "--data.max-new-tokens", str(r.max_new_tokens),
+              "--batch.groups-per-step", str(r.groups_per_step), *r.eval_flags("eval.")]
+    if r.recipe_file:
+        cmd = [PY, "-m", "trainer.cli", "--config", r.recipe_file, *model_flags(r), "--data.type", "local",
+               "--data.env", r.env, "--data.task-seed", str(r.local_task_seed), *common]
+    else:
+        cmd = [PY, "-m", "trainer.cli", *model_flags(r), "--data.type", "local", "--data.env", r.env,
+               "--batch.seq-len", str(SEQ_LEN[r.model]), "--batch.micro-batch-rows", "8", "--batch.async-level", "0",
+               *common]
+    log = work / "local.log"
+    clock = StepClock(metrics)
     t0 = time.monotonic()
-    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return _jsonl(metrics), time.monotonic() - t0
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=_env())
+        try:
+            rows = _wait(proc, clock, r.steps, log, "the local trainer")
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
+    return rows, time.monotonic() - t0, clock.per_step()
 
 
-def devnet_run(work: Path, steps: int, nodes: int, validators: int = 2,
-               relays: int = 2) -> tuple[list[dict[str, Any]], float, dict[str, Any], str]:
+def devnet_cmd(work: Path, r: Recipe, nodes: int, validators: int, relays: int) -> list[str]:
+    cmd = [PY, "-m", "devnet.cli", "up", "--state-dir", str(work / "devnet"), "--model", r.model,
+           "--nodes", str(nodes), "--validators", str(validators), "--relays", str(relays), "--dashboard-port", "0",
+           "--trainer.max-steps", str(r.steps), "--trainer.groups-per-step", str(r.groups_per_step),
+           "--trainer.lr", str(r.lr), "--trainer.warmup-steps", str(r.warmup_steps), "--trainer.async-level", "2",
+           "--trainer.std-normalize" if r.std_normalize else "--no-trainer.std-normalize",
+           "--run.env", r.env, "--run.samples-per-task", str(r.group_size), "--run.max-new-tokens",
+           str(r.max_new_tokens), "--run.temperature", str(r.temperature), "--summary-interval-s", "10",
+           "--start-timeout-s", "900", *r.eval_flags("trainer.eval.")]
+    return cmd + (["--init", r.init] if r.init else [])
+
+
+class Propagation:
+    """The signing time (`created_at_ms`) of every version the origin holds, read while the run goes on (the origin
+    keeps only the newest few), to set beside each node's first batch at that version."""
+
+    def __init__(self) -> None:
+        self.created: dict[int, float] = {}
+        self.next_at = 0.0
+
+    def poll(self, origin: str) -> None:
+        import httpx
+
+        if time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + 3.0
+        try:
+            for v in httpx.get(origin + "/versions", timeout=5).json().get("versions", []):
+                version = int(v["version"])
+                if version not in self.created:
+                    doc = httpx.get(f"{origin}/v/{version}/manifest", timeout=5).json()
+                    self.created[version] = int(doc["manifest"]["created_at_ms"]) / 1000.0
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+
+
+def v0_check(layout: Any, init: str) -> dict[str, Any]:
+    """Version 0 of the run is the init checkpoint: the chain's v0 hash is the manifest the relays serve, and the
+    weights node-0 and validator-0 pulled as v0 hold the checkpoint's tensors."""
+    import httpx
+    import torch
+    from safetensors.torch import load_file
+
+    from contracts.deployment import Deployment
+    from contracts.devchain import dev_identity
+    from contracts.policy import PolicyHistory
+    from contracts.pool import PoolClient
+    from contracts.transactor import connect
+    from shardcast.manifest import SignedManifest
+
+    dep = Deployment.load(Path(layout.deployment))
+    pool = PoolClient(connect(layout.rpc_url), dep.pool, dev_identity(0))  # reads only (DEV ONLY key)
+    history = PolicyHistory(pool, dep.start_block)
+    history.refresh()
+    signed = SignedManifest.parse(httpx.get(f"{layout.relays[0]}/v/0/manifest", timeout=10).content)
+    chain_hash = history.manifest_hash(0)
+    ckpt = load_file(str(Path(init) / "model.safetensors"))
+    pulled = {}
+    for name in (layout.nodes[0]["name"], layout.validators[0]["name"]):
+        got = load_file(str(Path(layout.state_dir) / name / "weights" / "v0" / "model.safetensors"))
+        pulled[name] = (set(got) <= set(ckpt) and set(ckpt) - set(got) <= {"lm_head.weight"}
+                        and all(torch.equal(got[k], ckpt[k]) for k in got))
+    return {"chain_hash": "0x" + chain_hash.hex() if chain_hash else None,
+            "manifest_hash": "0x" + signed.manifest.content_hash().hex(),
+            "signer": signed.signer, "on_chain": chain_hash == signed.manifest.content_hash(),
+            "weights_are_init": pulled, "ok": chain_hash == signed.manifest.content_hash() and all(pulled.values())}
+
+
+def network_time(layout: Any, rows: list[dict[str, Any]], prop: Propagation) -> dict[str, Any]:
+    """Where the network run's time went, from the roles' own numbers: the trainer's metrics (waiting for data,
+    training, evaluating; publication and its `publishPolicy` share), each node's `/metrics` (generation seconds,
+    batches, tokens, its first batch at each version), each validator's ledger (`GET /v1/submissions`: received
+    to decided)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from devnet.dashboard.collector import parse_started, percentile
+
+    out: dict[str, Any] = {}
+    n = len(rows)
+    last = rows[-1] if rows else {}
+    out["trainer"] = {
+        "batch_wait_s": sum(m["batch_wait_s"] for m in rows) / n if n else None,
+        "train_s": sum(m.get("train_time_s", 0.0) for m in rows) / n if n else None,
+        "eval_s": sum(m.get("eval/time_s", 0.0) for m in rows) / n if n else None,
+        "published_versions": last.get("published_versions"),
+        "publish_s_per_version": (last["publish_seconds"] / last["published_versions"]
+                                  if last.get("published_versions") else None),
+        "publish_chain_s_per_version": (last["publish_chain_seconds"] / last["published_versions"]
+                                        if last.get("published_versions") else None),
+    }
+    nodes, delays = [], []
+    for node in layout.nodes:
+        try:
+            text = httpx.get(node["url"] + "/metrics", timeout=10).text
+        except httpx.HTTPError:
+            nodes.append({"name": node["name"], "up": False})
+            continue
+        vals: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name in ("prime_node_generation_seconds_total", "prime_node_batches_total",
+                              "prime_node_tokens_total"):
+                    vals[s.name] = s.value
+        started = parse_started(text)
+        mine = [at - prop.created[v] for v, at in started.items() if v > 0 and v in prop.created]
+        delays += mine
+        batches = vals.get("prime_node_batches_total", 0.0)
+        nodes.append({"name": node["name"], "batches": int(batches),
+                      "tokens": int(vals.get("prime_node_tokens_total", 0)),
+                      "generation_s": round(vals.get("prime_node_generation_seconds_total", 0.0), 1),
+                      "generation_s_per_batch": (round(vals.get("prime_node_generation_seconds_total", 0.0) / batches, 2)
+                                                 if batches else None),
+                      "propagation_p50_s": percentile(mine, 50)})
+    out["nodes"] = nodes
+    out["propagation"] = {"versions": len(delays), "p50_s": percentile(delays, 50), "p99_s": percentile(delays, 99)}
+    latencies: list[float] = []
+    outcomes: dict[str, int] = {}
+    for v in layout.validators:
+        try:
+            items = httpx.get(v["url"] + "/v1/submissions", params={"limit": 10000}, timeout=10).json()["items"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            continue
+        for i in items:
+            outcomes[str(i.get("outcome"))] = outcomes.get(str(i.get("outcome")), 0) + 1
+            if isinstance(i.get("decided_at"), int | float):
+                latencies.append(i["decided_at"] - i["received_at"])
+    out["validation"] = {"submissions": outcomes, "decided": len(latencies),
+                         "received_to_decided_mean_s": sum(latencies) / len(latencies) if latencies else None,
+                         "received_to_decided_p50_s": percentile(latencies, 50),
+                         "received_to_decided_p99_s": percentile(latencies, 99)}
+    return out
+
+
+def devnet_run(work: Path, r: Recipe, nodes: int, validators: int = 2,
+               relays: int = 2) -> tuple[list[dict[str, Any]], float, dict[str, Any], str, dict[str, Any]]:
+    """`prime-devnet up` with the recipe until its trainer has logged `r.steps` steps; then the audit and the time
+    breakdown, read while the network is still up. Returns (metrics, wall s, audit, audit table, extra)."""
+    from devnet.network import Layout
+
     state = work / "devnet"
-    log = (work / "devnet.log").open("w")
-    cmd = [sys.executable, "-m", "devnet.cli", "up", "--state-dir", str(state), "--nodes", str(nodes),
-           "--validators", str(validators), "--relays", str(relays),
-           "--dashboard-port", "0", "--trainer.max-steps", str(steps), "--trainer.groups-per-step", str(GROUPS),
-           "--trainer.lr", str(LR), "--trainer.async-level", "2", "--run.samples-per-task", str(GROUP),
-           "--run.max-new-tokens", str(TOKENS), "--summary-interval-s", "5"]
-    t0 = time.monotonic()
-    up = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    log = work / "devnet.log"
     metrics = state / "trainer" / "metrics.jsonl"
+    extra: dict[str, Any] = {"command": devnet_cmd(work, r, nodes, validators, relays)}
+    prop = Propagation()
+    layout: list[Any] = []
+
+    def each(rows: list[dict[str, Any]]) -> None:
+        if not layout and (state / "devnet.json").exists():
+            try:
+                layout.append(Layout.load(state))
+            except (ValueError, TypeError, OSError):
+                return
+        if layout:
+            prop.poll(layout[0].origin)
+            if rows and r.init and "v0" not in extra:  # while node-0 still holds v0 (it keeps a few versions)
+                try:
+                    extra["v0"] = v0_check(layout[0], r.init)
+                except Exception as exc:  # noqa: BLE001 - reported in the JSON, the bench goes on
+                    extra["v0"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+    clock = StepClock(metrics)
     audit: dict[str, Any] = {}
-    try:
-        while len(_jsonl(metrics)) < steps:
-            if up.poll() is not None:
-                raise RuntimeError(f"prime-devnet up exited: {(work / 'devnet.log').read_text()[-2000:]}")
-            time.sleep(2)
-        wall = time.monotonic() - t0
-        out = subprocess.run([sys.executable, "-m", "devnet.cli", "audit", "--state-dir", str(state), "--json"],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
-        audit = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {"error": out.stderr[-500:]}
-        table = subprocess.run([sys.executable, "-m", "devnet.cli", "audit", "--state-dir", str(state)],
-                               cwd=REPO, capture_output=True, text=True, timeout=120).stdout
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=120)
-        log.close()
-    return _jsonl(metrics), wall, audit, table
+    table = ""
+    t0 = time.monotonic()
+    with log.open("w") as fh:
+        up = subprocess.Popen(extra["command"], cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=_env())
+        try:
+            rows = _wait(up, clock, r.steps, log, "prime-devnet up", each)
+            wall = time.monotonic() - t0
+            if layout:
+                extra["time"] = network_time(layout[0], rows, prop)
+            out = subprocess.run([PY, "-m", "devnet.cli", "audit", "--state-dir", str(state), "--json"],
+                                 cwd=REPO, capture_output=True, text=True, timeout=300, env=_env())
+            audit = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {"error": out.stderr[-500:]}
+            table = subprocess.run([PY, "-m", "devnet.cli", "audit", "--state-dir", str(state)],
+                                   cwd=REPO, capture_output=True, text=True, timeout=300, env=_env()).stdout
+        finally:
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
+    extra["clock"] = clock.per_step()
+    return rows, wall, audit, table, extra
 
 
+# ------------------------------------------------------------------------------------- tables
 def smooth(xs: list[float], w: int = 3) -> list[float]:
     return [sum(xs[max(0, i - w + 1): i + 1]) / len(xs[max(0, i - w + 1): i + 1]) for i in range(len(xs))]
 
 
+def seen(rows: list[dict[str, Any]], group: int) -> list[int]:
+    """Samples seen after each step: trained ones, plus those of groups filtered for no signal or too long."""
+    total, out = 0, []
+    for m in rows:
+        total += int(m["samples"]) + int(m.get("filtered_groups", 0)) * group + int(m.get("too_long_samples", 0))
+        out.append(total)
+    return out
+
+
+def eval_rows(run: str, rows: list[dict[str, Any]], samples: list[int], labels: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for m, s in zip(rows, samples, strict=False):
+        if any(f"eval/{lb}/pass_rate" in m for lb in labels):
+            out.append({"run": run, "after_steps": int(m["step"]) + 1, "samples": s,
+                        **{f"{lb}_pass_rate": m.get(f"eval/{lb}/pass_rate") for lb in labels},
+                        **{f"{lb}_mean_reward": m.get(f"eval/{lb}/mean_reward") for lb in labels}})
+    return out
+
+
+def _f(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def print_evals(init: dict[str, Any], evals: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
+    print(f"\nheld-out evaluation ({', '.join(labels)}): pass rate (reward >= 1) and mean reward")
+    head = " ".join(f"{lb + ' pass':>11} {lb + ' reward':>13}" for lb in labels)
+    print(f"{'run':>8} {'after':>5} {'samples':>7} {head}")
+    rows = [{"run": "init", "after_steps": 0, "samples": 0,
+             **{f"{lb}_pass_rate": init.get(f"eval/{lb}/pass_rate") for lb in labels},
+             **{f"{lb}_mean_reward": init.get(f"eval/{lb}/mean_reward") for lb in labels}}] + evals
+    for e in rows:
+        cells = " ".join(f"{_f(e[f'{lb}_pass_rate']):>11} {_f(e[f'{lb}_mean_reward']):>13}" for lb in labels)
+        print(f"{e['run']:>8} {e['after_steps']:>5} {e['samples']:>7} {cells}")
+    gains: dict[str, Any] = {}
+    for run in ("local", "network"):
+        mine = [e for e in evals if e["run"] == run]
+        if mine and init:
+            gains[run] = {f"{lb}_pass_rate_gain": (mine[-1][f"{lb}_pass_rate"] - init[f"eval/{lb}/pass_rate"]
+                                                   if mine[-1][f"{lb}_pass_rate"] is not None else None)
+                          for lb in labels}
+            print(f"gain {run} (last eval - init): " + ", ".join(
+                f"{lb} pass {_f(v, '+.3f')}" for lb, v in zip(labels, gains[run].values(), strict=True)))
+    return {"rows": rows, "gains": gains}
+
+
+def print_time(local_rows: list[dict[str, Any]], local_clock: dict[str, Any], net_clock: dict[str, Any],
+               t: dict[str, Any]) -> None:
+    n = len(local_rows)
+    loc = {"gen": sum(m["batch_wait_s"] for m in local_rows) / n if n else None,
+           "train": sum(m.get("train_time_s", 0.0) for m in local_rows) / n if n else None,
+           "eval": sum(m.get("eval/time_s", 0.0) for m in local_rows) / n if n else None}
+    tr = t.get("trainer", {})
+    print("\nwall time per step (seconds; between two steps' metrics lines, first step excluded) and its parts")
+    print(f"{'':40} {'local':>8} {'network':>8}")
+    print(f"{'wall per step':40} {_f(local_clock.get('mean_step_s'), '.1f'):>8} {_f(net_clock.get('mean_step_s'), '.1f'):>8}")
+    print(f"{'start-up + first step':40} {_f(local_clock.get('first_step_s'), '.0f'):>8} "
+          f"{_f(net_clock.get('first_step_s'), '.0f'):>8}")
+    print(f"{'trainer: generating / waiting for data':40} {_f(loc['gen'], '.1f'):>8} {_f(tr.get('batch_wait_s'), '.1f'):>8}")
+    print(f"{'trainer: training':40} {_f(loc['train'], '.1f'):>8} {_f(tr.get('train_s'), '.1f'):>8}")
+    print(f"{'trainer: held-out eval (per step)':40} {_f(loc['eval'], '.1f'):>8} {_f(tr.get('eval_s'), '.1f'):>8}")
+    print(f"{'publish per version (shardcast+chain)':40} {'-':>8} {_f(tr.get('publish_s_per_version'), '.1f'):>8}")
+    print(f"{'  of which publishPolicy (chain)':40} {'-':>8} {_f(tr.get('publish_chain_s_per_version'), '.2f'):>8}")
+    p = t.get("propagation", {})
+    print(f"{'manifest signed -> node batch p50/p99':40} {'-':>8} {_f(p.get('p50_s'), '.1f'):>8} / {_f(p.get('p99_s'), '.1f')}")
+    v = t.get("validation", {})
+    print(f"{'validator received -> decided p50/p99':40} {'-':>8} {_f(v.get('received_to_decided_p50_s'), '.1f'):>8} / "
+          f"{_f(v.get('received_to_decided_p99_s'), '.1f')}")
+    for node in t.get("nodes", []):
+        print(f"{node['name'] + ': generation s per batch':40} {'-':>8} {_f(node.get('generation_s_per_batch'), '.1f'):>8} "
+              f"({node.get('batches')} batches, {node.get('generation_s')} s generating)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="15 steps")
-    ap.add_argument("--steps", type=int, help="trainer steps of each run (default 40, 15 with --quick)")
-    ap.add_argument("--nodes", type=int, default=2,
-                    help="devnet nodes (default 2: with 4 groups per step each node makes one submission per "
-                         "version; more nodes than that over-supply the trainer, whose backlog then makes every "
-                         "step train on older work)")
+    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="tiny (default) or smollm2")
+    ap.add_argument("--init", type=Path, help="smollm2: the SFT checkpoint both runs start from")
+    ap.add_argument("--sft-steps", type=int, help="smollm2 without --init: make the checkpoint first with "
+                    "`prime-trainer sft --config configs/trainer/reverse-text-smollm2-sft.toml` for this many steps")
+    ap.add_argument("--recipe", type=Path, default=RL_TOML, help="smollm2: the RL recipe whose settings both runs use")
+    ap.add_argument("--quick", action="store_true", help="tiny: 15 steps")
+    ap.add_argument("--steps", type=int, help="trainer steps of each run (tiny: 40, 15 with --quick; smollm2: the "
+                    "recipe's max_steps)")
+    ap.add_argument("--lr", type=float, help="learning rate (default: the recipe's)")
+    ap.add_argument("--std-normalize", action=argparse.BooleanOptionalAction, default=None,
+                    help="divide advantages by the group's std (default: the recipe's)")
+    ap.add_argument("--groups", type=int, help="groups per step (default: the recipe's)")
+    ap.add_argument("--group-size", type=int, help="samples per group (default: the recipe's)")
+    ap.add_argument("--max-new-tokens", type=int, help="generation limit, also of the evaluation (default: the recipe's)")
+    ap.add_argument("--temperature", type=float, help="sampling temperature of the training rollouts (default: the "
+                    "recipe's)")
+    ap.add_argument("--eval-every", type=int, help="held-out evaluation every this many steps and after the last "
+                    "(default: smollm2 5, tiny 0 = none, --smoke 1)")
+    ap.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks (seeds 1000000 ..)")
+    ap.add_argument("--eval-samples", type=int, default=1, help="completions per held-out task and temperature")
+    ap.add_argument("--threads", type=int, help="torch threads of the local trainer, SFT and the step-0 evaluation "
+                    "(default: the recipe's torch_threads; tiny 1); the devnet's roles use 1 each")
+    ap.add_argument("--nodes", type=int, help="devnet nodes (default: tiny 2, smollm2 3; more nodes than a step needs "
+                    "over-supply the trainer, whose backlog then makes every step train on older work)")
+    ap.add_argument("--validators", type=int, default=2, help="devnet validators (default 2)")
+    ap.add_argument("--relays", type=int, default=2, help="devnet relays (default 2)")
+    ap.add_argument("--no-local", action="store_true", help="the network run only (the slow test's short version)")
+    ap.add_argument("--work", type=Path, help="keep everything here (SFT model, logs, the devnet's state); default: "
+                    "a temporary directory, removed at the end")
     ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--smoke", action="store_true", help="1 step each on the smallest devnet (1 node, 1 validator, "
-                    "1 relay) with 2 groups x 4 samples x 8 tokens: checks the bench, measures nothing")
+    ap.add_argument("--smoke", action="store_true", help="tiny, 1 step each on the smallest devnet (1 node, 1 validator, "
+                    "1 relay) with 2 groups x 4 samples x 8 tokens and a 2-task evaluation: checks the bench")
     args = ap.parse_args()
-    global GROUP, TOKENS, GROUPS
-    if args.smoke:
-        GROUP, TOKENS, GROUPS = 4, 8, 2
-    steps = args.steps or (1 if args.smoke else 15 if args.quick else 40)
-    nodes = 1 if args.smoke else args.nodes
-    small = 1 if args.smoke else 2
+    if args.model == "smollm2" and args.smoke:
+        ap.error("--smoke runs the tiny model")
+    if args.model == "tiny" and (args.init or args.sft_steps):
+        ap.error("--init and --sft-steps are for --model smollm2")
+    if args.model == "smollm2" and not args.init and not args.sft_steps:
+        ap.error("--model smollm2 needs --init DIR (an SFT checkpoint) or --sft-steps N")
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
-        work = Path(tmp)
-        local, local_s = local_run(work, steps)
-        net, net_s, audit, audit_table = devnet_run(work, steps, nodes, validators=small, relays=small)
-    n = min(len(local), len(net), steps)
-    lr_, nr_ = [m["reward_mean"] for m in local[:n]], [m["reward_mean"] for m in net[:n]]
-    ls_, ns_ = smooth(lr_), smooth(nr_)
-    per_step = GROUPS * GROUP
-    rows = []
-    print(f"{'step':>4} {'samples':>7} {'local':>7} {'network':>8} {'local~3':>8} {'net~3':>7} {'ratio~3':>7} "
-          f"{'net staleness':>13}")
-    for i in range(n):
-        ratio = ns_[i] / ls_[i] if ls_[i] else None
-        rows.append({"step": i, "samples": (i + 1) * per_step, "local_reward": lr_[i], "network_reward": nr_[i],
-                     "local_smoothed": ls_[i], "network_smoothed": ns_[i], "ratio_smoothed": ratio,
-                     "network_staleness_mean": net[i].get("staleness_mean"),
-                     "network_stale_samples": net[i].get("stale_samples")})
-        print(f"{i:>4} {(i + 1) * per_step:>7} {lr_[i]:>7.3f} {nr_[i]:>8.3f} {ls_[i]:>8.3f} {ns_[i]:>7.3f} "
-              f"{ratio if ratio is not None else float('nan'):>7.2f} {net[i].get('staleness_mean', 0):>13.2f}")
-    last = max(1, n // 3)
-    tail_local, tail_net = sum(lr_[-last:]) / last, sum(nr_[-last:]) / last
-    tail_ratio = tail_net / tail_local if tail_local else None
-    print(f"\nlast {last} steps: local {tail_local:.3f}, network {tail_net:.3f}, ratio "
-          f"{tail_ratio if tail_ratio is not None else float('nan'):.2f}; "
-          f"wall: local {local_s:.0f} s, network {net_s:.0f} s (start-up included)")
-    print(audit_table)
-    result = {
-        "bench": "learning", "quick": args.quick, "smoke": args.smoke, "steps": n, "samples_per_step": per_step,
-        "nodes": nodes, "validators": small, "relays": small,
-        "recipe": {"model": MODEL, "env": "lowercase", "group_size": GROUP, "max_new_tokens": TOKENS,
-                   "groups_per_step": GROUPS, "lr": LR, "network_async_level": 2, "local_async_level": 0},
-        "rows": rows, "tail_steps": last, "tail_local_reward": tail_local, "tail_network_reward": tail_net,
-        "tail_ratio": tail_ratio,
-        "local_wall_s": local_s, "network_wall_s": net_s, "audit": audit,
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "torch_threads_per_process": 1, "load_average_before": load_before,
-                    "load_average_after": os.getloadavg()},
-    }
+    work = args.work.resolve() if args.work else Path(tempfile.mkdtemp(prefix="bench-learning-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(args, work)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    result["machine"] = {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
+                         "load_average_before": load_before, "load_average_after": os.getloadavg()}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
         print(f"wrote {args.json}")
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    sft: dict[str, Any] | None = None
+    init = str(args.init.resolve()) if args.init else None
+    if args.model == "smollm2" and init is None:
+        with Path(args.recipe).open("rb") as fh:
+            threads = args.threads or tomllib.load(fh).get("torch_threads", 1)
+        init, sft_s = make_sft(work, args.sft_steps, threads)
+        sft = {"steps": args.sft_steps, "seconds": round(sft_s, 1), "model": init,
+               "command": f"prime-trainer sft --config {SFT_TOML.relative_to(REPO)} --max-steps {args.sft_steps}"}
+    r = smollm2_recipe(args, init) if args.model == "smollm2" else tiny_recipe(args)
+    nodes = args.nodes or (1 if args.smoke else 3 if r.model == "smollm2" else 2)
+    validators, relays = (1, 1) if args.smoke else (args.validators, args.relays)
+    supply = nodes * math.ceil(math.ceil(r.groups_per_step / TASKS_PER_BATCH) / nodes) * TASKS_PER_BATCH
+    if supply != r.groups_per_step:
+        print(f"note: {nodes} nodes x {TASKS_PER_BATCH} tasks per submission bring {supply} groups per version for "
+              f"{r.groups_per_step} per step: the surplus queues and later steps train on older work (staleness); "
+              f"a multiple of {nodes * TASKS_PER_BATCH} groups per step avoids it", flush=True)
+    labels = ["greedy" if t == 0 else f"t{t:g}" for t in r.eval_temperatures] if r.eval_every else []
+    init_eval = score_init(r) if r.eval_every else {}
+    local: list[dict[str, Any]] = []
+    local_s, local_clock = 0.0, dict[str, Any]()
+    if not args.no_local:
+        local, local_s, local_clock = local_run(work, r)
+    net, net_s, audit, audit_table, extra = devnet_run(work, r, nodes, validators, relays)
+
+    group = r.group_size
+    n = min(len(net), r.steps) if args.no_local else min(len(local), len(net), r.steps)
+    ls_seen, ns_seen = seen(local, group), seen(net, group)
+    lr_ = [m["reward_mean"] for m in local[:n]]
+    nr_ = [m["reward_mean"] for m in net[:n]]
+    ls_, ns_ = smooth(lr_), smooth(nr_)
+    rows = []
+    print(f"reward per sample: {r.model} on {r.env}, {r.groups_per_step} groups x {group} samples per step")
+    print(f"{'step':>4} {'local n':>7} {'local':>7} {'net n':>7} {'network':>8} {'local~3':>8} {'net~3':>7} "
+          f"{'ratio~3':>7} {'net staleness':>13}")
+    for i in range(n):
+        lv = lr_[i] if i < len(lr_) else None
+        ratio = ns_[i] / ls_[i] if i < len(ls_) and ls_[i] else None
+        rows.append({"step": i, "samples": (i + 1) * group * r.groups_per_step,
+                     "local_samples_seen": ls_seen[i] if i < len(ls_seen) else None, "network_samples_seen": ns_seen[i],
+                     "local_reward": lv, "network_reward": nr_[i], "local_smoothed": ls_[i] if i < len(ls_) else None,
+                     "network_smoothed": ns_[i], "ratio_smoothed": ratio,
+                     "network_staleness_mean": net[i].get("staleness_mean"),
+                     "network_stale_samples": net[i].get("stale_samples")})
+        print(f"{i:>4} {_f(ls_seen[i] if i < len(ls_seen) else None, 'd'):>7} {_f(lv):>7} {ns_seen[i]:>7} "
+              f"{nr_[i]:>8.3f} {_f(ls_[i] if i < len(ls_) else None):>8} {ns_[i]:>7.3f} {_f(ratio, '.2f'):>7} "
+              f"{net[i].get('staleness_mean', 0):>13.2f}")
+    last = max(1, n // 3)
+    tail_local = sum(lr_[-last:]) / last if lr_ else None
+    tail_net = sum(nr_[-last:]) / last
+    tail_ratio = tail_net / tail_local if tail_local else None
+    print(f"\nlast {last} steps: local {_f(tail_local)}, network {tail_net:.3f}, ratio {_f(tail_ratio, '.2f')}; "
+          f"wall: local {local_s:.0f} s, network {net_s:.0f} s (start-up included)")
+    evals: dict[str, Any] = {}
+    if labels:
+        evals = print_evals(init_eval, eval_rows("local", local, ls_seen, labels)
+                            + eval_rows("network", net, ns_seen, labels), labels)
+    print_time(local, local_clock, extra.get("clock", {}), extra.get("time", {}))
+    if "v0" in extra:
+        print(f"\nversion 0 = the init checkpoint: {'yes' if extra['v0'].get('ok') else 'NO'} "
+              f"(chain hash {extra['v0'].get('chain_hash')}, weights {extra['v0'].get('weights_are_init')})")
+    print(audit_table)
+    return {
+        "bench": "learning", "model": r.model, "quick": args.quick, "smoke": args.smoke, "steps": n,
+        "samples_per_step": group * r.groups_per_step, "nodes": nodes, "validators": validators, "relays": relays,
+        "recipe": {**asdict(r), "network_async_level": 2, "local_async_level": 0,
+                   "network_torch_threads_per_role": 1},
+        "sft": sft, "rows": rows, "tail_steps": last, "tail_local_reward": tail_local, "tail_network_reward": tail_net,
+        "tail_ratio": tail_ratio, "init_eval": init_eval, "evals": evals, "groups_per_version": supply,
+        "local_wall_s": local_s, "network_wall_s": net_s, "local_clock": local_clock,
+        "network_clock": extra.get("clock"), "network_time": extra.get("time"), "v0": extra.get("v0"),
+        "network_command": " ".join(extra.get("command", [])), "audit": audit,
+        "local_metrics": local, "network_metrics": net,
+    }
 
 
 def _cpu() -> str:

@@ -18,6 +18,26 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
+class TrainerEval(Section):
+    every: int = Field(0, ge=0)
+    """Score the policy on held-out tasks every this many steps and after the last one (the trainer's
+    `eval.every`; rows `eval/<greedy|t<temperature>>/pass_rate`, `mean_reward`, ... in `trainer/metrics.jsonl`);
+    0 = never."""
+    seed_start: int = Field(1_000_000, ge=0)
+    """First task seed of the held-out range (task seed s is the environment's `sample(s, 1)[0]`; nodes' tasks
+    come from hashed seeds, disjoint from it)."""
+    num_tasks: int = Field(64, ge=1)
+    """Tasks scored: seeds seed_start .. seed_start + num_tasks - 1."""
+    samples_per_task: int = Field(1, ge=1)
+    """Completions per task and temperature."""
+    temperatures: list[float] = Field([0.0], min_length=1)
+    """One evaluation per temperature: 0 = greedy, t > 0 = seeded sampling."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Generation limit of the evaluation; default the run's `max_new_tokens`."""
+    seed: int = 0
+    """Seed of the evaluation's sampling noise (temperature > 0)."""
+
+
 class TrainerSettings(Section):
     max_steps: int = Field(1000, ge=1)
     """Trainer steps before the trainer stops (the devnet keeps serving until stopped)."""
@@ -35,6 +55,13 @@ class TrainerSettings(Section):
     """Fewest groups a step trains on after `fill_timeout_s`; default one submission (`run.tasks_per_batch`)."""
     threads: int = Field(1, ge=1)
     """torch threads of the trainer."""
+    std_normalize: bool = False
+    """Divide group-centred advantages by the group's standard deviation (the trainer's `loss.std_normalize`)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up in steps (the trainer's `optim.warmup_steps`)."""
+    eval: TrainerEval = TrainerEval()
+    """Held-out evaluation during training (the trainer's `[eval]`, on the run's environment): off unless
+    `every` > 0."""
 
 
 class ChainSettings(Section):
@@ -59,6 +86,9 @@ class RunSettings(Section):
     work (learning per sample then matches local mode). More gives slack when nodes die, at the price of
     staleness and of accepted work the trainer drops as stale; with the default a dead node's share of each step
     is missing, and the step trains on the rest after `trainer.fill_timeout_s`."""
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Sampling temperature of the nodes' seeded sampler (the run's rules, checked by the validators' replay); the
+    trainer's `loss.temperature` is the same."""
     run_id: str = Field("devnet", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     """Name of the run (in every seed, work key, manifest and envelope domain)."""
 

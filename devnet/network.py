@@ -129,7 +129,7 @@ class Network:
         self.run_spec = {
             "run_id": cfg.run.run_id, "env": self.env, "tasks_per_batch": cfg.run.tasks_per_batch,
             "samples_per_task": cfg.run.samples_per_task, "max_new_tokens": self.max_new_tokens,
-            "async_level": cfg.trainer.async_level,
+            "temperature": cfg.run.temperature, "async_level": cfg.trainer.async_level,
             # a step's demand and no more (see RunSettings.batches_per_version)
             "max_batches_per_version": cfg.run.batches_per_version or math.ceil(per_step / cfg.nodes),
         }
@@ -285,8 +285,9 @@ class Network:
             "progress": False, "metrics_file": str(tdir / "metrics.jsonl"), "metrics_port": t_port,
             "metrics_host": self.address("trainer"),
             "work_ledger": str(tdir / "work.jsonl"),
-            "optim": {"lr": self.lr},
-            "loss": {"temperature": 1.0},
+            "optim": {"lr": self.lr, "warmup_steps": cfg.trainer.warmup_steps},
+            "loss": {"temperature": cfg.run.temperature, "std_normalize": cfg.trainer.std_normalize},
+            **self._trainer_eval(),
             "batch": {"groups_per_step": self.groups_per_step, "seq_len": 256 if cfg.model == "tiny" else 512,
                       "micro_batch_rows": 8, "async_level": cfg.trainer.async_level,
                       "fill_timeout_s": cfg.trainer.fill_timeout_s,
@@ -327,6 +328,16 @@ class Network:
         )
         self.layout.save()
         return self.layout
+
+    def _trainer_eval(self) -> dict[str, Any]:
+        """The trainer's `[eval]` section (`trainer.eval`; nothing when `every` is 0): the run's environment and,
+        unless set, its generation limit."""
+        ev = self.cfg.trainer.eval
+        if not ev.every:
+            return {}
+        return {"eval": {"every": ev.every, "env": self.env, "seed_start": ev.seed_start, "num_tasks": ev.num_tasks,
+                         "samples_per_task": ev.samples_per_task, "temperatures": list(ev.temperatures),
+                         "max_new_tokens": ev.max_new_tokens or self.max_new_tokens, "seed": ev.seed}}
 
     def _start_node(self, i: int) -> Entry:
         cfg, plan, name = self.cfg, self._node_plan, f"node-{i}"

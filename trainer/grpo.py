@@ -18,7 +18,7 @@ from trainer.loop import StepResult, TrainLoop
 from trainer.loss import LossConfig, group_advantages, grpo_token_loss, token_weights, zero_advantage_groups
 from trainer.metrics import MetricsSink
 from trainer.packing import PackedRows, pack, token_logprobs
-from trainer.publish import PublishHook
+from trainer.publish import PublishHook, publish_timing
 from trainer.source import RolloutSource
 from trainer.work_ledger import WorkLedger
 
@@ -136,6 +136,7 @@ class Trainer(TrainLoop):
             "too_long_samples": len(too_long),
             "staleness_mean": sum(step - s.policy_version for s in samples) / len(samples) if samples else 0.0,
             "publish_failures": self.publish_hook.failures if self.publish_hook else 0,
+            **publish_timing(self.publish_hook),
         }
         if self.work_ledger is not None and self.dist.is_main:
             self.work_ledger.record(step, batch.work, self.source)

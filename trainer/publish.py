@@ -13,6 +13,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,8 @@ class ShardcastPublisher(Publisher):
         self.discovery: Any = None
         self.record_retries = 0
         """Times `publishPolicy` was tried again because a transaction did not land."""
+        self.chain_seconds = 0.0
+        """Seconds spent recording versions on chain (`publishPolicy`, retries included), all versions so far."""
         self._closing = threading.Event()
         if settings.chain is not None:  # connect now: a wrong deployment stops the trainer before its first step
             from contracts.deployment import Deployment
@@ -149,7 +152,11 @@ class ShardcastPublisher(Publisher):
             Store(self.store, retention=self.settings.retention).scan()  # applies retention
             log.info("checkpoint %d is SHARDCAST version %d (%d shards, %d bytes)", step, signed.manifest.version,
                      len(signed.manifest.shards), signed.manifest.total_bytes)
-            self._record(step, signed.manifest.content_hash())
+            t0 = time.monotonic()
+            try:
+                self._record(step, signed.manifest.content_hash())
+            finally:
+                self.chain_seconds += time.monotonic() - t0
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             with contextlib.suppress(OSError):
@@ -217,6 +224,9 @@ class PublishHook:
         self.publisher = publisher
         self.failures = 0
         self.published: list[int] = []
+        self.seconds = 0.0
+        """Seconds the publisher spent on the versions published so far (for SHARDCAST: staging, hashing and
+        signing the shards, then `publishPolicy`; `chain_seconds` of the publisher is that last part)."""
         self._queue: queue.Queue[tuple[int, Path] | None] = queue.Queue()
         self._in_flight: set[Path] = set()
         self._lock = threading.Lock()
@@ -239,8 +249,10 @@ class PublishHook:
             if item is None:
                 return
             step, path = item
+            t0 = time.monotonic()
             try:
                 self.publisher.publish(step, path)
+                self.seconds += time.monotonic() - t0
                 self.published.append(step)
                 log.info("published checkpoint %d", step)
             except Exception:  # noqa: BLE001 - a failed broadcast must not kill training; it is counted
@@ -255,3 +267,12 @@ class PublishHook:
         self._queue.put(None)
         self._thread.join(timeout)
         self.publisher.close()
+
+
+def publish_timing(hook: PublishHook | None) -> dict[str, float]:
+    """A step's publishing totals so far: `published_versions`, `publish_seconds` (what the publisher spent on
+    them) and `publish_chain_seconds` (its `publishPolicy` share); zeros without a publisher."""
+    if hook is None:
+        return {"published_versions": 0, "publish_seconds": 0.0, "publish_chain_seconds": 0.0}
+    return {"published_versions": len(hook.published), "publish_seconds": round(hook.seconds, 3),
+            "publish_chain_seconds": round(float(getattr(hook.publisher, "chain_seconds", 0.0)), 3)}

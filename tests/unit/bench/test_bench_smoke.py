@@ -70,7 +70,9 @@ PROGRAMS: dict[str, tuple[set[str], Check]] = {
     "faults": ({"faults", "audit", "cadence", "smoke"},
                lambda o: [f["role"] for f in o["faults"]] == ["relay", "validator", "trainer", "node"]
                and o["audit"]["ok"]),
-    "learning": ({"rows", "audit", "smoke", "local_wall_s", "network_wall_s"}, lambda o: len(o["rows"]) == 1),
+    "learning": ({"rows", "audit", "smoke", "local_wall_s", "network_wall_s", "evals", "network_time"},
+                 lambda o: len(o["rows"]) == 1 and [e["run"] for e in o["evals"]["rows"]] == ["init", "local", "network"]
+                 and o["network_time"]["validation"]["decided"] >= 1 and o["audit"]["ok"]),
 }
 
 

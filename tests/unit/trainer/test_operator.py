@@ -15,7 +15,7 @@ from netfixtures import free_port
 from protocol.errors import ConfigError
 from trainer.config import TrainerConfig, load_config
 from trainer.metrics import STEP_KEYS, MetricsSink
-from trainer.publish import LocalDirectoryPublisher, Publisher, PublishHook
+from trainer.publish import LocalDirectoryPublisher, Publisher, PublishHook, publish_timing
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -110,6 +110,9 @@ def test_publish_hook_does_not_block_and_publishes_in_order(tmp_path: Path) -> N
     pub.gate.set()
     hook.close(timeout=30)
     assert hook.published == [1, 2] and hook.failures == 0 and not hook.in_flight()
+    timing = publish_timing(hook)  # what each step's metrics report (bench/learning.py's publication time)
+    assert timing["published_versions"] == 2 and timing["publish_seconds"] > 0
+    assert timing["publish_chain_seconds"] == 0.0  # a local directory records nothing on chain
     assert (tmp_path / "pub" / "latest").read_text().strip() == "2"
     assert (tmp_path / "pub" / "step-2" / "model.safetensors").read_bytes() == b"ww"
     assert not (tmp_path / "pub" / "step-2" / "optimizer.pt").exists()
