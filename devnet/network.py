@@ -285,8 +285,8 @@ class Network:
             "progress": False, "metrics_file": str(tdir / "metrics.jsonl"), "metrics_port": t_port,
             "metrics_host": self.address("trainer"),
             "work_ledger": str(tdir / "work.jsonl"),
-            "optim": {"lr": self.lr, "warmup_steps": cfg.trainer.warmup_steps},
-            "loss": {"temperature": cfg.run.temperature, "std_normalize": cfg.trainer.std_normalize},
+            "optim": self.trainer_optim(),
+            "loss": self.trainer_loss(),
             **self._trainer_eval(),
             "batch": {"groups_per_step": self.groups_per_step, "seq_len": 256 if cfg.model == "tiny" else 512,
                       "micro_batch_rows": 8, "async_level": cfg.trainer.async_level,
@@ -328,6 +328,14 @@ class Network:
         )
         self.layout.save()
         return self.layout
+
+    def trainer_optim(self) -> dict[str, Any]:
+        """The trainer's `[optim]`: the learning rate (by model unless set) and warm-up."""
+        return {"lr": self.lr, "warmup_steps": self.cfg.trainer.warmup_steps}
+
+    def trainer_loss(self) -> dict[str, Any]:
+        """The trainer's `[loss]`: the nodes' sampling temperature (the run's) and the advantage normalization."""
+        return {"temperature": self.cfg.run.temperature, "std_normalize": self.cfg.trainer.std_normalize}
 
     def _trainer_eval(self) -> dict[str, Any]:
         """The trainer's `[eval]` section (`trainer.eval`; nothing when `every` is 0): the run's environment and,

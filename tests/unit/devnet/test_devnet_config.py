@@ -50,3 +50,29 @@ def test_init_takes_only_a_checkpoint_of_the_runs_model(tmp_path: Path) -> None:
     good.rename(inside)
     with pytest.raises(DevnetError, match="inside the state directory"):
         Network(load_config(["--init", str(inside), "--state-dir", str(tmp_path / "state")]))
+
+
+def test_the_recipe_settings_reach_the_run_and_a_trainer_config_that_parses(tmp_path: Path) -> None:
+    """What bench/learning.py passes for a recipe (`--run.temperature`, `--trainer.std-normalize`,
+    `--trainer.warmup-steps`, `--trainer.eval.*`) lands in the run's rules and in the trainer's `[loss]`, `[optim]` and
+    `[eval]` sections (on the run's environment and generation limit), which the trainer's config accepts."""
+    from devnet.network import Network
+    from protocol.rollout import RunSpec
+    from trainer.config import TrainerConfig
+
+    net = Network(load_config(["--state-dir", str(tmp_path / "state"), "--model", "smollm2", "--run.temperature",
+                               "0.7", "--run.max-new-tokens", "48", "--trainer.std-normalize", "--trainer.warmup-steps",
+                               "2", "--trainer.eval.every", "5", "--trainer.eval.temperatures", "0,1",
+                               "--trainer.eval.num-tasks", "16"]))
+    assert RunSpec.model_validate(net.run_spec).temperature == 0.7
+    section = net._trainer_eval()
+    assert section == {"eval": {"every": 5, "env": "reverse-text", "seed_start": 1_000_000, "num_tasks": 16,
+                                "samples_per_task": 1, "temperatures": [0.0, 1.0], "max_new_tokens": 48, "seed": 0}}
+    cfg = TrainerConfig.model_validate({
+        **section, "loss": net.trainer_loss(), "optim": net.trainer_optim(),
+        "data": {"type": "validators", "urls": ["http://127.0.0.1:1"], "addresses": ["0x" + "11" * 20],
+                 "domain": "prime/1/0x0000000000000000000000000000000000000001/devnet"}})
+    assert (cfg.loss.temperature, cfg.loss.std_normalize, cfg.optim.warmup_steps) == (0.7, True, 2)
+    assert cfg.eval.temperatures == [0.0, 1.0] and cfg.eval.env == "reverse-text"
+    off = Network(load_config(["--state-dir", str(tmp_path / "off")]))
+    assert off._trainer_eval() == {} and off.trainer_loss() == {"temperature": 1.0, "std_normalize": False}
