@@ -266,24 +266,38 @@ def score_init(r: Recipe) -> dict[str, Any]:
     return out
 
 
-def local_run(work: Path, r: Recipe) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
-    """The anchor: `prime-trainer` in local mode with the recipe."""
+def local_cmd(work: Path, r: Recipe) -> list[str]:
+    """`prime-trainer` in local mode with the recipe (metrics to `work/local.jsonl`)."""
     metrics = work / "local.jsonl"
     common = ["--max-steps", str(r.steps), "--no-progress", "--metrics-file", str(metrics),
               "--checkpoint.dir", str(work / "local-ck"), "--checkpoint.interval", str(r.steps + 1),
-              "--publish.type", "none", "--torch-threads", str(r.local_threads), "--optim.lr", str(r.lr),
+              "--torch-threads", str(r.local_threads), "--optim.lr", str(r.lr),
               "--optim.warmup-steps", str(r.warmup_steps),
               "--loss.std-normalize" if r.std_normalize else "--no-loss.std-normalize",
               "--loss.temperature", str(r.temperature), "--data.temperature", str(r.temperature),
               "--data.group-size", str(r.group_size), "--data.max-new-tokens", str(r.max_new_tokens),
               "--batch.groups-per-step", str(r.groups_per_step), *r.eval_flags("eval.")]
     if r.recipe_file:
+        # the recipe's own publisher stays (a union section cannot change its type over the TOML's keys): a local
+        # directory in the work dir, written once, at the end (the checkpoint interval is past the last step)
+        with Path(r.recipe_file).open("rb") as fh:
+            publish = tomllib.load(fh).get("publish", {}).get("type", "none")
+        if publish not in ("none", "local"):
+            raise SystemExit(f"{r.recipe_file}: publish.type {publish!r}: local mode here needs none or local")
         cmd = [PY, "-m", "trainer.cli", "--config", r.recipe_file, *model_flags(r), "--data.type", "local",
-               "--data.env", r.env, "--data.task-seed", str(r.local_task_seed), *common]
+               "--data.env", r.env, "--data.task-seed", str(r.local_task_seed), *common,
+               *(["--publish.path", str(work / "local-published")] if publish == "local" else [])]
     else:
         cmd = [PY, "-m", "trainer.cli", *model_flags(r), "--data.type", "local", "--data.env", r.env,
                "--batch.seq-len", str(SEQ_LEN[r.model]), "--batch.micro-batch-rows", "8", "--batch.async-level", "0",
                *common]
+    return cmd
+
+
+def local_run(work: Path, r: Recipe) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
+    """The anchor: `prime-trainer` in local mode with the recipe."""
+    metrics = work / "local.jsonl"
+    cmd = local_cmd(work, r)
     log = work / "local.log"
     clock = StepClock(metrics)
     t0 = time.monotonic()
@@ -564,7 +578,7 @@ def print_time(local_rows: list[dict[str, Any]], local_clock: dict[str, Any], ne
               f"({node.get('batches')} batches, {node.get('generation_s')} s generating)")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="tiny (default) or smollm2")
     ap.add_argument("--init", type=Path, help="smollm2: the SFT checkpoint both runs start from")
@@ -598,6 +612,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--smoke", action="store_true", help="tiny, 1 step each on the smallest devnet (1 node, 1 validator, "
                     "1 relay) with 2 groups x 4 samples x 8 tokens and a 2-task evaluation: checks the bench")
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     if args.model == "smollm2" and args.smoke:
         ap.error("--smoke runs the tiny model")
