@@ -92,6 +92,8 @@ class Recipe:
     local_task_seed: int = 0
     local_threads: int = 1
     recipe_file: str | None = None
+    fill_timeout_s: float = 20.0
+    """The network trainer's `batch.fill_timeout_s`: a step that waited this long trains on the groups it has."""
 
     def eval_flags(self, prefix: str) -> list[str]:
         if not self.eval_every:
@@ -143,6 +145,7 @@ def smollm2_recipe(args: argparse.Namespace, init: str | None) -> Recipe:
         warmup_steps=optim.get("warmup_steps", 0), steps=pick(args.steps, toml.get("max_steps", 40)),
         eval_every=pick(args.eval_every, 5), eval_tasks=args.eval_tasks, eval_samples=args.eval_samples,
         local_task_seed=data.get("task_seed", 0), local_threads=pick(args.threads, toml.get("torch_threads", 1)),
+        fill_timeout_s=pick(args.fill_timeout_s, 600.0),
     )
 
 
@@ -159,7 +162,7 @@ def tiny_recipe(args: argparse.Namespace) -> Recipe:
         max_new_tokens=pick(args.max_new_tokens, 8 if smoke else 12), temperature=pick(args.temperature, 1.0),
         std_normalize=bool(args.std_normalize), steps=pick(args.steps, 1 if smoke else 15 if args.quick else 40),
         eval_every=pick(args.eval_every, 1 if smoke else 0), eval_tasks=2 if smoke else args.eval_tasks,
-        eval_samples=args.eval_samples, local_threads=pick(args.threads, 1),
+        eval_samples=args.eval_samples, local_threads=pick(args.threads, 1), fill_timeout_s=pick(args.fill_timeout_s, 20.0),
     )
 
 
@@ -243,12 +246,14 @@ def score_init(r: Recipe) -> dict[str, Any]:
     """The starting weights on the held-out tasks with the runs' `eval` settings (`trainer.evaluate.evaluate`, what
     the trainer's `eval.every` runs, here on the loaded checkpoint): the row of step 0."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     import environments
     from models import load
     from protocol.model_spec import parse_model_spec
     from trainer.evaluate import evaluate
 
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     torch.set_num_threads(r.local_threads)
     spec = {"type": "hf", "name_or_path": r.init} if r.init else ({"type": "smollm2"} if r.model == "smollm2" else TINY)
     t0 = time.monotonic()
@@ -321,7 +326,7 @@ def devnet_cmd(work: Path, r: Recipe, nodes: int, validators: int, relays: int) 
            "--trainer.std-normalize" if r.std_normalize else "--no-trainer.std-normalize",
            "--run.env", r.env, "--run.samples-per-task", str(r.group_size), "--run.max-new-tokens",
            str(r.max_new_tokens), "--run.temperature", str(r.temperature), "--summary-interval-s", "10",
-           "--start-timeout-s", "900", *r.eval_flags("trainer.eval.")]
+           "--start-timeout-s", "900", "--trainer.fill-timeout-s", f"{r.fill_timeout_s:g}", *r.eval_flags("trainer.eval.")]
     return cmd + (["--init", r.init] if r.init else [])
 
 
@@ -606,6 +611,9 @@ def parser() -> argparse.ArgumentParser:
                     "over-supply the trainer, whose backlog then makes every step train on older work)")
     ap.add_argument("--validators", type=int, default=2, help="devnet validators (default 2)")
     ap.add_argument("--relays", type=int, default=2, help="devnet relays (default 2)")
+    ap.add_argument("--fill-timeout-s", type=float, help="the network trainer trains on the groups it has after waiting "
+                    "this long for a step's (default: tiny 20, the devnet's; smollm2 600, so that on a slow box every "
+                    "step trains on the recipe's full batch, as local mode does)")
     ap.add_argument("--no-local", action="store_true", help="the network run only (the slow test's short version)")
     ap.add_argument("--work", type=Path, help="keep everything here (SFT model, logs, the devnet's state); default: "
                     "a temporary directory, removed at the end")
@@ -691,6 +699,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     tail_local = sum(lr_[-last:]) / last if lr_ else None
     tail_net = sum(nr_[-last:]) / last
     tail_ratio = tail_net / tail_local if tail_local else None
+    full = r.groups_per_step * group
+    net_step_seen = [b - a for a, b in zip([0, *ns_seen], ns_seen, strict=False)]
+    short = [i for i in range(n) if net_step_seen[i] < full]
+    if short:
+        print(f"network steps with fewer than {full} samples (trained after --fill-timeout-s): {short}")
     print(f"\nlast {last} steps: local {_f(tail_local)}, network {tail_net:.3f}, ratio {_f(tail_ratio, '.2f')}; "
           f"wall: local {local_s:.0f} s, network {net_s:.0f} s (start-up included)")
     evals: dict[str, Any] = {}
@@ -708,7 +721,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "recipe": {**asdict(r), "network_async_level": 2, "local_async_level": 0,
                    "network_torch_threads_per_role": 1},
         "sft": sft, "rows": rows, "tail_steps": last, "tail_local_reward": tail_local, "tail_network_reward": tail_net,
-        "tail_ratio": tail_ratio, "init_eval": init_eval, "evals": evals, "groups_per_version": supply,
+        "tail_ratio": tail_ratio, "init_eval": init_eval, "evals": evals, "groups_per_version": supply, "network_short_steps": short,
         "local_wall_s": local_s, "network_wall_s": net_s, "local_clock": local_clock,
         "network_clock": extra.get("clock"), "network_time": extra.get("time"), "v0": extra.get("v0"),
         "network_command": " ".join(extra.get("command", [])), "audit": audit,
