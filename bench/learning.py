@@ -386,6 +386,16 @@ def v0_check(layout: Any, init: str) -> dict[str, Any]:
             "weights_are_init": pulled, "ok": chain_hash == signed.manifest.content_hash() and all(pulled.values())}
 
 
+def step_parts(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The trainer's mean seconds per step waiting for (local mode: generating) data, training and evaluating, over
+    the steps after the first (as the wall time per step, which the first step's start-up would distort)."""
+    rows = rows[1:] if len(rows) > 1 else rows
+    n = len(rows)
+    return {"batch_wait_s": sum(m["batch_wait_s"] for m in rows) / n if n else None,
+            "train_s": sum(m.get("train_time_s", 0.0) for m in rows) / n if n else None,
+            "eval_s": sum(m.get("eval/time_s", 0.0) for m in rows) / n if n else None}
+
+
 def network_time(layout: Any, rows: list[dict[str, Any]], prop: Propagation) -> dict[str, Any]:
     """Where the network run's time went, from the roles' own numbers: the trainer's metrics (waiting for data,
     training, evaluating; publication and its `publishPolicy` share), each node's `/metrics` (generation seconds,
@@ -397,12 +407,8 @@ def network_time(layout: Any, rows: list[dict[str, Any]], prop: Propagation) -> 
     from devnet.dashboard.collector import parse_started, percentile
 
     out: dict[str, Any] = {}
-    n = len(rows)
     last = rows[-1] if rows else {}
-    out["trainer"] = {
-        "batch_wait_s": sum(m["batch_wait_s"] for m in rows) / n if n else None,
-        "train_s": sum(m.get("train_time_s", 0.0) for m in rows) / n if n else None,
-        "eval_s": sum(m.get("eval/time_s", 0.0) for m in rows) / n if n else None,
+    out["trainer"] = {**step_parts(rows),
         "published_versions": last.get("published_versions"),
         "publish_s_per_version": (last["publish_seconds"] / last["published_versions"]
                                   if last.get("published_versions") else None),
@@ -558,12 +564,11 @@ def print_evals(init: dict[str, Any], evals: list[dict[str, Any]], labels: list[
 
 def print_time(local_rows: list[dict[str, Any]], local_clock: dict[str, Any], net_clock: dict[str, Any],
                t: dict[str, Any]) -> None:
-    n = len(local_rows)
-    loc = {"gen": sum(m["batch_wait_s"] for m in local_rows) / n if n else None,
-           "train": sum(m.get("train_time_s", 0.0) for m in local_rows) / n if n else None,
-           "eval": sum(m.get("eval/time_s", 0.0) for m in local_rows) / n if n else None}
+    lp = step_parts(local_rows)
+    loc = {"gen": lp["batch_wait_s"], "train": lp["train_s"], "eval": lp["eval_s"]}
     tr = t.get("trainer", {})
-    print("\nwall time per step (seconds; between two steps' metrics lines, first step excluded) and its parts")
+    print("\nwall time per step (seconds; between two steps' metrics lines; the first step excluded, here and in the "
+          "parts below it)")
     print(f"{'':40} {'local':>8} {'network':>8}")
     print(f"{'wall per step':40} {_f(local_clock.get('mean_step_s'), '.1f'):>8} {_f(net_clock.get('mean_step_s'), '.1f'):>8}")
     print(f"{'start-up + first step':40} {_f(local_clock.get('first_step_s'), '.0f'):>8} "
@@ -571,6 +576,13 @@ def print_time(local_rows: list[dict[str, Any]], local_clock: dict[str, Any], ne
     print(f"{'trainer: generating / waiting for data':40} {_f(loc['gen'], '.1f'):>8} {_f(tr.get('batch_wait_s'), '.1f'):>8}")
     print(f"{'trainer: training':40} {_f(loc['train'], '.1f'):>8} {_f(tr.get('train_s'), '.1f'):>8}")
     print(f"{'trainer: held-out eval (per step)':40} {_f(loc['eval'], '.1f'):>8} {_f(tr.get('eval_s'), '.1f'):>8}")
+    rest: list[float | None] = []
+    for clock, parts in ((local_clock, (loc["gen"], loc["train"], loc["eval"])),
+                         (net_clock, (tr.get("batch_wait_s"), tr.get("train_s"), tr.get("eval_s")))):
+        known = [float(p) for p in parts if p is not None]
+        wall = clock.get("mean_step_s")
+        rest.append(wall - sum(known) if wall is not None and len(known) == len(parts) else None)
+    print(f"{'trainer: checkpoint and the rest':40} {_f(rest[0], '.1f'):>8} {_f(rest[1], '.1f'):>8}")
     print(f"{'publish per version (shardcast+chain)':40} {'-':>8} {_f(tr.get('publish_s_per_version'), '.1f'):>8}")
     print(f"{'  of which publishPolicy (chain)':40} {'-':>8} {_f(tr.get('publish_chain_s_per_version'), '.2f'):>8}")
     p = t.get("propagation", {})
