@@ -225,9 +225,19 @@ def _wait(proc: subprocess.Popen[Any], clock: StepClock, steps: int, log: Path, 
         time.sleep(0.5)
 
 
+def fresh(*paths: Path) -> None:
+    """Remove what an earlier run in the same `--work` left at these paths."""
+    for p in paths:
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
 def make_sft(work: Path, steps: int, threads: int) -> tuple[str, float]:
     """`prime-trainer sft` with the shipped SFT config for `steps` steps; returns (its model directory, seconds)."""
     out = work / "sft"
+    fresh(out)  # a --work reused: the SFT run must not resume the previous one
     cmd = [PY, "-m", "trainer.cli", "sft", "--config", str(SFT_TOML), "--max-steps", str(steps),
            "--output-dir", str(out / "model"), "--checkpoint.dir", str(out / "checkpoints"),
            "--checkpoint.interval", str(steps + 1), "--metrics-file", str(out / "metrics.jsonl"), "--no-progress",
@@ -302,6 +312,7 @@ def local_cmd(work: Path, r: Recipe) -> list[str]:
 def local_run(work: Path, r: Recipe) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
     """The anchor: `prime-trainer` in local mode with the recipe."""
     metrics = work / "local.jsonl"
+    fresh(metrics, work / "local-ck", work / "local-published")  # a --work reused: no resume, no old metrics
     cmd = local_cmd(work, r)
     log = work / "local.log"
     clock = StepClock(metrics)
