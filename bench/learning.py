@@ -496,6 +496,8 @@ def devnet_run(work: Path, r: Recipe, nodes: int, validators: int = 2,
                 except Exception as exc:  # noqa: BLE001 - reported in the JSON, the bench goes on
                     extra["v0"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
+    # a --work reused: not the last run's steps or layout (`up` then wipes the rest; it refuses a devnet still running)
+    fresh(metrics, state / "devnet.json")
     clock = StepClock(metrics)
     audit: dict[str, Any] = {}
     table = ""
