@@ -483,6 +483,11 @@ def devnet_run(work: Path, r: Recipe, nodes: int, validators: int = 2,
     layout: list[Any] = []
 
     def each(rows: list[dict[str, Any]]) -> None:
+        # `up` keeps the other roles serving when the trainer dies (a real network would): no step comes after that
+        dead = [line for line in log.read_text(errors="replace").splitlines()
+                if line.startswith("prime-devnet: trainer exited with")] if log.exists() else []
+        if dead and len(rows) < r.steps:
+            raise RuntimeError(f"{dead[-1]} after {len(rows)} steps (an OOM kill shows in `dmesg`)")
         if not layout and (state / "devnet.json").exists():
             try:
                 layout.append(Layout.load(state))

@@ -289,7 +289,9 @@ class Network:
             "loss": self.trainer_loss(),
             **self._trainer_eval(),
             "batch": {"groups_per_step": self.groups_per_step, "seq_len": 256 if cfg.model == "tiny" else 512,
-                      "micro_batch_rows": 8, "async_level": cfg.trainer.async_level,
+                      # SmolLM2 at 8 rows x 512 tokens held ~9 GB of activations for the backward pass: with 3
+                      # nodes and 2 validators beside it the trainer was OOM-killed on a 24 GiB box
+                      "micro_batch_rows": 8 if cfg.model == "tiny" else 2, "async_level": cfg.trainer.async_level,
                       "fill_timeout_s": cfg.trainer.fill_timeout_s,
                       "min_groups_per_step": min(self.groups_per_step,
                                                  cfg.trainer.min_groups_per_step or cfg.run.tasks_per_batch)},
