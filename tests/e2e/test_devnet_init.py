@@ -6,14 +6,13 @@ is accepted by both validators and nothing is slashed, and the same work would n
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import torch
+from benchload import load_bench
 from safetensors.torch import load_file
 
 from contracts.deployment import Deployment
@@ -36,16 +35,9 @@ from toploc.validation import Rollout, measure
 from validator.config import CheckSettings
 from validator.pipeline import prompt_tokens
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _churn() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_churn", ROOT / "bench" / "churn.py")
-    assert spec is not None and spec.loader is not None
-    churn = importlib.util.module_from_spec(spec)
-    sys.modules["bench_churn"] = churn
-    spec.loader.exec_module(churn)
-    return churn
+    return load_bench("churn")
 
 
 def _failures(loaded: LoadedModel, sub: Submission, run: RunSpec, chain_id: int, pool: str) -> list[str]:

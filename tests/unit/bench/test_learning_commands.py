@@ -4,24 +4,17 @@ recipe setting the devnet cannot pass on is refused before anything runs. Parses
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
+from benchload import load_bench
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench" / "learning.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_learning"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("learning")
 
 
 def _configs(bench: Any, argv: list[str], tmp_path: Path) -> tuple[Any, Any, Any]:
