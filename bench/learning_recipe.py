@@ -85,7 +85,8 @@ def score(spec: Any, args: argparse.Namespace) -> tuple[EvalReport, EvalReport |
 def sft_stage(args: argparse.Namespace, work: Path, model: dict[str, Any]) -> tuple[Path, float, list[dict[str, Any]]]:
     raw = _toml(SFT_TOML)
     raw.update(model=model, max_steps=args.sft_steps, torch_threads=args.threads, progress=not args.quiet,
-               metrics_file=str(work / "sft.jsonl"), output_dir=str(work / "sft-model"), device=args.device)
+               metrics_file=str(work / "sft.jsonl"), output_dir=str(work / "sft-model"), device=args.device,
+               dtype=args.train_dtype)
     raw["data"]["env"] = args.env
     if args.sft_batch:
         raw["batch"]["examples_per_step"] = args.sft_batch
@@ -103,7 +104,7 @@ def sft_stage(args: argparse.Namespace, work: Path, model: dict[str, Any]) -> tu
 def rl_stage(args: argparse.Namespace, work: Path, name: str, model: dict[str, Any]) -> tuple[Path, float, list[dict[str, Any]]]:
     raw = _toml(RL_TOML)
     raw.update(model=model, max_steps=args.rl_steps, torch_threads=args.threads, progress=not args.quiet,
-               metrics_file=str(work / f"{name}.jsonl"), device=args.device)
+               metrics_file=str(work / f"{name}.jsonl"), device=args.device, dtype=args.train_dtype)
     if args.rl_lr:
         raw["optim"]["lr"] = args.rl_lr
     if args.std_normalize is not None:
@@ -158,6 +159,9 @@ def main() -> None:
                    help="also score K samples per task at temperature 1 (sampled pass rate)")
     p.add_argument("--env", default="reverse-text", help="the environment (SFT data needs reference answers)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--train-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="the trainers' compute dtype (auto: fp32 on CPU, bf16 autocast on GPU; bfloat16 on a CPU "
+                   "with fast bf16 matmul trains ~1.5x faster)")
     p.add_argument("--std-normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="divide RL advantages by the group's reward std (default: the RL config's)")
     p.add_argument("--work", type=Path, help="keep checkpoints here (default: a temporary directory)")

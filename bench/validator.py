@@ -19,6 +19,9 @@ integration tests), with honest submissions built the way a node builds them (ge
    (body + LM head: the matmul FLOPs the check runs, each distinct prompt once) is given in GFLOP/s and
    as a fraction of this machine's matmul peak in that dtype (`matmul_peak`: the best of the
    `models.kernels` paths on a 1024 x 1024 weight at 512 rows, the better of the start and the end).
+   `check_floor_at_peak` is the lowest check/generation this machine allows for this work: the check's
+   matmul FLOPs at that peak, with everything else (attention, replay, TOPLOC, ledger) free, over the
+   measured generation time. Where it is above a goal, no validator code reaches the goal here.
 3. Junk flood: N junk POSTs (malformed bytes, forged signatures, correctly signed submissions of
    unregistered nodes, oversized bodies declared and chunked) at a running validator (a subprocess,
    all its loops on, like `prime-validator`); its VmRSS is sampled from /proc during the flood
@@ -308,6 +311,11 @@ def model_flops(loaded: Any, prompt: int, completion: int, sequences: int, disti
     }
 
 
+def check_floor(flops: dict[str, float], peak_gflops: float, generation_s: float) -> float:
+    """check/generation if the check's matmuls ran at `peak_gflops` and nothing else took any time."""
+    return flops["check"] / (peak_gflops * 1e9) / generation_s
+
+
 # -- in-process checks ------------------------------------------------------------------------------
 
 
@@ -422,6 +430,7 @@ def bench_model(name: str, chain: Chain, deployment: Path, run: Any, args: Any, 
         "flops": flops, "generation_gflops": flops["generation"] / gen_s / 1e9,
         "check_model_gflops": flops["check"] / model_s / 1e9,
         "check_model_share_of_peak": flops["check"] / model_s / 1e9 / args.peak[dtype]["gflops"],
+        "check_floor_at_peak": check_floor(flops, args.peak[dtype]["gflops"], gen_s),
         "distinct_prompt_tokens": node.distinct_prompt_tokens,
         "prompt_share_of_check_prefill": node.distinct_prompt_tokens / (node.distinct_prompt_tokens + tokens
                                                                          - node.sequences),
@@ -547,6 +556,7 @@ def main() -> int:
             for r in results["models"].values():
                 if r["dtype"] == d:
                     r["check_model_share_of_peak"] = r["check_model_gflops"] / again["gflops"]
+                    r["check_floor_at_peak"] = check_floor(r["flops"], again["gflops"], r["generation_s"])
     results["validation_over_generation"] = {m: r["validation_over_generation"] for m, r in results["models"].items()}
     results["cheap_checks_per_s"] = {m: r["intake_per_s"] for m, r in results["models"].items()}
     report(results)
@@ -564,15 +574,17 @@ def report(res: dict[str, Any]) -> None:
           f"max {info['run']['max_new_tokens']} new tokens, load {info['load_average_start'][0]:.1f} -> "
           f"{info['load_average_end'][0]:.1f}")
     print(f"{'model':16} {'subs':>5} {'tokens':>7} {'gen tok/s':>10} {'check tok/s':>12} {'check/gen':>10} "
-          f"{'cheap/s':>8} {'bytes/sub':>10} {'gen GFLOP/s':>12} {'prefill GFLOP/s':>16} {'of peak':>8}")
+          f"{'cheap/s':>8} {'bytes/sub':>10} {'gen GFLOP/s':>12} {'prefill GFLOP/s':>16} {'of peak':>8} "
+          f"{'floor':>7}")
     for m, r in res["models"].items():
         print(f"{m:16} {r['submissions']:>5} {r['rollout_tokens']:>7} {r['generation_tok_s']:>10.1f} "
               f"{r['check_tok_s']:>12.1f} {r['validation_over_generation']:>9.3f}x {r['intake_per_s']:>8.1f} "
               f"{r['submission_bytes_mean']:>10.0f} {r['generation_gflops']:>12.1f} {r['check_model_gflops']:>16.1f} "
-              f"{r['check_model_share_of_peak']:>8.0%}")
+              f"{r['check_model_share_of_peak']:>8.0%} {r['check_floor_at_peak']:>6.3f}x")
     peaks = ", ".join(f"{d} {p['gflops']:.1f} ({p['path']})" for d, p in info["matmul_peak"].items())
     print(f"(matmul peak, the better of the start and the end, GFLOP/s: {peaks}; prefill GFLOP/s = the check's matmul FLOPs / time in the "
-          "body and the lm head)")
+          "body and the lm head; floor = check/gen with the check's matmuls at that peak and nothing else costing "
+          "anything: no validator code goes below it on this machine)")
     for m, r in res["models"].items():
         print(f"\n{m}: full-check time by stage ({r['check_s']:.2f} s)")
         for k, v in r["check_breakdown_s"].items():

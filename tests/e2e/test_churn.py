@@ -5,23 +5,16 @@ from its record on disk). Slow tier: a few minutes on 2 cores."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchload import load_bench
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_training_goes_on_while_a_node_dies_for_good_and_another_joins(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("bench_churn", ROOT / "bench" / "churn.py")
-    assert spec is not None and spec.loader is not None
-    churn = importlib.util.module_from_spec(spec)
-    sys.modules["bench_churn"] = churn
-    spec.loader.exec_module(churn)
+    churn = load_bench("churn")
 
     res = churn.run(True, 60.0, tmp_path)
     assert res["steps_while_dead_before_join"] >= 1, res

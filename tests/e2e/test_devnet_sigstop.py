@@ -16,7 +16,6 @@ chain's stop. Slow tier: several minutes on a busy 2-core box."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
+from benchload import load_bench
 
 from devnet.dashboard.collector import Collector
 from devnet.observer import Observer
@@ -70,11 +70,7 @@ def _look(run: Any) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_training_goes_on_while_a_validator_a_relay_a_node_or_the_chain_is_stopped(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("bench_churn", ROOT / "bench" / "churn.py")
-    assert spec is not None and spec.loader is not None
-    churn = importlib.util.module_from_spec(spec)
-    sys.modules["bench_churn"] = churn
-    spec.loader.exec_module(churn)
+    churn = load_bench("churn")
 
     run = churn.Run(tmp_path / "devnet", False, 10.0, ["--validators", "2", "--nodes", "2", "--relays", "2"])
     stopped: int | None = None

@@ -5,23 +5,16 @@ and the audit reconciles afterwards. Slow tier: minutes on 2 cores."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchload import load_bench
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_every_role_recovers_from_kill_9_and_the_audit_reconciles(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("bench_faults", ROOT / "bench" / "faults.py")
-    assert spec is not None and spec.loader is not None
-    faults = importlib.util.module_from_spec(spec)
-    sys.modules["bench_faults"] = faults
-    spec.loader.exec_module(faults)
+    faults = load_bench("faults")
 
     res = faults.run(nodes=2, quick=True, state_root=tmp_path)
     assert [f["role"] for f in res["faults"]] == ["relay", "validator", "trainer", "node"]

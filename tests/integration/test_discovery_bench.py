@@ -4,14 +4,11 @@ receiver of the rate measurement admits what it counts. Behaviour only, never ti
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchload import load_bench
 
 # slow tier (`make test-slow`): keeps the bench program from rotting; the behaviour it checks is covered in the
 # default tier by the validator, shardcast and discovery integration tests, and CI's 15 minutes are nearly spent
@@ -20,12 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_discovery", ROOT / "bench" / "discovery.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_discovery"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("discovery")
 
 
 def test_mesh_is_sparse_and_connected(bench: Any) -> None:

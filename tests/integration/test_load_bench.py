@@ -4,14 +4,11 @@ concurrent pulls. Behaviour only (every answer typed as expected, nothing lost, 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchload import load_bench
 
 # slow tier (`make test-slow`): keeps the bench program from rotting; the behaviour it checks is covered in the
 # default tier by the validator, shardcast and discovery integration tests, and CI's 15 minutes are nearly spent
@@ -20,12 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def load() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_load", ROOT / "bench" / "load.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_load"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("load")
 
 
 @pytest.mark.timeout(120)

@@ -66,7 +66,7 @@ PROGRAMS: dict[str, tuple[set[str], Check]] = {
                 lambda o: o["train_tokens_per_s"] > 0),
     "validator": ({"info", "models", "http_intake", "junk_flood", "validation_over_generation", "cheap_checks_per_s"},
                   lambda o: set(o["models"]) == {"tiny"} and o["models"]["tiny"]["check_breakdown_s"]
-                  and o["junk_flood"]["requests"] > 0),
+                  and 0 < o["models"]["tiny"]["check_floor_at_peak"] < float("inf") and o["junk_flood"]["requests"] > 0),
     "faults": ({"faults", "audit", "cadence", "smoke"},
                lambda o: [f["role"] for f in o["faults"]] == ["relay", "validator", "trainer", "node"]
                and o["audit"]["ok"]),

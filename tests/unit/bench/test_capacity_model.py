@@ -4,7 +4,6 @@ crash or a guess."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -14,18 +13,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from benchload import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load_capacity() -> ModuleType:
     # by file path: putting bench/ on sys.path would shadow the `trainer` package with bench/trainer.py
-    spec = importlib.util.spec_from_file_location("bench_capacity", ROOT / "bench" / "capacity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("capacity")  # type: ignore[no-any-return]
 
 
 capacity = _load_capacity()
