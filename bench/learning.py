@@ -4,7 +4,7 @@
     python bench/learning.py --json out.json              # tiny model, ~12 min (40 steps each)
     python bench/learning.py --smoke --json out.json      # tiny, 1 step each on the smallest devnet, with a held-out
                                                           # evaluation of 2 tasks: checks the bench, measures nothing
-    python bench/learning.py --model smollm2 --init runs/reverse-text-smollm2-sft/model --json out.json
+    python bench/learning.py --model smollm2 --init runs/reverse-text-smollm2-sft/checkpoints/step-80 --json out.json
     python bench/learning.py --model smollm2 --sft-steps 120 --work runs/learning-smollm2 --json out.json
 
 Anchor: `prime-trainer` in local mode (`data.type = "local"`: it generates its own on-policy rollouts, staleness

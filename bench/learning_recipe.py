@@ -105,6 +105,7 @@ def rl_stage(args: argparse.Namespace, work: Path, name: str, model: dict[str, A
     raw = _toml(RL_TOML)
     raw.update(model=model, max_steps=args.rl_steps, torch_threads=args.threads, progress=not args.quiet,
                metrics_file=str(work / f"{name}.jsonl"), device=args.device, dtype=args.train_dtype)
+    raw.pop("eval", None)  # this bench scores the checkpoints itself, on its own tasks
     if args.rl_lr:
         raw["optim"]["lr"] = args.rl_lr
     if args.std_normalize is not None:

@@ -278,6 +278,11 @@ def test_shipped_recipe_hands_sft_output_to_rl() -> None:
     sft = load_sft_config(["--config", str(ROOT / "configs/trainer/reverse-text-smollm2-sft.toml")])
     rl = load_config(["--config", str(ROOT / "configs/trainer/reverse-text-smollm2-sft-rl.toml")])
     assert rl.model.type == "hf" and sft.output_dir is not None
-    assert Path(rl.model.name_or_path) == sft.output_dir
+    # RL starts from a checkpoint the SFT run keeps (step-80 of 120, see the configs' comments), not its output
+    start = Path(rl.model.name_or_path)
+    assert start.parent == sft.checkpoint.dir and start.name.startswith("step-")
+    step = int(start.name.removeprefix("step-"))
+    assert 0 < step < sft.max_steps and step % sft.checkpoint.interval == 0
+    assert (sft.max_steps - step) // sft.checkpoint.interval < sft.checkpoint.keep, "the SFT run rotates it away"
     # SFT seeds below the evaluation range; RL seeds are hashed (see the configs' comments).
     assert sft.data.type == "environment" and sft.data.seed_start + sft.data.num_examples <= 1_000_000
