@@ -36,10 +36,6 @@ from validator.config import CheckSettings
 from validator.pipeline import prompt_tokens
 
 
-def _churn() -> Any:
-    return load_bench("churn")
-
-
 def _failures(loaded: LoadedModel, sub: Submission, run: RunSpec, chain_id: int, pool: str) -> list[str]:
     """The validator's model checks of `sub` (TOPLOC, sampling replay) run with `loaded`'s weights: what fails."""
     env = get_environment(run.env, run.env_version)
@@ -76,7 +72,7 @@ def test_a_run_started_from_a_checkpoint_generates_and_checks_v0_with_the_checkp
     base = load(base_spec)
     assert not torch.equal(ckpt_weights["model.embed_tokens.weight"], base.model.model.embed_tokens.weight)
 
-    churn = _churn()
+    churn = load_bench("churn")
     run = churn.Run(tmp_path / "devnet", False, 10.0, ["--init", str(ckpt), "--nodes", "2", "--validators", "2",
                                                      "--trainer.max-steps", "2"])
     try:

@@ -9,7 +9,6 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,12 +17,8 @@ from benchload import load_bench
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _load_capacity() -> ModuleType:
-    # by file path: putting bench/ on sys.path would shadow the `trainer` package with bench/trainer.py
-    return load_bench("capacity")  # type: ignore[no-any-return]
-
-
-capacity = _load_capacity()
+# by file path: putting bench/ on sys.path would shadow the `trainer` package with bench/trainer.py
+capacity = load_bench("capacity")
 
 
 def _run(tmp_path: Path, *args: str) -> dict[str, Any]:
