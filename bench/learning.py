@@ -91,6 +91,8 @@ class Recipe:
     eval_samples: int = 1
     local_task_seed: int = 0
     local_threads: int = 1
+    train_dtype: str = "auto"
+    """Both trainers' compute dtype (`dtype`: auto = float32 on CPU; bfloat16 = autocast)."""
     recipe_file: str | None = None
     fill_timeout_s: float = 20.0
     """The network trainer's `batch.fill_timeout_s`: a step that waited this long trains on the groups it has."""
@@ -145,7 +147,7 @@ def smollm2_recipe(args: argparse.Namespace, init: str | None) -> Recipe:
         warmup_steps=optim.get("warmup_steps", 0), steps=pick(args.steps, toml.get("max_steps", 40)),
         eval_every=pick(args.eval_every, 5), eval_tasks=args.eval_tasks, eval_samples=args.eval_samples,
         local_task_seed=data.get("task_seed", 0), local_threads=pick(args.threads, toml.get("torch_threads", 1)),
-        fill_timeout_s=pick(args.fill_timeout_s, 600.0),
+        fill_timeout_s=pick(args.fill_timeout_s, 600.0), train_dtype=pick(args.train_dtype, toml.get("dtype", "auto")),
     )
 
 
@@ -163,6 +165,7 @@ def tiny_recipe(args: argparse.Namespace) -> Recipe:
         std_normalize=bool(args.std_normalize), steps=pick(args.steps, 1 if smoke else 15 if args.quick else 40),
         eval_every=pick(args.eval_every, 1 if smoke else 0), eval_tasks=2 if smoke else args.eval_tasks,
         eval_samples=args.eval_samples, local_threads=pick(args.threads, 1), fill_timeout_s=pick(args.fill_timeout_s, 20.0),
+        train_dtype=pick(args.train_dtype, "auto"),
     )
 
 
@@ -286,7 +289,7 @@ def local_cmd(work: Path, r: Recipe) -> list[str]:
     metrics = work / "local.jsonl"
     common = ["--max-steps", str(r.steps), "--no-progress", "--metrics-file", str(metrics),
               "--checkpoint.dir", str(work / "local-ck"), "--checkpoint.interval", str(r.steps + 1),
-              "--torch-threads", str(r.local_threads), "--optim.lr", str(r.lr),
+              "--torch-threads", str(r.local_threads), "--dtype", r.train_dtype, "--optim.lr", str(r.lr),
               "--optim.warmup-steps", str(r.warmup_steps),
               "--loss.std-normalize" if r.std_normalize else "--no-loss.std-normalize",
               "--loss.temperature", str(r.temperature), "--data.temperature", str(r.temperature),
@@ -334,6 +337,7 @@ def devnet_cmd(work: Path, r: Recipe, nodes: int, validators: int, relays: int) 
            "--nodes", str(nodes), "--validators", str(validators), "--relays", str(relays), "--dashboard-port", "0",
            "--trainer.max-steps", str(r.steps), "--trainer.groups-per-step", str(r.groups_per_step),
            "--trainer.lr", str(r.lr), "--trainer.warmup-steps", str(r.warmup_steps), "--trainer.async-level", "2",
+           "--trainer.dtype", r.train_dtype,
            "--trainer.std-normalize" if r.std_normalize else "--no-trainer.std-normalize",
            "--run.env", r.env, "--run.samples-per-task", str(r.group_size), "--run.max-new-tokens",
            str(r.max_new_tokens), "--run.temperature", str(r.temperature), "--summary-interval-s", "10",
@@ -637,6 +641,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-samples", type=int, default=1, help="completions per held-out task and temperature")
     ap.add_argument("--threads", type=int, help="torch threads of the local trainer, SFT and the step-0 evaluation "
                     "(default: the recipe's torch_threads; tiny 1); the devnet's roles use 1 each")
+    ap.add_argument("--train-dtype", choices=["auto", "float32", "bfloat16"],
+                    help="compute dtype of both trainers (default: the recipe's dtype, else auto = float32 on CPU); "
+                    "bfloat16 autocast trains SmolLM2 about 1.5x faster on a CPU with native bf16, far slower on one "
+                    "without")
     ap.add_argument("--nodes", type=int, help="devnet nodes (default: tiny 2, smollm2 3; more nodes than a step needs "
                     "over-supply the trainer, whose backlog then makes every step train on older work)")
     ap.add_argument("--validators", type=int, default=2, help="devnet validators (default 2)")

@@ -55,6 +55,9 @@ class TrainerSettings(Section):
     """Fewest groups a step trains on after `fill_timeout_s`; default one submission (`run.tasks_per_batch`)."""
     threads: int = Field(1, ge=1)
     """torch threads of the trainer."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The trainer's compute dtype (its `dtype`): auto = float32 on CPU, bfloat16 autocast on GPU; bfloat16 trains
+    SmolLM2 about 1.5x faster on a CPU with native bf16 (AVX-512 bf16, AMX), far slower on one without."""
     std_normalize: bool = False
     """Divide group-centred advantages by the group's standard deviation (the trainer's `loss.std_normalize`)."""
     warmup_steps: int = Field(0, ge=0)

@@ -281,7 +281,7 @@ class Network:
         tdir = self.state / "trainer"
         path = self._config("trainer", {
             "model": {"type": "hf", "name_or_path": str(self.init)} if self.init else self.model,
-            "max_steps": cfg.trainer.max_steps, "torch_threads": cfg.trainer.threads,
+            "max_steps": cfg.trainer.max_steps, "torch_threads": cfg.trainer.threads, "dtype": cfg.trainer.dtype,
             "progress": False, "metrics_file": str(tdir / "metrics.jsonl"), "metrics_port": t_port,
             "metrics_host": self.address("trainer"),
             "work_ledger": str(tdir / "work.jsonl"),

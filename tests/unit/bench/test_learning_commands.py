@@ -66,6 +66,9 @@ def test_both_runs_get_the_recipe_from_the_toml_and_the_flags(tmp_path: Path, mo
     assert (local.data.group_size, net.run_spec["samples_per_task"]) == (4, 4)
     assert (local.eval.every, net.cfg.trainer.eval.every, local.eval.num_tasks, net.cfg.trainer.eval.num_tasks) == (
         3, 3, 16, 16)
+    assert local.dtype == net.cfg.trainer.dtype == toml.get("dtype", "auto")
+    r, local, net = _configs(bench, ["--model", "smollm2", "--init", "x", "--train-dtype", "bfloat16"], tmp_path / "bf16")
+    assert local.dtype == net.cfg.trainer.dtype == "bfloat16"
 
 
 def test_a_recipe_the_devnet_cannot_run_is_refused(tmp_path: Path) -> None:
