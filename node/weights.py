@@ -11,7 +11,7 @@ version is more than `async_level` behind the chain's, `select()` says why and t
 (the validator would drop that work as stale anyway). Versions up to `base_version` are the base
 model (the run's `model`); with the `static` source every version is. With `base_version = -1` (a run
 started from a trained checkpoint) none is: version 0 is pulled and checked like any other, and until it
-is here the node waits; it never generates with the base weights.
+is here the node waits; it never loads the base weights, let alone generates with them.
 """
 
 from __future__ import annotations
@@ -63,14 +63,16 @@ class PolicyWeights:
         self._make_engine = make_engine
         self.poll_s = poll_s
         self._refreshed = -float("inf")
-        self.base = make_engine(model)
+        self.base_version = source.base_version if isinstance(source, ShardcastWeights) else None
+        """Versions up to this one run on `base` (None: every version, the `static` source; -1: none)."""
+        self.base: InferenceEngine | None = (None if self.base_version is not None and self.base_version < 0
+                                             else make_engine(model))
+        """The run's model (None when no version runs on it: its weights are not even loaded)."""
         self.loaded_version: int | None = None
         """The installed version whose weights `_engine` holds (None: the base model)."""
         self._engine = self.base
         self._lock = threading.Lock()
         self.follower: Follower | None = None
-        self.base_version = source.base_version if isinstance(source, ShardcastWeights) else None
-        """Versions up to this one run on `base` (None: every version, the `static` source; -1: none)."""
         if isinstance(source, ShardcastWeights):
             self.follower = Follower(source.relays, trainer=source.trainer, out_dir=weights_dir, run_id=run.run_id,
                                      keep=run.async_level + 2, progress=progress, wanted=self._wanted,
@@ -114,6 +116,7 @@ class PolicyWeights:
             raise Waiting("no policy version published on chain yet")
         oldest = max(0, current - self.run.async_level)
         if self.follower is None:  # static: every version is the base model
+            assert self.base is not None  # built unless base_version < 0, which only the shardcast source has
             return self._policy(current, self.base)
         reasons: list[str] = []
         for version in sorted((v for v in self.follower.installed() if oldest <= v <= current), reverse=True):
@@ -126,7 +129,7 @@ class PolicyWeights:
                 continue
             return self._policy(version, self._engine_for(version, path))
         base = None if self.base_version is None or self.base_version < 0 else min(current, self.base_version)
-        if base is not None and oldest <= base and self.history.manifest_hash(base) is not None:
+        if base is not None and self.base is not None and oldest <= base and self.history.manifest_hash(base) is not None:
             return self._policy(base, self.base)
         newest = self.follower.installed()
         raise Waiting(
@@ -144,7 +147,7 @@ class PolicyWeights:
 
     def _engine_for(self, version: int, path: Path) -> InferenceEngine:
         with self._lock:
-            if self.loaded_version == version:
+            if self.loaded_version == version and self._engine is not None:
                 return self._engine
         logger.info("weights: loading v%d from %s", version, path)
         try:

@@ -47,6 +47,7 @@ def test_with_no_base_version_the_node_waits_for_the_pulled_weights_instead_of_t
     assert policy_weights(1).select().version == 1
     # ... with -1 it must come over the relays: the node waits (and asks its follower for it), it never uses the base
     none = policy_weights(-1)
+    assert none.base is None  # the base weights are not even loaded
     assert none._wanted() == 1
     with pytest.raises(Waiting, match="waiting for the relays"):
         none.select()
