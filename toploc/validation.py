@@ -88,6 +88,9 @@ class SequenceReport:
     """Why the rollout could not be measured (a malformed proof or token list), else None."""
     logprobs: tuple[float, ...] = ()
     """The replayed sampling logprob of each submitted token (what the node should have reported)."""
+    winner_logprobs: tuple[float, ...] = ()
+    """The replayed sampling logprob of each position's `sampling.winners` token (the replay's own draw: where it
+    picks an EOS the node replaced, the sample the policy drew ends there)."""
 
 
 def _precheck(loaded: LoadedModel, r: Rollout, cfg: ToplocThresholds) -> str | None:
@@ -163,7 +166,7 @@ def measure(
         replay.append((i, hidden, proofs))
     if not replay:
         return [r for r in reports if r is not None]
-    margins, winners, logprobs = _replay(scorer, [(rollouts[i], h) for i, h, _ in replay], params, timer)
+    margins, winners, logprobs, won = _replay(scorer, [(rollouts[i], h) for i, h, _ in replay], params, timer)
     at = 0
     for i, _, proofs in replay:
         r = rollouts[i]
@@ -175,7 +178,8 @@ def measure(
             termination = check_termination(list(r.tokens), eos_token_ids=loaded.eos_token_ids,
                                             max_tokens=r.max_tokens, sampling=sampling)
         with stage(timer, "measure.logprobs"):
-            reports[i] = SequenceReport(tuple(proofs), sampling, termination, logprobs=tuple(logprobs[at : at + n]))
+            reports[i] = SequenceReport(tuple(proofs), sampling, termination, logprobs=tuple(logprobs[at : at + n]),
+                                        winner_logprobs=tuple(won[at : at + n]))
         at += n
     return [r for r in reports if r is not None]
 
@@ -187,9 +191,9 @@ matmul still reads its weight once for many rows."""
 
 def _replay(
     scorer: Scorer, items: list[tuple[Rollout, torch.Tensor]], params: SamplingParams, timer: StageTimer | None
-) -> tuple[list[float], list[int], list[float]]:
-    """(margins, winners, sampling logprobs) of every submitted token of `items`, in order: the LM head and the
-    seeded replay over the rows of all sequences at once, `_HEAD_ROWS` at a time."""
+) -> tuple[list[float], list[int], list[float], list[float]]:
+    """(margins, winners, sampling logprobs, the winners' sampling logprobs) of every submitted token of `items`,
+    in order: the LM head and the seeded replay over the rows of all sequences at once, `_HEAD_ROWS` at a time."""
     import torch
 
     from models.sampling import process_logits
@@ -202,6 +206,7 @@ def _replay(
     margins: list[float] = []
     winners: list[int] = []
     logprobs: list[float] = []
+    won: list[float] = []
     for r0 in range(0, hidden.shape[0], _HEAD_ROWS):
         r1 = min(hidden.shape[0], r0 + _HEAD_ROWS)
         with stage(timer, "measure.lm_head"):
@@ -212,6 +217,8 @@ def _replay(
             margins.extend(margin.tolist())
             winners.extend(arg.tolist())
         with stage(timer, "measure.logprobs"):
+            norm = torch.logsumexp(processed, dim=-1)
             chosen = processed.gather(-1, tokens[r0:r1, None]).squeeze(-1)
-            logprobs.extend((chosen - torch.logsumexp(processed, dim=-1)).tolist())
-    return margins, winners, logprobs
+            logprobs.extend((chosen - norm).tolist())
+            won.extend((processed.gather(-1, arg[:, None].to(torch.long)).squeeze(-1) - norm).tolist())
+    return margins, winners, logprobs, won

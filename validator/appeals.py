@@ -48,7 +48,15 @@ from contracts.pool import EscrowStatus, PoolClient, WorkStatus
 from protocol.appeal import Appeal, AppealDecision, AppealOutcome
 from protocol.canonical import canonical_bytes
 from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
-from protocol.errors import ChainError, ModelError, PrimeError, ProtocolError, ReplayError, SignatureError
+from protocol.errors import (
+    ChainError,
+    ModelError,
+    PrimeError,
+    ProtocolError,
+    ReplayError,
+    SignatureError,
+    UngradableError,
+)
 from protocol.identity import Identity, checksum
 from protocol.nonce import NonceCounter
 from protocol.replay import RereadRecords
@@ -329,7 +337,10 @@ class AppealDesk:
                 failure, per_sample = p.judge(sub, reports, self.thresholds, self.cfg.checks.logprob_tolerance)
                 measurements["samples"] = per_sample
                 if failure is None:  # restored work reaches the trainer like accepted work, with our replay's numbers
-                    feed = p.feed_item(loaded, verdict.work_key, sub, tasks, rewards, reports)
+                    try:
+                        feed = p.feed_item(loaded, verdict.work_key, sub, tasks, rewards, reports)
+                    except UngradableError as exc:  # our grader, on a sample cut at the replay's EOS
+                        raise _CannotCheck(f"grader: {exc}") from exc
         return self._decide(data, appellant, slasher, verdict, sub, failure, measurements, feed)
 
     def _decide(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: Submission,

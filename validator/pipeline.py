@@ -657,23 +657,24 @@ class Pipeline:
         except (ModelError, RuntimeError, MemoryError) as exc:  # the model failing is ours, whatever it raised
             return decided + sum(self._ours_failed(row, f"model stage: {exc}") for row, *_ in prepared)
         for (row, sub, tasks, rewards), sub_reports in zip(prepared, reports, strict=True):
-            with stage(timer, "check.verdict"):
-                decision = self._verdict(loaded, row, sub, tasks, rewards, sub_reports)
+            try:
+                with stage(timer, "check.verdict"):
+                    decision = self._verdict(loaded, row, sub, tasks, rewards, sub_reports)
+            except UngradableError as exc:  # grading a sample cut at the replay's EOS (feed_item) failed: ours
+                decided += self._ours_failed(row, f"grader: {exc}", Reason.UNGRADABLE)
+                continue
             with stage(timer, "check.ledger"):
                 self.ledger.decide(row.work_key, decision)
             decided += 1
         return decided
 
     def rewards(self, loaded: LoadedModel, sub: Submission, tasks: list[Task]) -> list[list[float]]:
-        tok = loaded.tokenizer
-        out = []
-        for task, tr in zip(tasks, sub.tasks, strict=True):
-            row = []
-            for s in tr.samples:
-                text = str(tok.decode(list(s.tokens), skip_special_tokens=True))
-                row.append(float(self.env.reward(task, text, completion_tokens=len(s.tokens))))
-            out.append(row)
-        return out
+        return [[self.grade(loaded, task, s.tokens) for s in tr.samples] for task, tr in zip(tasks, sub.tasks, strict=True)]
+
+    def grade(self, loaded: LoadedModel, task: Task, tokens: tuple[int, ...]) -> float:
+        """The environment's reward for a completion's tokens (special tokens dropped from the text)."""
+        text = str(loaded.tokenizer.decode(list(tokens), skip_special_tokens=True))
+        return float(self.env.reward(task, text, completion_tokens=len(tokens)))
 
     def reward_mismatch(self, sub: Submission, rewards: list[list[float]]) -> str | None:
         tol = self.cfg.checks.reward_tolerance
@@ -729,15 +730,42 @@ class Pipeline:
         """What the trainer learns from accepted (or restored) work: the node's tokens (replayed exactly),
         the rewards we recomputed and the sampling logprobs of *our* replay (`reports`, one per sample in
         order). The node's claimed logprobs passed `logprob_tolerance` and are never used: a node could
-        move them anywhere inside it to steer the trainer's importance ratios."""
+        move them anywhere inside it to steer the trainer's importance ratios. A sample that went on past an
+        EOS our replay draws is fed as the replay drew it (`fed_sample`). Raises `UngradableError` when our
+        grader fails on such a cut sample."""
         replayed = iter(reports)
         return FeedItem(
             run_id=self.run.run_id, work_key=key, node=sub.node,
             policy_version=sub.policy_version, env=sub.env, env_version=sub.env_version,
             groups=tuple(FeedGroup(task_id=task.task_id, prompt_tokens=tuple(prompt_tokens(loaded, task)), samples=tuple(
-                FeedSample(tokens=s.tokens, logprobs=tuple(next(replayed).logprobs), reward=r)
+                self.fed_sample(loaded, task, s.tokens, r, next(replayed))
                 for s, r in zip(tr.samples, rs, strict=True)))
                 for task, tr, rs in zip(tasks, sub.tasks, rewards, strict=True)))
+
+    def fed_sample(self, loaded: LoadedModel, task: Task, tokens: tuple[int, ...], reward: float,
+                   report: Any) -> FeedSample:
+        """One sample for the trainer. Where our replay draws an EOS and the node's token there is not one (a
+        near-tie EOS inside `checks.eos_tie_drift`, flipped by the node's float drift or skipped on purpose; a
+        skip beyond it never gets here), the policy's sample ends at that EOS: the trainer gets the tokens before
+        it, the EOS with our replay's logprob of it, and our grader's reward for that shorter completion. The
+        tail the node generated after it is no draw of the policy (and is never paid, `paid_tokens`); fed as it
+        was, a node could lengthen its completions toward whatever the reward favours."""
+        term, sampling = report.termination, report.sampling
+        end = term.replay_end if term is not None else None
+        eos = set(loaded.eos_token_ids)
+        if end is None or sampling is None or sampling.winners[end - 1] not in eos or tokens[end - 1] in eos:
+            return FeedSample(tokens=tokens, logprobs=tuple(report.logprobs), reward=reward)
+        p = end - 1
+        cut = (*tokens[:p], int(sampling.winners[p]))
+        try:
+            cut_reward = self.grade(loaded, task, cut)
+        except UngradableError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever our grader raises is our failure, never theirs
+            raise UngradableError(f"grader failed on a sample cut at the replay's EOS: {type(exc).__name__}: "
+                                  f"{exc}") from exc
+        self.count("feed_samples_cut_at_replay_eos")
+        return FeedSample(tokens=cut, logprobs=(*report.logprobs[:p], report.winner_logprobs[p]), reward=cut_reward)
 
     def judge(self, sub: Submission, reports: list[Any], th: ToplocThresholds, tol: float
               ) -> tuple[tuple[Reason, str] | None, list[dict[str, Any]]]:
