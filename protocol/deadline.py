@@ -13,10 +13,11 @@ deadline of the `bounded_request` in progress, so the whole exchange, headers in
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpcore
@@ -102,17 +103,26 @@ def deadline_client(timeout_s: float, limits: httpx.Limits | None = None) -> htt
     return httpx.Client(timeout=timeout_s, transport=_DeadlineTransport(limits))
 
 
+@contextlib.contextmanager
+def request_deadline(timeout_s: float) -> Iterator[float]:
+    """Inside this block (this thread), a `deadline_client`'s sockets give up `timeout_s` from now: connect,
+    status line, headers and body. Yields the monotonic deadline. For a caller that reads the response itself;
+    `bounded_request` is one."""
+    deadline = time.monotonic() + timeout_s
+    token = _DEADLINE.set(deadline)
+    try:
+        yield deadline
+    finally:
+        _DEADLINE.reset(token)
+
+
 def bounded_request(http: httpx.Client, method: str, url: str, timeout_s: float, *, max_bytes: int = 4 << 20,
                     **kw: Any) -> httpx.Response:
     """`method url` answered in full within `timeout_s`; `PeerTimeoutError` past it, `httpx.HTTPError`
     for other failures (a body over `max_bytes` is a `httpx.DecodingError`). With a `deadline_client` the
     status line and headers are inside the deadline too."""
-    deadline = time.monotonic() + timeout_s
-    token = _DEADLINE.set(deadline)
-    try:
+    with request_deadline(timeout_s) as deadline:
         return _bounded(http, method, url, timeout_s, deadline, max_bytes, **kw)
-    finally:
-        _DEADLINE.reset(token)
 
 
 def _bounded(http: httpx.Client, method: str, url: str, timeout_s: float, deadline: float, max_bytes: int,

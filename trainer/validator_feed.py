@@ -18,7 +18,8 @@ listing cannot push it past real work (issue 23 item 11). With `accepted` (no ad
 first verified listing pins its signer for that URL.
 
 Bounds: a response is read up to `max_response_bytes` (Content-Length checked first, then counted
-while reading, uncompressed bytes only) and within `request_timeout_s`; a page holds at most the
+while reading, uncompressed bytes only) and within `request_timeout_s` from connect to last byte (a
+`protocol.deadline` client: a trickled status line and headers are cut off too); a page holds at most the
 `limit` asked for. A page refused as too large halves that validator's `limit` (down to 1). Validators
 are read concurrently, one request in flight each: a hung one (accepts, never answers) delays neither the
 others nor the step, and counts as unavailable once its request times out.
@@ -51,6 +52,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.canonical import parse_json, to_hex
+from protocol.deadline import deadline_client, request_deadline
 from protocol.envelope import Envelope, open_envelope
 from protocol.errors import OversizeError, PrimeError, ProtocolError, SignatureError
 from protocol.identity import checksum
@@ -191,7 +193,8 @@ class ValidatorFeedSource(RolloutSource):
         self._groups: dict[str, int] = {}  # fingerprint of a trained group -> its policy version
         self._buffer: deque[_Queued] = deque()
         self._guard = _AcceptAnyNonce()
-        self._http = httpx.Client(timeout=httpx.Timeout(request_timeout_s), follow_redirects=False)
+        # a validator that trickles its status line and headers is given up at request_timeout_s too
+        self._http = deadline_client(request_timeout_s)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.feeds), thread_name_prefix="feed")
         self._inflight: dict[int, tuple[int, concurrent.futures.Future[_Page]]] = {}
         """Feed index -> (the `after` asked, the request): at most one request in flight per validator."""
@@ -402,7 +405,8 @@ class ValidatorFeedSource(RolloutSource):
         limit, start = self.max_response_bytes, time.monotonic()
         try:
             # identity encoding: a compressed body could expand far past the limit inside one chunk
-            with self._http.stream("GET", url, params=params, headers={"accept-encoding": "identity"}) as resp:
+            with request_deadline(self.request_timeout_s), \
+                    self._http.stream("GET", url, params=params, headers={"accept-encoding": "identity"}) as resp:
                 if resp.status_code != 200:
                     raise FeedUnavailableError(f"HTTP {resp.status_code}")
                 encoding = resp.headers.get("content-encoding", "identity").strip().lower()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -405,6 +406,26 @@ def test_a_hung_validator_does_not_hold_up_the_others(serve: Serve, trickle_s: f
             v.add(feed_item(0, 2))
             assert src.next_batch(0, 1, 0).groups == _groups(feed_item(0, 2))
             assert src.cursors()[v.url] == 2 and src.cursors()[hung] == 0
+        finally:
+            src.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_validator_trickling_its_headers_is_given_up_at_the_request_timeout(serve: Serve) -> None:
+    """The status line and headers a byte every 1.5 s, inside every per-read timeout: a plain client would wait
+    ~80 s for them before it could check the deadline; the feed reader gives up at `request_timeout_s`."""
+    from tests.netfixtures import hung_server
+
+    v = serve()
+    with hung_server(1.5) as hung:
+        src = ValidatorFeedSource([hung, v.url], DOMAIN, addresses=[Identity.create().address, v.address],
+                                  poll_interval_s=0.02, wait_timeout_s=0.5, request_timeout_s=2.0)
+        try:
+            deadline = time.monotonic() + 15
+            while not src.stats["unavailable"]:
+                assert time.monotonic() < deadline, "the trickling validator still holds its request"
+                with pytest.raises(DataStarvedError):
+                    src.next_batch(0, 1, 0)
         finally:
             src.close()
 
