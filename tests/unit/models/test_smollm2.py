@@ -58,8 +58,10 @@ def test_prefill_matches_decode_bf16() -> None:
     state = prefill(m, ids[:, :-4], use_cache=True)
     for i in range(ids.shape[1] - 4, ids.shape[1]):
         state = decode(m, ids[:, i : i + 1], state)
-    # bf16 tolerance: a few bf16 ulps of values of size ~1-10
-    torch.testing.assert_close(state.hidden[0, -1].float(), full.hidden[0, -1].float(), rtol=5e-2, atol=1e-1)
+    # bf16 rounds each element on its own path (prefill and decode run other kernels; an ulp is 0.25 at |x| 32-64),
+    # so the whole vector is compared: measured 1.7% apart, where a decode that lost its cache is 53% off
+    got, want = state.hidden[0, -1].float(), full.hidden[0, -1].float()
+    assert float((got - want).norm() / want.norm()) < 0.05
     g = Engine(m).generate(
         [_chat(m, "What is the capital of France?")], SamplingParams(temperature=0.0), [0], 12
     )[0]
