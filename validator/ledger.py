@@ -647,7 +647,8 @@ class Ledger:
         feed = {k: int(s) for s, k in self._db.execute("SELECT seq, work_key FROM feed")}
         stored = {h for (h,) in self._db.execute("SELECT hash FROM evidence")}
         accepted, hard, soft = [], [], []
-        per_node: dict[str, dict[str, int]] = {}
+        per_node: dict[str, dict[str, Any]] = {}
+        ties: dict[str, list[int]] = {}  # node -> [paid tokens, near-ties, EOS near-ties] of its accepted work
         pending = unreportable = 0
         for key, node, state, outcome, reason, measurements, evidence_hash, tx, report_error in rows:
             counts = per_node.setdefault(node, {"received": 0, "accepted": 0, "rejected_hard": 0,
@@ -662,7 +663,9 @@ class Ledger:
             extra = {"unreportable": report_error} if state == "unreportable" else {}
             unreportable += bool(extra)
             if outcome == "accepted":
-                units = int(json.loads(measurements or "{}").get("units", 1))
+                m = json.loads(measurements or "{}")
+                units = int(m.get("units", 1))
+                _count_ties(ties.setdefault(node, [0, 0, 0]), m)
                 accepted.append({"work_key": key, "node": node, "units": units, "feed_seq": feed.get(key),
                                  "reported": reported, "chain_tx": tx, **extra})
             elif outcome == "rejected_hard":
@@ -678,7 +681,11 @@ class Ledger:
                     for key, node, units, resolved, tx in self._db.execute(
                         "SELECT work_key, node, units, resolved_at, chain_tx FROM appeals WHERE outcome = 'overturned' "
                         "ORDER BY received_at, work_key")]
+        for node, (tokens, near, near_eos) in ties.items():
+            per_node[node]["near_ties"] = {"tokens": tokens, "near_ties": near, "eos_near_ties": near_eos,
+                                           "per_1k_tokens": round(1000 * near / tokens, 3) if tokens else None}
         return {
+            "near_tie_review": near_tie_review(ties),
             "counts": {"received": sum(c["received"] for c in per_node.values()), "accepted": len(accepted),
                        "rejected_hard": len(hard), "rejected_soft": len(soft), "pending": pending,
                        "unreportable": unreportable},
@@ -886,3 +893,36 @@ def _count_from_rows(db: _Db) -> None:
         change[f"outcome:{outcome}"] = int(n)
     change["feed"] = int(db.execute("SELECT COUNT(*) FROM feed")[0][0])
     _tally(db, change)
+
+
+NEAR_TIE_REVIEW_MIN = 10
+"""Near-ties a node's accepted work must hold before its rate is compared with the fleet's."""
+NEAR_TIE_REVIEW_FACTOR = 5.0
+"""A node is listed for review when its near-ties per paid token exceed this many times the fleet's median."""
+
+
+def _count_ties(acc: list[int], m: dict[str, Any]) -> None:
+    """Add one accepted row's measurements to [paid tokens, near-ties, EOS near-ties]."""
+    acc[0] += sum(int(s.get("paid_tokens") or 0) for s in m.get("samples", ()))
+    acc[1] += int(m.get("near_ties", 0))
+    acc[2] += int(m.get("eos_near_ties", 0))
+
+
+def near_tie_review(ties: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """Nodes whose accepted work disagrees with the replay at near-ties far more often than the fleet's does.
+
+    A near-tie disagreement (the replay's winner within the sampling margin, not the node's token) passes every
+    check: honest float drift flips one now and then and whatever the token, so no single one is evidence. A node
+    that picks among near-ties on purpose (to steer what the trainer learns) flips them every time it gains, so
+    its rate stands out against the fleet's median: at least `NEAR_TIE_REVIEW_MIN` near-ties and more than
+    `NEAR_TIE_REVIEW_FACTOR` times the median rate. A listing costs nothing on chain (nodes of another dtype than
+    most of the fleet drift more, honestly): it is for an operator to look at, worst first."""
+    rates = sorted(near / tokens for tokens, near, _ in ties.values() if tokens)
+    if not rates:
+        return []
+    median = rates[len(rates) // 2] if len(rates) % 2 else (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
+    out = [{"node": node, "near_ties": near, "eos_near_ties": near_eos, "tokens": tokens,
+            "per_1k_tokens": round(1000 * near / tokens, 3), "fleet_median_per_1k_tokens": round(1000 * median, 3)}
+           for node, (tokens, near, near_eos) in ties.items()
+           if tokens and near >= NEAR_TIE_REVIEW_MIN and near / tokens > NEAR_TIE_REVIEW_FACTOR * median]
+    return sorted(out, key=lambda r: -r["per_1k_tokens"])

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from validator.ledger import Decision, Ledger, LedgerError
+from validator.ledger import Decision, Ledger, LedgerError, near_tie_review
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -605,3 +605,35 @@ def test_next_counter_is_the_first_one_not_held_and_holes_are_counted_once(ledge
     assert ledger.uncounted_assignments(2) == []
     assert ledger.counter_holes() == {"0xa": 1}
     assert ledger.node_summary("0xa")["counter_holes"] == 1
+
+
+def test_the_audit_lists_a_node_whose_near_ties_stand_out_from_the_fleet(ledger: Ledger) -> None:
+    """Issue 23's per-node near-tie rule: near-ties pass every check one by one; a node that picks among them on
+    purpose does it far more often than the fleet drifts, and the audit lists it for review (worst first)."""
+    def tied(key: str, near: int, tokens: int = 100) -> Decision:
+        return Decision(outcome="accepted", reason="accepted", measurements={
+            "units": tokens, "near_ties": near, "eos_near_ties": near // 4,
+            "samples": [{"paid_tokens": tokens // 2}, {"paid_tokens": tokens - tokens // 2}]},
+            verdict=b"v-" + key.encode(), feed_item=b"i-" + key.encode())
+
+    for n, node in enumerate(("0xa", "0xb", "0xc")):  # the fleet drifts: 1 near-tie per 100 tokens
+        for i in range(4):
+            add(ledger, f"{node}-{i}", node=node, counter=i, decision=tied(f"{node}-{i}", 1), at=T0 + n)
+    for i in range(4):  # the chooser: 8 per 100 tokens
+        add(ledger, f"0xd-{i}", node="0xd", counter=i, decision=tied(f"0xd-{i}", 8), at=T0 + 5)
+    add(ledger, "0xe-0", node="0xe", decision=tied("0xe-0", 9))  # as steep, but too few to tell: not listed
+    add(ledger, "0xf-0", node="0xf", decision=hard("0xf-0"))  # rejected work has no near-tie account
+    audit = ledger.audit()
+    assert audit["nodes"]["0xa"]["near_ties"] == {"tokens": 400, "near_ties": 4, "eos_near_ties": 0,
+                                                  "per_1k_tokens": 10.0}
+    assert audit["nodes"]["0xd"]["near_ties"]["eos_near_ties"] == 8
+    assert "near_ties" not in audit["nodes"]["0xf"]
+    assert audit["near_tie_review"] == [{"node": "0xd", "near_ties": 32, "eos_near_ties": 8, "tokens": 400,
+                                         "per_1k_tokens": 80.0, "fleet_median_per_1k_tokens": 10.0}]
+    # enough near-ties at a rate near the fleet's: not listed (0xe: 18 in 1,000 tokens, under 5 x 10)
+    for i in range(1, 10):
+        add(ledger, f"0xe-{i}", node="0xe", counter=i, decision=tied(f"0xe-{i}", 1))
+    assert [r["node"] for r in ledger.audit()["near_tie_review"]] == ["0xd"]
+    # a fleet that does not drift at all (all fp32): any node with enough near-ties stands out
+    assert [r["node"] for r in near_tie_review({"a": [1000, 0, 0], "b": [1000, 0, 0], "c": [1000, 12, 0],
+                                                 "d": [1000, 9, 0]})] == ["c"]
