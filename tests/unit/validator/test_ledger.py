@@ -635,5 +635,5 @@ def test_the_audit_lists_a_node_whose_near_ties_stand_out_from_the_fleet(ledger:
         add(ledger, f"0xe-{i}", node="0xe", counter=i, decision=tied(f"0xe-{i}", 1))
     assert [r["node"] for r in ledger.audit()["near_tie_review"]] == ["0xd"]
     # a fleet that does not drift at all (all fp32): any node with enough near-ties stands out
-    assert [r["node"] for r in near_tie_review({"a": [1000, 0, 0], "b": [1000, 0, 0], "c": [1000, 12, 0],
-                                                 "d": [1000, 9, 0]})] == ["c"]
+    assert [r["node"] for r in near_tie_review({"a": [1000, 0, 0], "b": [1000, 0, 0], "e": [1000, 0, 0],
+                                                 "c": [1000, 12, 0], "d": [1000, 9, 0]})] == ["c"]
