@@ -56,8 +56,9 @@ class CheckSettings(Section):
     """Measured honest drift of replay margins. An EOS the replay ranks first that the node replaced by a
     token within the sampling tolerance (a skipped near-tie EOS) is a hard `termination` failure when its
     margin is above this; at or below it, float noise can explain the flip. The node is paid only up to the
-    replay's EOS either way. The default admits bf16 nodes, whose honest margins against a replay reach ~0.3
-    (bench/validator.py, bf16; 0.096 for SmolLM2 in vLLM at pre-flight), so it equals the sampling tolerance;
+    replay's EOS either way, and the trainer gets the sample as the replay drew it (cut at that EOS). The
+    default admits bf16 nodes, whose honest margins against a replay reach ~0.3 (bench/validator.py, bf16;
+    0.096 for SmolLM2 in vLLM at pre-flight), so it equals the sampling tolerance;
     a run whose nodes all generate in fp32 (honest margins 0.0, bench/attacks.py) sets 0.01 and then a
     node that skips near-tie EOS tokens is slashed."""
     batch_tokens: int = Field(8192, ge=64)
