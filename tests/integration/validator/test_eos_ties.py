@@ -24,17 +24,23 @@ def _post(v: Any, data: bytes) -> str:
         return str(r.json()["work_key"])
 
 
-def test_a_node_that_skips_every_narrow_eos_is_caught_and_honest_work_passes(make_validator, make_node, published,
-                                                                             tiny_model):
-    v = make_validator()
-    drift = v.service.cfg.checks.eos_tie_drift
-    key = narrow_eos_node(tiny_model, RUN, 1, above=drift, domain=make_node(register=False).domain)
+def _narrow_eos_node(v: Any, make_node: Any, published: Any, tiny_model: Any, above: float) -> SimNode:
+    """A staked node whose assignment #0 at v1 has an EOS that wins the draw by more than `above` and at most the
+    sampling margin (`narrow_eos_node`), once `v` sees it active on chain."""
+    key = narrow_eos_node(tiny_model, RUN, 1, above=above, domain=make_node(register=False).domain)
     published.operator.register(key, published.admin.params().min_stake)
     deadline = time.monotonic() + 30
     while not v.service.chain.node_active(key.address):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    cheater = SimNode(key, tiny_model, make_node(register=False).domain)
+    return SimNode(key, tiny_model, make_node(register=False).domain)
+
+
+def test_a_node_that_skips_every_narrow_eos_is_caught_and_honest_work_passes(make_validator, make_node, published,
+                                                                             tiny_model):
+    v = make_validator()
+    drift = v.service.cfg.checks.eos_tie_drift
+    cheater = _narrow_eos_node(v, make_node, published, tiny_model, above=drift)
     sub, data = cheater.build(cheat="skip_eos")
     bad = _post(v, data)
     honest = [make_node() for _ in range(2)]
@@ -57,13 +63,7 @@ def test_a_node_that_skips_every_narrow_eos_is_caught_and_honest_work_passes(mak
 def test_a_skip_inside_the_drift_is_accepted_but_the_feed_carries_the_sample_the_replay_drew(
         make_validator, make_node, published, tiny_model):
     v = make_validator(checks={"eos_tie_drift": 0.5})  # the bf16-safe default: every skip within the margin passes
-    key = narrow_eos_node(tiny_model, RUN, 1, above=0.0, domain=make_node(register=False).domain)
-    published.operator.register(key, published.admin.params().min_stake)
-    deadline = time.monotonic() + 30
-    while not v.service.chain.node_active(key.address):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    node = SimNode(key, tiny_model, make_node(register=False).domain)
+    node = _narrow_eos_node(v, make_node, published, tiny_model, above=0.0)
     honest, _ = node.build(counter=0)  # what this key's assignment #0 is when generated honestly (not sent)
     cheat, data = node.build(counter=0, cheat="skip_eos")
     assert cheat.n_tokens() > honest.n_tokens()  # the skips lengthened it
