@@ -130,7 +130,7 @@ class Network:
         self.domain = submission_domain(deployment.chain_id, deployment.pool, RUN.run_id)
         self.chain_id, self.pool = deployment.chain_id, deployment.pool
         self.max_bytes = self.validators[0].service.cfg.max_submission_bytes
-        self.thresholds = self.validators[0].service.pipeline.thresholds
+        self.thresholds = self.validators[0].service.core.checker.thresholds
         self.hard_keys: list[tuple[Any, str]] = []
         self._second: tuple[Any, Any, str] | None = None
 
@@ -460,7 +460,7 @@ def steered_logprobs(net: Any, trial: int) -> Trial:
     the sign of each sample's advantage, so that a trainer using them would clip every token away. The work
     is honest, so it is accepted and paid; detected = what the trainer reads from the validator's signed
     feed (the same `open_envelope` + `feed_groups` path as trainer/validator_feed.py) are the logprobs of
-    the validator's own replay (`Pipeline.measure`), not the node's claims."""
+    the validator's own replay (`Checker.measure`), not the node's claims."""
     from validator_harness import STEER
 
     from protocol.envelope import Envelope, open_envelope
@@ -487,8 +487,8 @@ def steered_logprobs(net: Any, trial: int) -> Trial:
     fed = [tuple(lp for lp, m in zip(s.sampling_logprobs, s.loss_mask, strict=True) if m)
            for g in feed_groups(item) for s in g]
     loaded = svc.weights.get(VERSION)
-    tasks = svc.pipeline.tasks(sub.node, sub.policy_version, sub.counter)
-    (reports,) = svc.pipeline.measure(loaded, [(sub, tasks)])
+    tasks = svc.core.assignment.tasks(sub.node, sub.policy_version, sub.counter)
+    (reports,) = svc.core.checker.measure(loaded, [(sub, tasks)])
     claimed = [s.logprobs for tr in sub.tasks for s in tr.samples]
     to_replay = max(abs(a - b) for f, r in zip(fed, reports, strict=True) for a, b in zip(f, r.logprobs, strict=True))
     to_claim = max(abs(a - b) for f, c in zip(fed, claimed, strict=True) for a, b in zip(f, c, strict=True))
@@ -844,7 +844,7 @@ def counter_grind(net: Any, trial: int) -> Trial:
     address = node.identity.address
     if trial % 2 == 0:
         easiest = min(range(2, 2000), key=lambda k: len(
-            served.service.pipeline.tasks(address, VERSION, k)[0].messages[-1].content))
+            served.service.core.assignment.tasks(address, VERSION, k)[0].messages[-1].content))
         _, data = node.build(version=VERSION, counter=easiest)
     else:
         for counter in (0, 2):  # 1 held back; 2 is inside the gap of 1

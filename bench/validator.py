@@ -4,18 +4,18 @@ Everything runs against a real anvil pool (`contracts.devchain.DevChain`, `deplo
 integration tests), with honest submissions built the way a node builds them (generate with
 `models.engine.Engine`, grade, prove with `toploc.validation.prove`, seal a `Submission`).
 
-1. Cheap checks: submissions/s through `Pipeline.intake` (size, envelope, signature, sender gate,
+1. Cheap checks: submissions/s through `Intake.receive` (size, envelope, signature, sender gate,
    replay guard, assignment, schema, the `received` ledger row), in-process on the pre-built honest
    submissions of each model (a fresh ledger and replay guard each round), and once over HTTP
    against the validator served by uvicorn in a subprocess (intake only, no checker running).
-2. Full checks vs generation: rollout tokens/s of `Pipeline.check_pending` (reward recomputation,
+2. Full checks vs generation: rollout tokens/s of `Checker.check_pending` (reward recomputation,
    batched prefill with TOPLOC, sampling replay, termination and logprob checks, signed verdicts,
    ledger) against tokens/s of `Engine.generate` producing the same rollouts (one submission per
    generate call, as a node does), same model, threads and dtype, in this run. The ratio
    `validation_over_generation` is check time / generation time for the same tokens. Both dtypes are
    run by default (`--dtype both`; `auto`: the faster dense matmul here, for node and validator alike);
    rows are keyed `model:dtype` then. Check time is broken down by stage (exclusive times, from the
-   pipeline's public timing hook `Pipeline.timer`, a `protocol.timing.StageTimer`), and the model's part
+   pipeline's public timing hook `Core.timer`, a `protocol.timing.StageTimer`), and the model's part
    (body + LM head: the matmul FLOPs the check runs, each distinct prompt once) is given in GFLOP/s and
    as a fraction of this machine's matmul peak in that dtype (`matmul_peak`: the best of the
    `models.kernels` paths on a 1024 x 1024 weight at 512 rows, the better of the start and the end).
@@ -74,7 +74,7 @@ ADMIN, VALIDATOR, TRAINER, OPERATOR, TREASURY = 0, vhttp.VALIDATOR, 2, 3, 9  # P
 # -- timing helpers ---------------------------------------------------------------------------------
 
 
-# The pipeline's own timing hook (`Pipeline.timer`, `protocol.timing.StageTimer`) fills these labels; a rename
+# The pipeline's own timing hook (`Core.timer`, `protocol.timing.StageTimer`) fills these labels; a rename
 # there fails here loudly (a missing key when a table row is looked up), never silently.
 INTAKE_STAGES = {
     "intake.parse": "envelope parse + canonical check",
@@ -199,17 +199,18 @@ def validator_config(state_dir: Path, deployment: Path, rpc_url: str, run: Any, 
 
 
 def fresh_pipeline(service: Any, state: Path) -> tuple[Any, Callable[[], None]]:
-    """A new Pipeline on the service's chain view and loaded model, with a new ledger and replay guard."""
+    """A new validator core (`validator.service.Core`) on the service's chain view and loaded model, with a new
+    ledger and replay guard."""
     from protocol.nonce import NonceCounter
     from protocol.replay import ReplayGuard
     from validator.ledger import Ledger
-    from validator.pipeline import Pipeline
+    from validator.service import Core
 
     state.mkdir(parents=True)
     ledger = Ledger.open(path=state / "ledger.sqlite")
     replay, nonces = ReplayGuard(state / "replay.sqlite"), NonceCounter(state / "nonces.sqlite")
-    p = Pipeline(service.cfg, service.identity, ledger, service.chain, service.weights, domain=service.domain,
-                 replay_guard=replay, nonces=nonces)
+    p = Core.build(service.cfg, service.identity, ledger, service.chain, service.weights, domain=service.domain,
+                   replay_guard=replay, nonces=nonces)
 
     def close() -> None:
         ledger.close()
@@ -329,7 +330,7 @@ def time_intake(service: Any, datas: list[bytes], state: Path, profile: bool = F
     p.timer = timer
     t0 = time.perf_counter()
     for d in datas:
-        a = p.intake(d)
+        a = p.intake.receive(d)
         if a.status != 202:
             raise RuntimeError(f"honest submission refused at intake: {a.status} {a.body}")
     dt = time.perf_counter() - t0
@@ -345,15 +346,15 @@ def time_checks(p: Any, n: int) -> tuple[float, Any]:
     p.timer = timer
     decided, t0 = 0, time.perf_counter()
     while decided < n:
-        got = p.check_pending()
+        got = p.checker.check_pending()
         if not got:
             raise RuntimeError(f"check_pending decided nothing with {n - decided} rows left")
         decided += got
     dt = time.perf_counter() - t0
     p.timer = None
-    counts = p.ledger.counts()
+    counts = p.checker.ledger.counts()
     if counts.get("outcome:accepted", 0) != n:
-        hard = [(r.reason, r.detail, r.measurements) for r in p.ledger.unreported_hard(1)]
+        hard = [(r.reason, r.detail, r.measurements) for r in p.checker.ledger.unreported_hard(1)]
         raise RuntimeError(f"honest submissions not all accepted: {counts}; rejected hard: {hard}")
     return dt, timer
 

@@ -15,7 +15,10 @@ Checks on open, cheapest first, each with its own error (all `ProtocolError` sub
 3. timestamp inside [now - max_age_s, now + max_skew_s] (`ExpiredError`);
 4. the signature recovers to the claimed signer, and that signer is the expected one (`SignatureError`);
 5. the body validates against its model and is in canonical form (`ProtocolError`);
-6. (domain, signer, nonce) was never accepted before (`ReplayError`), recorded atomically; a message
+6. the receiver's admission hook, if it gave one (`admit(signer)`): whatever the receiver decides about an
+   authenticated sender before it spends a nonce on it (a validator: active stake, rate, quota, room), with the
+   receiver's own errors;
+7. (domain, signer, nonce) was never accepted before (`ReplayError`), recorded atomically; a message
    sent at or before the guard's pruning horizon is refused (`ExpiredError`).
 """
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, ClassVar, Protocol, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
@@ -262,11 +265,14 @@ def open_envelope(
     max_age_s: float = 600.0,
     max_skew_s: float = 60.0,
     now: float | None = None,
+    admit: Callable[[str], None] | None = None,
 ) -> Body:
     """Check `envelope` (see the module docstring for the order) and return its typed body.
 
     `body_types` limits which message types this receiver accepts (default: every registered one).
-    The nonce is recorded only when every other check passed, so bad messages consume nothing.
+    `admit(signer)` is the receiver's admission hook: it runs once the signer is authenticated and the body
+    valid, and refuses by raising. The nonce is recorded only when every other check passed (admission
+    included), so bad or refused messages consume nothing and can be sent again.
     """
     if envelope.domain != domain:
         raise DomainError(f"message is for domain {envelope.domain!r}, this is {domain!r}")
@@ -290,6 +296,8 @@ def open_envelope(
     # canonical form of the body, so one body has exactly one signed encoding.
     if canonical_bytes(body.model_dump(mode="json")) != canonical_bytes(envelope.body):
         raise ProtocolError(f"{envelope.kind} v{envelope.version} body is not in canonical form")
+    if admit is not None:
+        admit(signer)
     replay_guard.check_and_record(
         domain, signer, envelope.nonce, sent_at=sent_s, expires_at=sent_s + max_age_s + max_skew_s, now=now_s
     )
@@ -308,6 +316,7 @@ def open_bytes(
     max_age_s: float = 600.0,
     max_skew_s: float = 60.0,
     now: float | None = None,
+    admit: Callable[[str], None] | None = None,
 ) -> tuple[Envelope, Body]:
     """`Envelope.from_bytes` then `open_envelope`: the usual receive path for a network handler."""
     envelope = Envelope.from_bytes(data, max_bytes=max_bytes)
@@ -320,5 +329,6 @@ def open_bytes(
         max_age_s=max_age_s,
         max_skew_s=max_skew_s,
         now=now,
+        admit=admit,
     )
     return envelope, body

@@ -23,6 +23,7 @@ from protocol.envelope import seal
 from protocol.identity import checksum
 from protocol.nonce import random_nonce
 from protocol.rollout import FeedEntry, FeedPage, feed_item_hash
+from validator.intake import row_status
 from validator.service import Service
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class _Metrics(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         stats = GaugeMetricFamily("prime_validator_events", "Counts since start, by event", labels=["event"])
-        for name, n in sorted(dict(self.service.pipeline.stats).items()):
+        for name, n in sorted(self.service.core.stats.snapshot().items()):
             stats.add_metric([name], n)
         yield stats
         rows = GaugeMetricFamily("prime_validator_ledger_rows", "Ledger rows by state and outcome", labels=["kind"])
@@ -106,7 +107,7 @@ def build_app(service: Service) -> FastAPI:
     @app.post("/v1/submissions", status_code=202, summary="Submit one signed Submission envelope (raw bytes)")
     async def submit(request: Request) -> Response:
         if busy[0] >= cfg.flood.max_concurrent:  # refused at once: a queue would hold their bodies in memory
-            service.pipeline.count("refused_busy")
+            service.core.stats.count("refused_busy")
             return JSONResponse({"error": "overloaded", "detail": f"{busy[0]} submissions are being taken in "
                                  f"(limit {cfg.flood.max_concurrent})"}, status_code=503,
                                 headers={"Retry-After": "1", "Connection": "close"})
@@ -120,7 +121,7 @@ def build_app(service: Service) -> FastAPI:
         limit = cfg.max_submission_bytes
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isascii() or not declared.isdigit() or int(declared) > limit):
-            service.pipeline.count("refused_oversize")
+            service.core.stats.count("refused_oversize")
             # Connection: close, so the server does not keep the socket to drain a body it will never use
             return JSONResponse({"error": "oversize", "detail": f"Content-Length {declared[:32]!r}, limit {limit}"},
                                 status_code=413, headers={"Connection": "close"})
@@ -128,11 +129,11 @@ def build_app(service: Service) -> FastAPI:
         async for chunk in request.stream():  # chunked uploads are capped while they are read
             size += len(chunk)
             if size > limit:
-                service.pipeline.count("refused_oversize")
+                service.core.stats.count("refused_oversize")
                 return JSONResponse({"error": "oversize", "detail": f"body over {limit} bytes"}, status_code=413,
                                     headers={"Connection": "close"})
             chunks.append(chunk)
-        answer = await run_in_threadpool(service.pipeline.intake, b"".join(chunks))
+        answer = await run_in_threadpool(service.core.intake.receive, b"".join(chunks))
         if answer.status == 202:
             service.wake()
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
@@ -166,7 +167,7 @@ def build_app(service: Service) -> FastAPI:
         row = service.ledger.get(_key(work_key))
         if row is None:
             raise HTTPException(404, "no submission with this work key")
-        return service.pipeline.row_status(row)
+        return row_status(row)
 
     @app.get("/v1/submissions", summary="Submissions received after a time (unix seconds), oldest first: "
                                         "node, version, received and decided times, outcome and reason")
@@ -199,7 +200,8 @@ def build_app(service: Service) -> FastAPI:
             "base_version": cfg.weights.base_version if isinstance(cfg.weights, ShardcastWeights) else None,
             "checkable_versions": [] if current is None else [v for v in service.chain.versions() if v >= (low or 0)],
             "async_level": cfg.run.async_level, "checks": cfg.checks.model_dump(mode="json"),
-            "thresholds_hash": service.pipeline.thresholds_hash, "validators": service.pipeline.validators(),
+            "thresholds_hash": service.core.checker.thresholds_hash,
+            "validators": service.core.assignment.validators(),
             "validator_urls": service.peers.urls(),
             "max_submission_bytes": cfg.max_submission_bytes,
             "discovery": None if announcer is None else {

@@ -62,12 +62,15 @@ from protocol.nonce import NonceCounter
 from protocol.replay import RereadRecords
 from protocol.rollout import FeedItem, Outcome, Reason, Submission, Verdict, submission_hash
 from validator.chainview import ChainView
+from validator.intake import Answer
+from validator.judge import Measurements, paid_tokens, reward_mismatch, units
 from validator.ledger import AppealRow, Ledger
-from validator.pipeline import SOFTWARE, Answer, Pipeline, paid_tokens
+from validator.verdicts import SOFTWARE
 from validator.weights import WeightStore, WeightsUnavailable
 
 if TYPE_CHECKING:
     from validator.config import ValidatorConfig
+    from validator.service import Core
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +129,13 @@ class AppealDesk:
     """Answers appeals and resolves them on chain (see the module docstring)."""
 
     def __init__(self, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView,
-                 pool: PoolClient | None, pipeline: Pipeline, weights: WeightStore, *, domain: str,
+                 pool: PoolClient | None, core: Core, weights: WeightStore, *, domain: str,
                  replay_guard: NonceGuard, nonces: NonceCounter) -> None:
         self.cfg, self.identity, self.ledger, self.chain, self.pool = cfg, identity, ledger, chain, pool
-        self.pipeline, self.weights, self.domain = pipeline, weights, domain
+        self.core, self.weights, self.domain = core, weights, domain
+        self.stats = core.stats
         self.replay_guard, self.nonces = replay_guard, nonces
-        self.thresholds = pipeline.thresholds  # the intake thresholds, never looser ones
+        self.thresholds = core.checker.thresholds  # the intake thresholds, never looser ones
         self._lock = threading.Lock()  # one re-check at a time (appeals are rare; the checker has the model)
         self._resolve_lock = threading.Lock()
 
@@ -139,16 +143,16 @@ class AppealDesk:
 
     def handle(self, data: bytes) -> Answer:
         """One posted appeal envelope; see the module docstring for every answer."""
-        self.pipeline.count("appeals_received")
+        self.stats.count("appeals_received")
         try:
             return self._handle(data)
         except _CannotCheck as exc:
-            self.pipeline.count("appeals_cannot_check")
+            self.stats.count("appeals_cannot_check")
             log.warning("appeal: cannot check here: %s", exc)
             return Answer(503, {"error": "cannot_check", "detail": str(exc)}, {"Retry-After": "30"})
 
     def _refuse(self, status: int, error: str, detail: str) -> Answer:
-        self.pipeline.count(f"appeals_refused_{error}")
+        self.stats.count(f"appeals_refused_{error}")
         return Answer(status, {"error": error, "detail": detail})
 
     def _handle(self, data: bytes) -> Answer:
@@ -202,7 +206,7 @@ class AppealDesk:
         assert isinstance(sub, Submission)
         if submission_hash(s_bytes) != verdict.submission_hash:
             return self._refuse(400, "bad_submission", "the submission's hash is not the one the verdict judged")
-        if self.pipeline.work_key(sub.node, sub.policy_version, sub.counter) != body.work_key:
+        if self.core.assignment.work_key(sub.node, sub.policy_version, sub.counter) != body.work_key:
             return self._refuse(400, "bad_submission", "the submission is for another assignment")
 
         done = self.ledger.appeal(key)
@@ -223,7 +227,8 @@ class AppealDesk:
                 except ProtocolError as exc:
                     return self._refuse(400, "bad_evidence", str(exc))
             if failure is not None:  # proven from the evidence alone: no model needed
-                row = self._decide(data, gate.signer, slasher, verdict, sub, failure, {"equivocation": True})
+                row = self._decide(data, gate.signer, slasher, verdict, sub, failure,
+                                   Measurements(extra={"equivocation": True}))
             else:  # not an equivocation, or one its evidence does not prove: the judged work is re-checked in full
                 row = self._recheck(data, gate.signer, slasher, verdict, sub)
         self.resolve(row)
@@ -309,45 +314,45 @@ class AppealDesk:
                                      f"assignment #{sub.counter} at v{sub.policy_version}")
 
     def _recheck(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: Submission) -> AppealRow:
-        p = self.pipeline
+        core = self.core
         if self.chain.manifest_hash(sub.policy_version) is None:
             raise _CannotCheck(f"v{sub.policy_version} is not in this validator's chain view (yet)")
-        measurements: dict[str, Any] = {}
+        measurements = Measurements()
         feed: FeedItem | None = None
-        failure = p.cheap_problem(sub, version_window=False)
+        failure = core.intake.cheap_problem(sub, version_window=False)
         if failure is None:
             try:
                 loaded = self.weights.get(sub.policy_version)
             except WeightsUnavailable as exc:
                 raise _CannotCheck(str(exc)) from exc
-            tasks = p.tasks(sub.node, sub.policy_version, sub.counter)
+            tasks = core.assignment.tasks(sub.node, sub.policy_version, sub.counter)
             try:
-                rewards = p.rewards(loaded, sub, tasks)
+                rewards = core.grader.rewards(loaded, sub, tasks)
             except Exception as exc:  # noqa: BLE001 - our grader failing is ours, whatever it raised
                 raise _CannotCheck(f"grader: {type(exc).__name__}: {exc}") from exc
-            measurements["rewards"] = rewards
-            bad = p.reward_mismatch(sub, rewards)
+            measurements = Measurements(rewards=rewards)
+            bad = reward_mismatch(sub, rewards, self.cfg.checks.reward_tolerance)
             if bad is not None:
                 failure = (Reason.REWARD_MISMATCH, bad)
             else:
                 try:
-                    (reports,) = p.measure(loaded, [(sub, tasks)], self.thresholds)
+                    (reports,) = core.checker.measure(loaded, [(sub, tasks)], self.thresholds)
                 except (ModelError, RuntimeError, MemoryError) as exc:
                     raise _CannotCheck(f"model stage: {exc}") from exc
-                failure, per_sample = p.judge(sub, reports, self.thresholds, self.cfg.checks.logprob_tolerance)
-                measurements["samples"] = per_sample
+                judgement = core.checker.judge(sub, reports, self.thresholds)
+                failure = judgement.failure
+                measurements = Measurements(rewards=rewards, samples=judgement.samples)
                 if failure is None:  # restored work reaches the trainer like accepted work, with our replay's numbers
                     try:
-                        feed = p.feed_item(loaded, verdict.work_key, sub, tasks, rewards, reports)
+                        feed = core.verdicts.feed_item(loaded, verdict.work_key, sub, tasks, rewards, reports)
                     except UngradableError as exc:  # our grader, on a sample cut at the replay's EOS
                         raise _CannotCheck(f"grader: {exc}") from exc
         return self._decide(data, appellant, slasher, verdict, sub, failure, measurements, feed)
 
     def _decide(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: Submission,
-                failure: tuple[Reason, str] | None, measurements: dict[str, Any],
+                failure: tuple[Reason, str] | None, measurements: Measurements,
                 feed: FeedItem | None = None) -> AppealRow:
         """Sign, store and count the decision (`failure` None: overturned), with the restored work's feed item."""
-        p = self.pipeline
         outcome = AppealOutcome.UPHELD if failure is not None else AppealOutcome.OVERTURNED
         reason, detail = failure if failure is not None else (Reason.ACCEPTED, f"passes the intake thresholds "
                                                               f"({sub.n_samples()} samples, {sub.n_tokens()} tokens)")
@@ -355,7 +360,8 @@ class AppealDesk:
         evidence = canonical_bytes({
             "software": SOFTWARE, "kind": "appeal", "work_key": key, "appeal": data.decode(), "slasher": slasher,
             "original_reason": verdict.reason.value, "outcome": outcome.value, "reason": reason.value,
-            "detail": detail, "measurements": measurements, "thresholds": self.cfg.checks.model_dump(mode="json"),
+            "detail": detail, "measurements": measurements.to_json(),
+            "thresholds": self.cfg.checks.model_dump(mode="json"),
             "run": self.cfg.run.model_dump(mode="json")})
         evidence_hash = _hex(hashlib.sha256(evidence).digest())
         decision = AppealDecision(
@@ -366,14 +372,15 @@ class AppealDesk:
         row = AppealRow(
             work_key=key, node=sub.node, slasher=slasher, appellant=appellant, received_at=time.time(), appeal=data,
             original_reason=verdict.reason.value, outcome=outcome.value, reason=reason.value, detail=detail,
-            measurements=json.dumps(measurements), units=p.units(sub, paid_tokens(measurements.get("samples") or [])),
+            measurements=json.dumps(measurements.to_json()),
+            units=units(sub, self.cfg.reporter.units_per_token, paid_tokens(measurements.samples)),
             evidence_hash=evidence_hash, decision=signed,
             resolved_at=None, chain_tx=None)
         feed_bytes = None
         if feed is not None:
             feed_bytes = seal(self.identity, feed, domain=self.domain, nonce=self.nonces.next(self.domain)).to_bytes()
         self.ledger.record_appeal(row, evidence, feed_bytes)
-        p.count(f"appeals_{outcome.value}")
+        self.stats.count(f"appeals_{outcome.value}")
         log.info("appeal of %s (node %s, slashed by %s for %s): %s (%s: %s) evidence %s", key, sub.node, slasher,
                  verdict.reason.value, outcome.value, reason.value, detail, evidence_hash)
         return self.ledger.appeal(key) or row

@@ -33,8 +33,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from protocol.errors import PrimeError
 from protocol.rollout import Reason
@@ -44,7 +45,9 @@ if TYPE_CHECKING:
     from toploc.thresholds import ToplocThresholds
     from validator.chainview import ChainView
     from validator.config import ValidatorConfig
+    from validator.judge import SampleMeasurement
     from validator.ledger import Ledger, Row
+    from validator.stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -52,28 +55,26 @@ DRIFT_REASONS = frozenset({Reason.PROOF_MISMATCH, Reason.SAMPLING_MISMATCH, Reas
 """The only reasons honest numeric drift can produce; every other hard reason is proof of cheating."""
 
 
-def drift_band(reason: Reason, measurements: dict[str, Any] | None, th: ToplocThresholds, logprob_tolerance: float,
-               factor: float) -> bool:
+def drift_band(reason: Reason, samples: Sequence[SampleMeasurement], th: ToplocThresholds,
+               logprob_tolerance: float, factor: float) -> bool:
     """Whether a hard failure could be honest drift (see the module docstring, rule 1).
 
-    `measurements` is what `Pipeline.judge` recorded (`{"samples": [...]}`); every sample must be
-    measurable, end correctly, and stay within `factor` times each threshold it crosses."""
-    if reason not in DRIFT_REASONS or not measurements or not measurements.get("samples"):
+    `samples` is what `validator.judge.judge` measured; every sample must be measurable, end correctly, and
+    stay within `factor` times each threshold it crosses."""
+    if reason not in DRIFT_REASONS or not samples:
         return False
-    for m in measurements["samples"]:
-        if m.get("error") is not None or m.get("termination") or m.get("eos_skips"):
+    for m in samples:
+        if m.error is not None or m.termination or m.eos_skips:
             return False
-        stats = m.get("toploc") or []
-        for i in m.get("failing_chunks") or []:
-            exp, mean, median = stats[i]
+        for i in m.failing_chunks:
+            exp, mean, median = m.toploc[i]
             if not (exp <= factor * th.max_exp_mismatches and mean <= factor * th.max_mant_err_mean
                     and median <= factor * th.max_mant_err_median):
                 return False
-        margin = float(m.get("sampling_max_margin") or 0.0)
-        if m.get("sampling_mismatches") and not (math.isfinite(margin)
-                                                 and margin <= factor * th.sampling_margin_tolerance):
+        margin = m.sampling_max_margin
+        if m.sampling_mismatches and not (math.isfinite(margin) and margin <= factor * th.sampling_margin_tolerance):
             return False
-        if not float(m.get("logprob_max_error") or 0.0) <= factor * logprob_tolerance:
+        if not m.logprob_max_error <= factor * logprob_tolerance:
             return False
     return True
 
@@ -88,15 +89,8 @@ class SelfTest:
     at: float
 
 
-class Checker(Protocol):
-    """What the guard needs of the check pipeline (`validator.pipeline.Pipeline`)."""
-
-    cfg: ValidatorConfig
-    ledger: Ledger
-    chain: ChainView
-    thresholds: ToplocThresholds
-
-    def count(self, name: str, n: int = 1) -> None: ...
+class SelfTestHost(Protocol):
+    """What the guard needs of the model stage (`validator.checker.Checker`) to test itself."""
 
     def recheck(self, version: int, rows: list[Row]) -> list[tuple[Reason, str] | None]:
         """Each stored submission's first failure (or None) re-measured with the current weights and thresholds."""
@@ -110,9 +104,10 @@ class Checker(Protocol):
 class SystemicGuard:
     """Decides whether a drift-band failure is softened (see the module docstring)."""
 
-    def __init__(self, pipeline: Checker) -> None:
-        self.p = pipeline
-        self.cfg = pipeline.cfg.systemic
+    def __init__(self, cfg: ValidatorConfig, ledger: Ledger, chain: ChainView, thresholds: ToplocThresholds,
+                 stats: Stats, host: SelfTestHost) -> None:
+        self.checks, self.cfg = cfg.checks, cfg.systemic
+        self.ledger, self.chain, self.thresholds, self.stats, self.host = ledger, chain, thresholds, stats, host
         self._suspect: dict[int, SelfTest] = {}
         self._passed: dict[int, SelfTest] = {}
         self._lock = threading.Lock()
@@ -121,34 +116,37 @@ class SystemicGuard:
         """A node's weight: its accepted history (capped) times its stake in units of the pool minimum."""
         if accepted <= 0:
             return 0.0
-        stake, minimum = self.p.chain.stake(node), self.p.chain.min_stake
+        stake, minimum = self.chain.stake(node), self.chain.min_stake
         return min(accepted, self.cfg.history_cap) * (max(1.0, stake / minimum) if minimum > 0 else 1.0)
 
     def established(self, nodes: set[str], before: float) -> dict[str, float]:
-        history = self.p.ledger.accepted_before(sorted(nodes), before)
+        history = self.ledger.accepted_before(sorted(nodes), before)
         return {n: self.weight(n, history.get(n, 0)) for n in nodes}
 
-    def softens(self, sub: Submission, reason: Reason, measurements: dict[str, Any] | None,
+    def in_band(self, reason: Reason, samples: Sequence[SampleMeasurement]) -> bool:
+        """`drift_band` under this validator's thresholds."""
+        return drift_band(reason, samples, self.thresholds, self.checks.logprob_tolerance, self.cfg.drift_band_factor)
+
+    def softens(self, sub: Submission, reason: Reason, samples: Sequence[SampleMeasurement],
                 now: float | None = None) -> bool:
         """True when this hard failure is to be recorded as soft `suspected_systemic`."""
         s = self.cfg
-        c = self.p.cfg.checks
-        if not drift_band(reason, measurements, self.p.thresholds, c.logprob_tolerance, s.drift_band_factor):
+        if not self.in_band(reason, samples):
             return False
         t = time.time() if now is None else now
         version = sub.policy_version
         with self._lock:
             suspect = self._suspect.get(version)
             if suspect is not None and t - suspect.at < s.window_s:
-                self.p.count("systemic_suspected")
+                self.stats.count("systemic_suspected")
                 return True
             passed = self._passed.get(version)
         if suspect is None:  # not suspect yet: only the weighted trigger starts a self-test
             if passed is not None and t - passed.at < s.window_s:
                 return False
             since = t - s.window_s
-            failing = set(self.p.ledger.drift_failures_since(version, since)) | {sub.node}
-            active = set(self.p.ledger.active_nodes_since(since)) | {sub.node}
+            failing = set(self.ledger.drift_failures_since(version, since)) | {sub.node}
+            active = set(self.ledger.active_nodes_since(since)) | {sub.node}
             weights = self.established(active, since)
             w_fail = sum(weights[n] for n in failing)
             w_active = sum(weights.values())
@@ -166,21 +164,20 @@ class SystemicGuard:
                 self._suspect[version] = result
                 self._passed.pop(version, None)
         if result.ok:
-            self.p.count("self_test_passed")
+            self.stats.count("self_test_passed")
             log.info("self-test of v%d passed (%s): drift-band failures are judged hard", version, result.detail)
             return False
-        self.p.count("self_test_failed")
-        self.p.count("systemic_suspected")
+        self.stats.count("self_test_failed")
+        self.stats.count("systemic_suspected")
         log.error("SYSTEMIC: self-test of v%d failed (%s); drift-band failures of this version are soft until a "
                   "self-test passes (check our weights, software and thresholds)", version, result.detail)
-        self.p.soften_unreported(version)
+        self.host.soften_unreported(version)
         return True
 
     def self_test(self, version: int, now: float) -> SelfTest:
         """Re-measure up to `systemic.self_test_submissions` known-good submissions of `version` (accepted,
         by established nodes) with our current weights and thresholds."""
-        p = self.p
-        rows = p.ledger.recent_accepted(version, 8 * self.cfg.self_test_submissions)
+        rows = self.ledger.recent_accepted(version, 8 * self.cfg.self_test_submissions)
         if rows:
             weights = self.established({r.node for r in rows}, now - self.cfg.window_s)
             rows = [r for r in rows if weights[r.node] > 0][: self.cfg.self_test_submissions]
@@ -188,7 +185,7 @@ class SystemicGuard:
             return SelfTest(False, f"no known-good work of v{version} to re-check: cannot vouch for our weights",
                             now)
         try:
-            results = p.recheck(version, rows)
+            results = self.host.recheck(version, rows)
         except (PrimeError, RuntimeError, MemoryError) as exc:  # weights gone, the model failing: cannot vouch
             return SelfTest(False, f"could not re-measure known-good work: {exc}", now)
         failed = [f"{row.work_key[:10]}: {failure[0].value}" for row, failure in zip(rows, results, strict=True)

@@ -1,8 +1,14 @@
 """One validator process: its parts built from the config, and the background loops that drive them.
 
+The core that decides pay and slashing is five rooms with one job each, wired here (`Core`):
+`validator.assignment` (work keys, tasks, seeds, who checks what, counter order), `validator.intake` (the HTTP
+side: admission, refusals, cheap checks), `validator.checker` (the model thread), `validator.judge` (pure:
+measurements in, verdict out) and `validator.verdicts` (signing, evidence, feed items); `validator.guard` and
+`validator.grading` serve the checker.
+
 Threads: `chain` (new pool events every `chain.poll_s`), `checker` (the model stage), `reporter`
 (the outbox onto the chain), `feed` (Parquet files for a trainer on a shared disk), and the weights
-follower. The HTTP app (`validator.app`) only calls into `Pipeline.intake` and reads the ledger.
+follower. The HTTP app (`validator.app`) only calls into `Intake.receive` and reads the ledger.
 On start every unfinished row is picked up where it was: received rows are re-checked (the leases this
 process held when it was killed are freed at start), decided rows are reported, unwritten feed items are written.
 """
@@ -13,28 +19,76 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.deployment import Deployment
 from contracts.pool import PoolClient
 from contracts.transactor import Transactor, connect
-from protocol.envelope import Envelope
+from protocol.envelope import Envelope, NonceGuard
 from protocol.errors import ConfigError
 from protocol.identity import Identity, load_identity
 from protocol.nonce import NonceCounter
 from protocol.replay import ReplayGuard
-from protocol.rollout import FeedItem, submission_domain
+from protocol.rollout import FeedItem, submission_domain, submission_venue
 from protocol.rollout_files import feed_groups, write_rollouts
+from protocol.timing import StageTimer
 from validator.appeals import AppealDesk
+from validator.assignment import Assignment
 from validator.chainview import ChainView
+from validator.checker import Checker
 from validator.config import ValidatorConfig
+from validator.grading import Grader
+from validator.intake import Intake
+from validator.judge import thresholds_of
 from validator.ledger import Ledger
 from validator.peers import PeerWatch
-from validator.pipeline import Pipeline
 from validator.reporter import Reporter
+from validator.stats import Stats
+from validator.verdicts import Verdicts
 from validator.weights import WeightStore
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Core:
+    """The rooms that take work in and judge it, wired on one ledger, chain view and set of weights."""
+
+    stats: Stats
+    assignment: Assignment
+    grader: Grader
+    verdicts: Verdicts
+    checker: Checker
+    intake: Intake
+
+    @classmethod
+    def build(cls, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView, weights: WeightStore,
+              *, domain: str, replay_guard: NonceGuard, nonces: NonceCounter, peers: PeerWatch | None = None) -> Core:
+        chain_id, pool = submission_venue(domain)  # bound into every work key and seed
+        stats = Stats()
+        thresholds = thresholds_of(cfg.checks)
+        assignment = Assignment(cfg.run, chain_id=chain_id, pool=pool, me=identity.address,
+                                validators=list(cfg.validators), ledger=ledger, chain=chain, stats=stats,
+                                counter_gap=cfg.checks.counter_gap, peers=peers)
+        grader = Grader(assignment)
+        verdicts = Verdicts(cfg, identity, nonces, domain=domain, assignment=assignment, grader=grader, ledger=ledger,
+                            stats=stats)
+        checker = Checker(cfg, assignment=assignment, grader=grader, verdicts=verdicts, ledger=ledger, chain=chain,
+                          weights=weights, thresholds=thresholds, stats=stats)
+        intake = Intake(cfg, domain=domain, assignment=assignment, verdicts=verdicts, ledger=ledger, chain=chain,
+                        replay_guard=replay_guard, thresholds=thresholds, stats=stats)
+        return cls(stats, assignment, grader, verdicts, checker, intake)
+
+    @property
+    def timer(self) -> StageTimer | None:
+        """The stage timer (`protocol.timing`) intake, checks and verdicts fill, or None (the default: no timing);
+        the stages are listed in `validator.intake` and `validator.checker`."""
+        return self.checker.timer
+
+    @timer.setter
+    def timer(self, timer: StageTimer | None) -> None:
+        self.intake.timer = self.checker.timer = self.verdicts.timer = timer
 
 
 class Service:
@@ -65,10 +119,10 @@ class Service:
         self.nonces = NonceCounter(cfg.state_dir / "nonces.sqlite")
         self.weights = WeightStore(cfg, self.chain.manifest_hash, self.chain.current_version)
         self.peers = PeerWatch(cfg.peers, me=self.identity.address, failover_after_s=cfg.failover_after_s)
-        self.pipeline = Pipeline(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
-                                 replay_guard=self.replay, nonces=self.nonces, peers=self.peers)
+        self.core = Core.build(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
+                               replay_guard=self.replay, nonces=self.nonces, peers=self.peers)
         self.appeals = AppealDesk(cfg, self.identity, self.ledger, self.chain,
-                                  self.pool if cfg.reporter.enabled else None, self.pipeline, self.weights,
+                                  self.pool if cfg.reporter.enabled else None, self.core, self.weights,
                                   domain=self.domain, replay_guard=self.replay, nonces=self.nonces)
         self.reporter = Reporter(self.ledger, self.pool if cfg.reporter.enabled else None,
                                  batch=cfg.reporter.batch, hold_hard_s=cfg.systemic.window_s,
@@ -113,9 +167,9 @@ class Service:
         self._threads.append(t)
 
     def _check_step(self) -> None:
-        while not self._stop.is_set() and self.pipeline.check_pending():
+        while not self._stop.is_set() and self.core.checker.check_pending():
             pass
-        self.pipeline.count_holes()  # cheap unless a version just left the async window
+        self.core.assignment.count_holes()  # cheap unless a version just left the async window
 
     def write_feed(self) -> int:
         """Write accepted submissions not yet on disk as Parquet rollout files (atomic rename)."""

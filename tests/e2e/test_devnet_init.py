@@ -32,8 +32,8 @@ from protocol.seeds import sampling_seed, task_seed
 from shardcast.manifest import SignedManifest
 from toploc.thresholds import ToplocThresholds
 from toploc.validation import Rollout, measure
+from validator.assignment import prompt_tokens
 from validator.config import CheckSettings
-from validator.pipeline import prompt_tokens
 
 
 def _failures(loaded: LoadedModel, sub: Submission, run: RunSpec, chain_id: int, pool: str) -> list[str]:

@@ -223,7 +223,7 @@ def test_work_restored_by_a_won_appeal_reaches_the_trainer(
     assert [s.reward for s in batch.samples] == [c.reward for c in claims]
     fed = [tuple(lp for lp, m in zip(s.sampling_logprobs, s.loss_mask, strict=True) if m) for s in batch.samples]
     loaded = fair.service.weights.get(sub.policy_version)
-    (reports,) = fair.service.pipeline.measure(loaded, [(sub, fair.service.pipeline.tasks(
+    (reports,) = fair.service.core.checker.measure(loaded, [(sub, fair.service.core.assignment.tasks(
         sub.node, sub.policy_version, sub.counter))])
     assert fed == [tuple(r.logprobs) for r in reports]  # the resolver's replay, not the node's claim
 

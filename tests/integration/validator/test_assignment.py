@@ -125,9 +125,9 @@ def test_a_node_grinding_counters_gains_nothing(make_validator, make_node, publi
     counter past the gap at that version, and once the version is stale the skipped counter is counted."""
     node: SimNode = make_node()
     v = make_validator()
-    pipeline = v.service.pipeline
+    core = v.service.core
     # offline grinding: the counter (past the first two) whose task is the shortest text to reverse
-    easiest = min(range(2, 300), key=lambda k: len(pipeline.tasks(node.identity.address, 1, k)[0].messages[-1].content))
+    easiest = min(range(2, 300), key=lambda k: len(core.assignment.tasks(node.identity.address, 1, k)[0].messages[-1].content))
     status, body = _post(v, node.build(counter=easiest)[1])
     assert (status, body["error"], body["expected_counter"]) == (409, "counter_out_of_order", 0), body
     assert v.service.ledger.get("0x" + published.work_key(RUN.run_id, node.identity.address, 1, easiest).hex()) \
@@ -153,5 +153,5 @@ def test_a_node_grinding_counters_gains_nothing(make_validator, make_node, publi
         assert c.get(f"/v1/nodes/{node.identity.address}").json()["counter_holes"] == 1
     status, body = _post(v, held_back)  # sent late: stale, not paid
     assert status == 200 and (body["outcome"], body["reason"]) == ("rejected_soft", "stale_version"), body
-    assert pipeline.stats.get("counter_holes") == 1
-    assert pipeline.stats.get("refused_counter_out_of_order") == 2
+    assert core.stats.get("counter_holes") == 1
+    assert core.stats.get("refused_counter_out_of_order") == 2

@@ -128,7 +128,7 @@ class _BrokenGrader:
 def test_our_grader_failing_is_retried_then_soft_never_slashed(make_validator, make_node, published):
     node = make_node()
     v = make_validator(checks={"retries": 1})
-    v.service.pipeline.env = _BrokenGrader(v.service.pipeline.env)
+    v.service.core.assignment.env = _BrokenGrader(v.service.core.assignment.env)
     row = v.wait_reported(_post(v, node.build()[1]))
     assert (row["outcome"], row["reason"]) == ("rejected_soft", "ungradable"), row
     assert "timed out" in row["detail"]

@@ -85,5 +85,5 @@ def test_a_skip_inside_the_drift_is_accepted_but_the_feed_carries_the_sample_the
     for f, w in zip(fed, want, strict=True):
         assert max(abs(a - b) for a, b in zip(f.logprobs, w.logprobs, strict=True)) < 1e-3
     assert sum(f.tokens != s.tokens for f, s in zip(fed, sent, strict=True)) > 0
-    assert v.service.pipeline.stats.get("feed_samples_cut_at_replay_eos", 0) == sum(
+    assert v.service.core.stats.get("feed_samples_cut_at_replay_eos", 0) == sum(
         f.tokens != s.tokens for f, s in zip(fed, sent, strict=True))

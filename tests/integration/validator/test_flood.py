@@ -125,7 +125,7 @@ def test_the_replay_guard_of_the_intake_forgets_expired_nonces(make_validator, m
     clock, against which no wall-clock expiry ever passed, so it grew forever)."""
     node = make_node()
     v = make_validator(**FAST)
-    guard, gate = v.service.replay, v.service.pipeline.gate
+    guard, gate = v.service.replay, v.service.core.intake.replay_guard
     sent = time.time() - 2 * v.service.cfg.max_age_s
     gate.check_and_record(v.service.domain, node.identity.address, 1, sent_at=sent, expires_at=sent + 1.0)
     assert len(guard) == 1

@@ -37,15 +37,17 @@ def _noised_in_drift_band(v: Any, make_node: Any, model: Any, tries: int = 12) -
     with this validator's own checks before anything is posted. Which key that is depends on the tasks and
     seeds the key draws: a random one sometimes fails harder (an EOS moved, a proof 2x over), which the guard
     would not soften anyway and which would not test it."""
-    p = v.service.pipeline
+    core = v.service.core
     c = v.service.cfg
     for _ in range(tries):
         node = make_node(register=False)
         sub, data = node.build(cheat="other_weights", model=model)
-        reports = p.measure(v.service.weights.base, [(sub, p.tasks(sub.node, sub.policy_version, sub.counter))])[0]
-        failure, samples = p.judge(sub, reports, p.thresholds, c.checks.logprob_tolerance)
+        tasks = core.assignment.tasks(sub.node, sub.policy_version, sub.counter)
+        reports = core.checker.measure(v.service.weights.base, [(sub, tasks)])[0]
+        judgement = core.checker.judge(sub, reports)
+        failure, samples = judgement.failure, judgement.samples
         if failure is not None and failure[0] is Reason.PROOF_MISMATCH and drift_band(
-                failure[0], {"samples": samples}, p.thresholds, c.checks.logprob_tolerance,
+                failure[0], samples, core.checker.thresholds, c.checks.logprob_tolerance,
                 c.systemic.drift_band_factor):
             return node, data
     raise AssertionError(f"no key among {tries} fails inside the drift band with these noised weights")

@@ -193,7 +193,7 @@ def test_the_submission_replay_guard_prunes_by_the_wall_clock(make_validator, ma
     expired nonces are pruned and the horizon moves up to them."""
     v = make_validator()
     node = make_node()
-    gate, guard = v.service.pipeline.gate, v.service.replay
+    gate, guard = v.service.core.intake.replay_guard, v.service.replay
     deadline = time.monotonic() + 30
     while not v.service.chain.node_active(node.identity.address):  # the chain view learns the new node
         assert time.monotonic() < deadline

@@ -1,4 +1,4 @@
-"""The validator's public timing hook (`Pipeline.timer`): what `bench/validator.py` reads instead of patching
+"""The validator's public timing hook (`validator.service.Core.timer`): what `bench/validator.py` reads instead of patching
 private names, so a renamed stage fails here (and in the bench's smoke test), never silently."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_an_honest_submission_fills_every_documented_stage_and_nothing_else(make
     node = make_node()
     v = make_validator()
     timer = StageTimer()
-    v.service.pipeline.timer = timer
+    v.service.core.timer = timer
     _, data = node.build()
     with v.client() as c:
         r = c.post("/v1/submissions", content=data)
@@ -30,7 +30,7 @@ def test_an_honest_submission_fills_every_documented_stage_and_nothing_else(make
     assert set(timer.times) == INTAKE | CHECK
     assert timer.calls["intake.insert"] == 1 and timer.calls["check.verdict"] == 1
     assert timer.calls["measure.toploc"] == 4  # one per rollout (2 tasks x 2 samples)
-    v.service.pipeline.timer = None
+    v.service.core.timer = None
     _, other = node.build()
     with v.client() as c:
         assert c.post("/v1/submissions", content=other).status_code == 202

@@ -224,6 +224,34 @@ def test_replay_rejected_and_failures_consume_nothing(ident: Identity, guard: Re
     _open(seal(ident, EnvTestPing(n=1), domain=DOMAIN, nonce=43, now=NOW), guard)
 
 
+def test_the_admission_hook_sees_the_authenticated_signer_and_a_refusal_consumes_nothing(
+        ident: Identity, guard: ReplayGuard) -> None:
+    """`admit(signer)` runs after the signature and body checks and before the nonce is spent: a receiver refuses
+    a sender (stake, rate, quota) with its own error, and the same envelope goes through once admitted."""
+
+    class Refused(ProtocolError):
+        code = "refused"
+
+    seen: list[str] = []
+
+    def refuse(signer: str) -> None:
+        seen.append(signer)
+        raise Refused("not now")
+
+    env = seal(ident, EnvTestPing(n=1), domain=DOMAIN, nonce=7, now=NOW)
+    with pytest.raises(Refused):
+        _open(env, guard, admit=refuse)
+    assert seen == [ident.address]
+    assert _open(env, guard, admit=seen.append) == EnvTestPing(n=1)  # the nonce was not spent by the refusal
+    with pytest.raises(ReplayError):
+        _open(env, guard, admit=seen.append)
+    # a forged or malformed envelope never reaches the hook
+    forged = env.model_copy(update={"signer": Identity.create().address})
+    with pytest.raises(SignatureError):
+        _open(forged, guard, admit=refuse)
+    assert seen == [ident.address, ident.address, ident.address]
+
+
 def test_replay_rejected_after_restart(ident: Identity, tmp_path: Path) -> None:
     data = seal(ident, EnvTestPing(n=1), domain=DOMAIN, nonce=1, now=NOW).to_bytes()
     with ReplayGuard(tmp_path / "replay.sqlite") as g:

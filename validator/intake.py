@@ -1,0 +1,351 @@
+"""The HTTP side of a validator: one posted submission taken in or refused, with nothing that needs a model.
+
+`Intake.receive(bytes)` runs in the HTTP handler, cheapest first: size, identity (the same bytes again return
+the same answer), envelope (domain, age, signature, canonical body), admission (the sender's chain status,
+rate and quota, room in the backlog: `Admission`, `open_envelope`'s admission hook, *before* its nonce is
+consumed, so a refused node can resend the same envelope), then who checks it (`validator.assignment`: this
+validator, a version on chain), the cheap checks (run, version window, manifest, counter, tasks, schema and
+limits) and counter order. A failure there is decided at once; a pass is a `received` ledger row for the
+checker (`validator.checker`).
+
+Timing hook (for `bench/validator.py`): the `timer` attribute (a `protocol.timing.StageTimer`) gets exclusive
+seconds per stage: `intake.lookup` (submission hash, ledger lookups), `intake.parse` (envelope bytes),
+`intake.open` (body validation, canonical body, signature recovery, replay guard), `intake.gate` (admission),
+`intake.assignment`, `intake.cheap_checks` (run, version, manifest, tasks, schema), `intake.insert` (ledger row),
+and `verdict.seal` for the verdicts decided here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from protocol.envelope import Envelope, NonceGuard, open_envelope
+from protocol.errors import OversizeError, PrimeError, ProtocolError, ReplayError, SignatureError
+from protocol.rollout import Outcome, Reason, Submission, submission_hash
+from protocol.timing import StageTimer, stage
+from validator.assignment import Assignment
+from validator.chainview import CATCHUP_S, ChainView
+from validator.ledger import Decision, Ledger, Row
+from validator.verdicts import Verdicts, stored_submission
+
+if TYPE_CHECKING:
+    from toploc.thresholds import ToplocThresholds
+    from validator.config import ValidatorConfig
+    from validator.stats import Stats
+
+PROOF_BYTES = 258
+"""One TOPLOC proof chunk in the reference byte format."""
+
+
+class NodeInactiveError(ProtocolError):
+    """The signer is not a registered, active, staked node of this pool."""
+
+    code = "node_inactive"
+
+
+class RateLimitedError(ProtocolError):
+    """The signer sent more than its share; retry after `retry_after` seconds."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NodeQuotaError(RateLimitedError):
+    """The signer stored its share of bytes for this window, or has a hard verdict here not yet on chain."""
+
+    code = "node_quota"
+
+
+class OverloadedError(ProtocolError):
+    """This validator takes no more work now (backlog full or global rate reached); retry after `retry_after`."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Answer:
+    """What the HTTP layer returns for one POST."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class _Bucket:
+    __slots__ = ("tokens", "at")
+
+    def __init__(self, tokens: float, at: float) -> None:
+        self.tokens, self.at = tokens, at
+
+
+def _take(b: _Bucket, rate: float, burst: int, now: float) -> float:
+    """Take one token from `b`; 0 when taken, else the seconds until one is there."""
+    b.tokens = min(float(burst), b.tokens + (now - b.at) * rate)
+    b.at = now
+    if b.tokens < 1.0:
+        return (1.0 - b.tokens) / rate
+    b.tokens -= 1.0
+    return 0.0
+
+
+class Admission:
+    """Whether an authenticated sender may spend a nonce here, cheapest first: active on chain, within its rate,
+    within the global rate, within its bytes for the window, no hard verdict of it pending here, room in the
+    backlog. `admit` raises to refuse (the nonce stays unconsumed); `admitted` counts the bytes of a request
+    that got past the replay guard."""
+
+    def __init__(self, chain: ChainView, ledger: Ledger, cfg: ValidatorConfig) -> None:
+        self.chain, self.ledger = chain, ledger
+        self.rate, self.burst, self.flood = cfg.rate_per_node, cfg.rate_burst, cfg.flood
+        self.retry_hold_s = cfg.systemic.window_s
+        self.read_back_s = 2 * cfg.chain.poll_s + 1.0  # a landed slash is in the chain view by then
+        self._buckets: dict[str, _Bucket] = {}
+        self._global = _Bucket(float(cfg.flood.burst), time.monotonic())
+        self._bytes: dict[str, tuple[int, int]] = {}
+        """node -> (window number, bytes admitted in it); only the current window's nodes are kept."""
+        self._lock = threading.Lock()
+
+    def _window(self) -> int:
+        return int(time.time() // self.flood.window_s)
+
+    def admit(self, signer: str, size: int) -> None:
+        if not self.chain.node_active_fresh(signer, CATCHUP_S):
+            raise NodeInactiveError(f"{signer} is not an active, staked node of this pool")
+        mono, f = time.monotonic(), self.flood
+        window = self._window()
+        with self._lock:
+            b = self._buckets.get(signer)
+            if b is None:
+                b = self._buckets[signer] = _Bucket(float(self.burst), mono)
+            wait = _take(b, self.rate, self.burst, mono)
+            if wait:
+                raise RateLimitedError(f"{signer} is over {self.rate}/s", wait)
+            wait = _take(self._global, f.rate, f.burst, mono)
+            if wait:
+                raise OverloadedError(f"this validator takes at most {f.rate} submissions/s", wait)
+            at, used = self._bytes.get(signer, (window, 0))
+            used = used if at == window else 0
+            if used + size > f.node_bytes_per_window:
+                raise NodeQuotaError(f"{signer} stored {used} bytes here in this {f.window_s:.0f} s window (limit "
+                                     f"{f.node_bytes_per_window})", (window + 1) * f.window_s - time.time())
+        if f.hold_slashable and self.ledger.hard_pending(signer, reported_since=time.time() - self.read_back_s):
+            raise NodeQuotaError(f"{signer} has a hard verdict here that is not on chain yet", self.retry_hold_s)
+        backlog = self.ledger.backlog()
+        if backlog >= f.max_backlog:
+            raise OverloadedError(f"{backlog} submissions wait to be checked or reported (limit {f.max_backlog})",
+                                  min(f.window_s, 10.0))
+
+    def admitted(self, signer: str, size: int) -> None:
+        window = self._window()
+        with self._lock:
+            if len(self._bytes) > 4 * len(self._buckets) + 64:  # forget nodes of past windows
+                self._bytes = {k: v for k, v in self._bytes.items() if v[0] == window}
+            at, used = self._bytes.get(signer, (window, 0))
+            self._bytes[signer] = (window, (used if at == window else 0) + size)
+
+
+def _hex(data: bytes) -> str:
+    return "0x" + data.hex()
+
+
+def row_status(row: Row) -> dict[str, Any]:
+    """A ledger row as the HTTP API shows it (`/v1/submissions/...` and every answer to a POST)."""
+    return {
+        "work_key": row.work_key, "submission_hash": row.submission_hash, "node": row.node,
+        "policy_version": row.policy_version, "counter": row.counter, "state": row.state,
+        "outcome": row.outcome, "reason": row.reason, "detail": row.detail,
+        "measurements": json.loads(row.measurements) if row.measurements else None,
+        "evidence_hash": row.evidence_hash, "chain_tx": row.chain_tx, "report_error": row.report_error,
+        "verdict": row.verdict.decode() if row.verdict else None,
+    }
+
+
+def schema_problem(sub: Submission, cfg: ValidatorConfig, proof_block: int) -> str | None:
+    """The first way `sub` breaks the run's shape and limits (samples, lengths, proofs, numbers), or None."""
+    run = cfg.run
+    for t, task in enumerate(sub.tasks):
+        if len(task.samples) != run.samples_per_task:
+            return f"task {t} has {len(task.samples)} samples, the run asks {run.samples_per_task}"
+        for i, s in enumerate(task.samples):
+            where = f"task {t} sample {i}"
+            if len(s.tokens) > run.max_new_tokens:
+                return f"{where}: {len(s.tokens)} tokens > max_new_tokens {run.max_new_tokens}"
+            if s.finish_reason == "length" and len(s.tokens) != run.max_new_tokens:
+                return f"{where}: finish_reason length with {len(s.tokens)} of {run.max_new_tokens} tokens"
+            if len(s.proofs) != -(-len(s.tokens) // proof_block) or any(len(p) != PROOF_BYTES for p in s.proofs):
+                return f"{where}: {len(s.proofs)} proofs for {len(s.tokens)} tokens (one {PROOF_BYTES}-byte " \
+                       f"proof per {proof_block})"
+            if not all(math.isfinite(x) and x <= 0.0 for x in s.logprobs) or not math.isfinite(s.reward):
+                return f"{where}: logprobs must be finite and <= 0, reward finite"
+    return None
+
+
+class Intake:
+    """Takes posted submissions in (see the module docstring); HTTP-free, `validator.app` serves it."""
+
+    def __init__(self, cfg: ValidatorConfig, *, domain: str, assignment: Assignment, verdicts: Verdicts,
+                 ledger: Ledger, chain: ChainView, replay_guard: NonceGuard, thresholds: ToplocThresholds,
+                 stats: Stats) -> None:
+        self.cfg, self.domain, self.assignment, self.verdicts = cfg, domain, assignment, verdicts
+        self.ledger, self.chain, self.replay_guard, self.thresholds = ledger, chain, replay_guard, thresholds
+        self.stats = stats
+        self.admission = Admission(chain, ledger, cfg)
+        self.timer: StageTimer | None = None
+
+    def receive(self, data: bytes) -> Answer:
+        """Cheap checks of one posted envelope; see the module docstring."""
+        self.stats.count("submissions_received")
+        if len(data) > self.cfg.max_submission_bytes:
+            self.stats.count("refused_oversize")
+            return Answer(413, {"error": "oversize", "detail": f"{len(data)} bytes, limit "
+                                f"{self.cfg.max_submission_bytes}"})
+        timer = self.timer
+        with stage(timer, "intake.lookup"):
+            sub_hash = submission_hash(data)
+            known = self.ledger.by_hash(_hex(sub_hash))
+        if known is not None:  # the same bytes again: the same answer, never a second row
+            return Answer(200 if known.state != "received" else 202, row_status(known))
+        envelope: Envelope | None = None
+
+        def admit(signer: str) -> None:
+            with stage(timer, "intake.gate"):
+                self.admission.admit(signer, len(data))
+
+        try:
+            with stage(timer, "intake.parse"):
+                envelope = Envelope.from_bytes(data, max_bytes=self.cfg.max_submission_bytes)
+            with stage(timer, "intake.open"):
+                body = open_envelope(envelope, domain=self.domain, replay_guard=self.replay_guard, admit=admit,
+                                     body_types=[Submission], max_age_s=self.cfg.max_age_s)
+        except OversizeError as exc:
+            return self._refuse(413, exc, None)
+        except SignatureError as exc:
+            return self._refuse(401, exc, None)
+        except NodeInactiveError as exc:
+            return self._refuse(403, exc, envelope.signer if envelope else None)
+        except (RateLimitedError, OverloadedError) as exc:
+            answer = self._refuse(429 if isinstance(exc, RateLimitedError) else 503, exc,
+                                  envelope.signer if envelope else None)
+            answer.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+            return answer
+        except ReplayError as exc:
+            return self._refuse(409, exc, envelope.signer if envelope else None)
+        except ProtocolError as exc:  # malformed, expired, wrong domain, unknown version, body invalid
+            return self._refuse(400, exc, None)
+        assert isinstance(body, Submission)
+        self.admission.admitted(envelope.signer, len(data))
+        if body.node != envelope.signer:
+            return self._refuse(400, ProtocolError(f"submission names node {body.node}, signed by {envelope.signer}"),
+                                envelope.signer)
+        key = _hex(self.assignment.work_key(body.node, body.policy_version, body.counter))
+        with stage(timer, "intake.lookup"):
+            existing = self.ledger.get(key)
+        if existing is None:
+            with stage(timer, "intake.assignment"):
+                early = self._not_ours_yet(body)
+            if early is not None:
+                return early
+            with stage(timer, "intake.cheap_checks"):
+                decision = self._cheap_checks(body, data)
+                out_of_order = self.assignment.counter_problem(body) if decision is None else None
+            if out_of_order is not None:
+                answer = self._refuse(409, out_of_order, body.node)
+                answer.body.update(outcome=Outcome.REJECTED_SOFT.value, expected_counter=out_of_order.expected)
+                return answer
+            with stage(timer, "intake.insert"):
+                inserted = self.ledger.insert(work_key=key, submission_hash=_hex(sub_hash), node=body.node,
+                                              policy_version=body.policy_version, counter=body.counter,
+                                              envelope=data, decision=decision)
+            if inserted:
+                row = self.ledger.get(key)
+                assert row is not None
+                return Answer(202 if decision is None else 200, row_status(row))
+            existing = self.ledger.get(key)  # a concurrent request took the work key first
+            assert existing is not None
+        if stored_submission(existing) == body:  # the same payload sealed again (a retry): the same answer
+            return Answer(200 if existing.state != "received" else 202, row_status(existing))
+        return self._equivocation(existing, body, data)
+
+    def _refuse(self, status: int, exc: PrimeError, sender: str | None) -> Answer:
+        self.stats.count(f"refused_{exc.code}")
+        # An authenticated member of the pool: counted against it in the ledger. Keys that never registered
+        # cost nothing to make, so they are only counted in the metrics (a row each would fill the disk).
+        if sender is not None and self.chain.known(sender):
+            self.ledger.count_refusal(sender, exc.code)
+        return Answer(status, {"error": exc.code, "detail": str(exc)})
+
+    def _equivocation(self, existing: Row, body: Submission, data: bytes) -> Answer:
+        """A second, different payload signed for an assignment that already has a row."""
+        if existing.outcome != Outcome.REJECTED_HARD.value:
+            decision = self.verdicts.reject(body, data, Reason.EQUIVOCATION,
+                                            f"a second, different payload for assignment #{body.counter} at "
+                                            f"v{body.policy_version}", extra_evidence={
+                                                # both signed payloads, so the evidence alone proves it (an appeal
+                                                # re-checks it from this document; the second is stored nowhere else)
+                                                "submission": data.decode(), "first": existing.envelope.decode(),
+                                                "first_submission_hash": existing.submission_hash})
+            if not self.ledger.decide(existing.work_key, decision):  # the checker decided it first
+                self.ledger.redecide(existing.work_key, decision)
+        row = self.ledger.get(existing.work_key)
+        assert row is not None
+        return Answer(409, {"error": "duplicate_work", "detail": "this assignment was already submitted",
+                            **row_status(row)})
+
+    def _not_ours_yet(self, sub: Submission) -> Answer | None:
+        """Work another validator must check, or of a version our chain view has not seen yet: refused
+        without a ledger row (soft, counted), so the assignment stays free for the right place and time."""
+        mine = self.assignment.taker(sub.node, sub.policy_version)
+        if mine != self.assignment.me:
+            self.ledger.count_refusal(sub.node, Reason.NOT_ASSIGNED_HERE.value)
+            self.stats.count(f"refused_{Reason.NOT_ASSIGNED_HERE.value}")
+            return Answer(421, {"error": Reason.NOT_ASSIGNED_HERE.value, "detail": f"assigned to {mine}",
+                                "outcome": Outcome.REJECTED_SOFT.value, "assigned_validator": mine})
+        current = self.chain.current_version()
+        if current is None or sub.policy_version > current:
+            self.ledger.count_refusal(sub.node, Reason.FUTURE_VERSION.value)
+            self.stats.count(f"refused_{Reason.FUTURE_VERSION.value}")
+            return Answer(425, {"error": Reason.FUTURE_VERSION.value, "outcome": Outcome.REJECTED_SOFT.value,
+                                "detail": f"v{sub.policy_version} is not on chain yet (newest: {current})"},
+                          {"Retry-After": "2"})
+        return None
+
+    def _cheap_checks(self, sub: Submission, data: bytes) -> Decision | None:
+        problem = self.cheap_problem(sub, version_window=True)
+        return None if problem is None else self.verdicts.reject(sub, data, *problem)
+
+    def cheap_problem(self, sub: Submission, *, version_window: bool) -> tuple[Reason, str] | None:
+        """The first cheap check `sub` fails (no side effects). `version_window=False` skips the async window
+        (an appeal re-checks work that was inside it when it was submitted)."""
+        run = self.cfg.run
+        if sub.run_id != run.run_id:
+            return Reason.WRONG_RUN, f"run {sub.run_id!r}, this is {run.run_id!r}"
+        current = self.chain.current_version() or 0
+        if version_window and sub.policy_version < current - run.async_level:
+            return Reason.STALE_VERSION, f"v{sub.policy_version} is older than {current} - {run.async_level}"
+        if self.chain.manifest_hash(sub.policy_version) != sub.manifest_hash:
+            return Reason.WRONG_MANIFEST, f"manifest {_hex(sub.manifest_hash)} is not the one published for " \
+                                          f"v{sub.policy_version}"
+        if sub.counter >= run.max_batches_per_version:
+            return Reason.COUNTER_OUT_OF_RANGE, f"counter {sub.counter} >= {run.max_batches_per_version}"
+        if (sub.env, sub.env_version) != (run.env, run.env_version):
+            return Reason.WRONG_TASK, f"environment {sub.env}@{sub.env_version}, run uses {run.env}@{run.env_version}"
+        assigned = [t.task_id for t in self.assignment.tasks(sub.node, sub.policy_version, sub.counter)]
+        claimed = [t.task_id for t in sub.tasks]
+        if claimed != assigned:
+            return Reason.WRONG_TASK, f"tasks {claimed} are not the assigned {assigned}"
+        problem = schema_problem(sub, self.cfg, self.thresholds.decode_batching_size)
+        if problem is not None:
+            return Reason.SCHEMA, problem
+        return None
