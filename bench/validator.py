@@ -199,12 +199,12 @@ def validator_config(state_dir: Path, deployment: Path, rpc_url: str, run: Any, 
 
 
 def fresh_pipeline(service: Any, state: Path) -> tuple[Any, Callable[[], None]]:
-    """A new validator core (`validator.service.Core`) on the service's chain view and loaded model, with a new
+    """A new validator core (`validator.core.Core`) on the service's chain view and loaded model, with a new
     ledger and replay guard."""
     from protocol.nonce import NonceCounter
     from protocol.replay import ReplayGuard
+    from validator.core import Core
     from validator.ledger import Ledger
-    from validator.service import Core
 
     state.mkdir(parents=True)
     ledger = Ledger.open(path=state / "ledger.sqlite")

@@ -1,6 +1,6 @@
 """Stage timing: the public hook benchmarks use to break a role's work down by stage.
 
-A component that offers it takes an optional `StageTimer` (`validator.service.Core.timer`, `toploc.validation.measure`'s
+A component that offers it takes an optional `StageTimer` (`validator.core.Core.timer`, `toploc.validation.measure`'s
 `timer=`) and wraps each of its stages in `stage(timer, "label")`. With no timer that is a no-op
 (`contextlib.nullcontext`), so production pays one `None` check per stage. Timing is *exclusive*: a stage
 nested inside another is charged to its own label only, so the labels add up to the wall time spent inside

@@ -70,7 +70,7 @@ from validator.weights import WeightStore, WeightsUnavailable
 
 if TYPE_CHECKING:
     from validator.config import ValidatorConfig
-    from validator.service import Core
+    from validator.core import Core
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """One validator process: its parts built from the config, and the background loops that drive them.
 
-The core that decides pay and slashing is five rooms with one job each, wired here (`Core`):
+The core that decides pay and slashing is five rooms with one job each, wired by `validator.core.Core`:
 `validator.assignment` (work keys, tasks, seeds, who checks what, counter order), `validator.intake` (the HTTP
 side: admission, refusals, cheap checks), `validator.checker` (the model thread), `validator.judge` (pure:
 measurements in, verdict out) and `validator.verdicts` (signing, evidence, feed items); `validator.guard` and
@@ -19,76 +19,28 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.deployment import Deployment
 from contracts.pool import PoolClient
 from contracts.transactor import Transactor, connect
-from protocol.envelope import Envelope, NonceGuard
+from protocol.envelope import Envelope
 from protocol.errors import ConfigError
 from protocol.identity import Identity, load_identity
 from protocol.nonce import NonceCounter
 from protocol.replay import ReplayGuard
-from protocol.rollout import FeedItem, submission_domain, submission_venue
+from protocol.rollout import FeedItem, submission_domain
 from protocol.rollout_files import feed_groups, write_rollouts
-from protocol.timing import StageTimer
 from validator.appeals import AppealDesk
-from validator.assignment import Assignment
 from validator.chainview import ChainView
-from validator.checker import Checker
 from validator.config import ValidatorConfig
-from validator.grading import Grader
-from validator.intake import Intake
-from validator.judge import thresholds_of
+from validator.core import Core
 from validator.ledger import Ledger
 from validator.peers import PeerWatch
 from validator.reporter import Reporter
-from validator.stats import Stats
-from validator.verdicts import Verdicts
 from validator.weights import WeightStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Core:
-    """The rooms that take work in and judge it, wired on one ledger, chain view and set of weights."""
-
-    stats: Stats
-    assignment: Assignment
-    grader: Grader
-    verdicts: Verdicts
-    checker: Checker
-    intake: Intake
-
-    @classmethod
-    def build(cls, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView, weights: WeightStore,
-              *, domain: str, replay_guard: NonceGuard, nonces: NonceCounter, peers: PeerWatch | None = None) -> Core:
-        chain_id, pool = submission_venue(domain)  # bound into every work key and seed
-        stats = Stats()
-        thresholds = thresholds_of(cfg.checks)
-        assignment = Assignment(cfg.run, chain_id=chain_id, pool=pool, me=identity.address,
-                                validators=list(cfg.validators), ledger=ledger, chain=chain, stats=stats,
-                                counter_gap=cfg.checks.counter_gap, peers=peers)
-        grader = Grader(assignment)
-        verdicts = Verdicts(cfg, identity, nonces, domain=domain, assignment=assignment, grader=grader, ledger=ledger,
-                            stats=stats)
-        checker = Checker(cfg, assignment=assignment, grader=grader, verdicts=verdicts, ledger=ledger, chain=chain,
-                          weights=weights, thresholds=thresholds, stats=stats)
-        intake = Intake(cfg, domain=domain, assignment=assignment, verdicts=verdicts, ledger=ledger, chain=chain,
-                        replay_guard=replay_guard, thresholds=thresholds, stats=stats)
-        return cls(stats, assignment, grader, verdicts, checker, intake)
-
-    @property
-    def timer(self) -> StageTimer | None:
-        """The stage timer (`protocol.timing`) intake, checks and verdicts fill, or None (the default: no timing);
-        the stages are listed in `validator.intake` and `validator.checker`."""
-        return self.checker.timer
-
-    @timer.setter
-    def timer(self, timer: StageTimer | None) -> None:
-        self.intake.timer = self.checker.timer = self.verdicts.timer = timer
 
 
 class Service:

@@ -1,4 +1,4 @@
-"""The validator's public timing hook (`validator.service.Core.timer`): what `bench/validator.py` reads instead of patching
+"""The validator's public timing hook (`validator.core.Core.timer`): what `bench/validator.py` reads instead of patching
 private names, so a renamed stage fails here (and in the bench's smoke test), never silently."""
 
 from __future__ import annotations
