@@ -4,9 +4,9 @@ Everything runs on 127.0.0.1 with real parts: anvil with the pool deployed (`con
 validators served over HTTP by uvicorn (the run's validator set, so work is assigned by rendezvous
 hashing and a node must post to the right one), a SHARDCAST origin with real relays, and the tiny
 in-process transformer (or SmolLM2 with `--model smollm2`). The cheating nodes are
-`tests/integration/validator/validator_harness.SimNode` (honest work is `prime-node`'s own
-`node.rollouts.build_submission`); the hostile relays are `shardcast_harness.FakeRelay` servers
-that proxy a real relay and alter what it serves.
+`bench.adversaries.SimNode` (honest work is `prime-node`'s own `node.rollouts.build_submission`); the
+hostile relays are `bench.adversaries.FakeRelay` servers that proxy a real relay and alter what it serves.
+The pool, the served validators and the other loopback parts are `bench.loopback`'s, as in the tests.
 
 Each attack runs `--trials` times, each trial with a fresh node key (so fresh tasks and sampling
 seeds) and fresh perturbation seeds. A trial is *detected* when the work is not paid: a hard or
@@ -21,10 +21,10 @@ The false-positive count comes from honest submissions (4 rollouts each) generat
 (1, 4 or 8 assignments in one engine call), torch thread counts (1, 2) and the engine's fast and
 generic (Hugging Face) decode paths; any honest submission not accepted is a false positive.
 
-    python bench/attacks.py --json bench/measured/attacks.json       # tiny: 20 trials each, 1,000+ honest
-    python bench/attacks.py --quick                                  # 3 trials each, 64 honest (a few minutes)
-    python bench/attacks.py --smoke --json out.json                  # 1 trial each, 1 honest submission
-    python bench/attacks.py --model smollm2 --only weight_noise      # the realistic model (slow)
+    python -m bench.attacks --json bench/measured/attacks.json       # tiny: 20 trials each, 1,000+ honest
+    python -m bench.attacks --quick                                  # 3 trials each, 64 honest (a few minutes)
+    python -m bench.attacks --smoke --json out.json                  # 1 trial each, 1 honest submission
+    python -m bench.attacks --model smollm2 --only weight_noise      # the realistic model (slow)
 
 Not a speed benchmark: the table is counts. The anchor is the honest run in the same process (its
 margins against the thresholds); machine, threads, load and wall time are printed with it.
@@ -32,12 +32,10 @@ margins against the thresholds); machine, threads, load and wall time are printe
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -48,12 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
-sys.path.insert(0, str(ROOT))
-for helper in ("tests", "tests/integration/validator", "tests/unit/contracts", "tests/integration/shardcast"):
-    sys.path.insert(0, str(ROOT / helper))
+from bench import harness
 
 VERSION = 3  # work is done at v3; v1 is outside the async window (stale), v9 is not on chain
 GUARD = {"window_s": 1.0, "min_nodes": 3, "fraction": 0.5}
@@ -93,10 +86,17 @@ class Network:
     """anvil with the pool (the integration tests' settings), policy v1..v3 published, two validators."""
 
     def __init__(self, loaded: Any, spec: Any, tmp: Path) -> None:
-        import chainfixtures
-        from chainfixtures import SETTINGS, TRAINER, VALIDATOR, Pools
-        from validator_harness import MANIFEST_V0, RUN, serve, validator_config
-
+        from bench import loopback
+        from bench.loopback import (
+            MANIFEST_V0,
+            RUN,
+            SETTINGS,
+            TRAINER,
+            VALIDATOR,
+            Pools,
+            serve,
+            validator_config,
+        )
         from contracts.deployment import deploy_pool
         from contracts.devchain import DevChain
         from contracts.pool import PoolClient
@@ -108,15 +108,15 @@ class Network:
         c = self.devchain
         second = 7  # PUBLIC anvil dev account 7 holds the second validator role
         deployment = deploy_pool(
-            Transactor(connect(c.rpc_url), c.account(chainfixtures.ADMIN)),
-            treasury=c.account(chainfixtures.TREASURY).address, settings=SETTINGS,
+            Transactor(connect(c.rpc_url), c.account(loopback.ADMIN)),
+            treasury=c.account(loopback.TREASURY).address, settings=SETTINGS,
             validators=[c.account(VALIDATOR).address, c.account(second).address],
             trainers=[c.account(TRAINER).address],
-            mint={c.account(i).address: 100_000 * chainfixtures.TOKEN for i in (chainfixtures.ADMIN, chainfixtures.OPERATOR)},
-            fund_rewards=chainfixtures.BUDGET)
+            mint={c.account(i).address: 100_000 * loopback.TOKEN for i in (loopback.ADMIN, loopback.OPERATOR)},
+            fund_rewards=loopback.BUDGET)
         self.pools = Pools(c, deployment, *(PoolClient(connect(c.rpc_url), deployment.pool, c.account(i))
-                                            for i in (chainfixtures.ADMIN, VALIDATOR, TRAINER, chainfixtures.OPERATOR,
-                                                      chainfixtures.OPERATOR2, chainfixtures.STRANGER)))
+                                            for i in (loopback.ADMIN, VALIDATOR, TRAINER, loopback.OPERATOR,
+                                                      loopback.OPERATOR2, loopback.STRANGER)))
         for v in range(1, VERSION + 1):
             self.pools.trainer.publish_policy(v, MANIFEST_V0)
         path = deployment.save(tmp / "deployment.json")
@@ -138,10 +138,16 @@ class Network:
         """(clients, validator, envelope domain) of a second pool on the same chain with the same run id and
         weights (v1..v3 published with the same manifest), deployed on first use."""
         if self._second is None:
-            import chainfixtures
-            from chainfixtures import SETTINGS, TRAINER, VALIDATOR, Pools
-            from validator_harness import MANIFEST_V0, serve, validator_config
-
+            from bench import loopback
+            from bench.loopback import (
+                MANIFEST_V0,
+                SETTINGS,
+                TRAINER,
+                VALIDATOR,
+                Pools,
+                serve,
+                validator_config,
+            )
             from contracts.deployment import deploy_pool
             from contracts.pool import PoolClient
             from contracts.transactor import Transactor, connect
@@ -149,14 +155,14 @@ class Network:
 
             c = self.devchain
             deployment = deploy_pool(
-                Transactor(connect(c.rpc_url), c.account(chainfixtures.ADMIN)),
-                treasury=c.account(chainfixtures.TREASURY).address, settings=SETTINGS,
+                Transactor(connect(c.rpc_url), c.account(loopback.ADMIN)),
+                treasury=c.account(loopback.TREASURY).address, settings=SETTINGS,
                 validators=[c.account(VALIDATOR).address], trainers=[c.account(TRAINER).address],
-                mint={c.account(chainfixtures.OPERATOR).address: 100_000 * chainfixtures.TOKEN},
-                fund_rewards=chainfixtures.BUDGET)
+                mint={c.account(loopback.OPERATOR).address: 100_000 * loopback.TOKEN},
+                fund_rewards=loopback.BUDGET)
             pools = Pools(c, deployment, *(PoolClient(connect(c.rpc_url), deployment.pool, c.account(i))
-                                           for i in (chainfixtures.ADMIN, VALIDATOR, TRAINER, chainfixtures.OPERATOR,
-                                                     chainfixtures.OPERATOR2, chainfixtures.STRANGER)))
+                                           for i in (loopback.ADMIN, VALIDATOR, TRAINER, loopback.OPERATOR,
+                                                     loopback.OPERATOR2, loopback.STRANGER)))
             for v in range(1, VERSION + 1):
                 pools.trainer.publish_policy(v, MANIFEST_V0)
             served = serve(validator_config(self.tmp / "pool2", deployment.save(self.tmp / "pool2.json"), c.rpc_url,
@@ -174,8 +180,7 @@ class Network:
         self.devchain.stop()
 
     def node(self, register: bool = True) -> Any:
-        from validator_harness import SimNode
-
+        from bench.adversaries import SimNode
         from protocol.identity import Identity
 
         identity = self.pools.new_node() if register else Identity.create()
@@ -185,9 +190,8 @@ class Network:
 
     def node_at(self, served: Any, version: int = VERSION) -> Any:
         """A registered node whose work at `version` goes to `served` (a key ground offline, as a Sybil would)."""
-        from chainfixtures import SETTINGS
-        from validator_harness import SimNode
-
+        from bench.adversaries import SimNode
+        from bench.loopback import SETTINGS
         from protocol.identity import Identity
 
         while True:
@@ -271,7 +275,7 @@ def _margins(row: dict[str, Any]) -> dict[str, float]:
 
 def perturbed(loaded: Any, scale: float, seed: int) -> Any:
     """A copy of `loaded` with every weight multiplied by (1 + scale * N(0, 1))."""
-    from validator_harness import perturbed as noised
+    from bench.adversaries import perturbed as noised
 
     return noised(loaded, scale, seed)
 
@@ -293,7 +297,7 @@ def lower_precision(loaded: Any, dtype: str) -> Any:
 def other_model(net: Any, trial: int) -> Any:
     """A different model with the same tokenizer: another seed of the tiny model, or a 10%-noised copy."""
     if net.spec_type == "tiny":
-        from validator_harness import tiny
+        from bench.loopback import tiny
 
         return tiny(1000 + trial)
     return perturbed(net.loaded, 0.10, 9000 + trial)
@@ -355,8 +359,7 @@ def resigned_recorded(net: Any, trial: int) -> Trial:
     invalidation window, so the equivocation verdict's `invalidateHard` reverts forever; it must not stop the
     validator reporting: detected = that verdict leaves the outbox as `unreportable` (with the revert), and work
     submitted afterwards still lands (an honest node's recorded, a cheater's slashed)."""
-    from chainfixtures import SETTINGS
-
+    from bench.loopback import SETTINGS
     from contracts.pool import WorkStatus
 
     node = net.node()
@@ -461,8 +464,7 @@ def steered_logprobs(net: Any, trial: int) -> Trial:
     is honest, so it is accepted and paid; detected = what the trainer reads from the validator's signed
     feed (the same `open_envelope` + `feed_groups` path as trainer/validator_feed.py) are the logprobs of
     the validator's own replay (`Checker.measure`), not the node's claims."""
-    from validator_harness import STEER
-
+    from bench.adversaries import STEER
     from protocol.envelope import Envelope, open_envelope
     from protocol.rollout import FeedItem
     from protocol.rollout_files import feed_groups
@@ -568,7 +570,7 @@ def sybil_shield(net: Any, trial: int) -> Trial:
     """Issue 23 item 1: 4 established honest nodes at one validator; 4 Sybil keys ground onto it send free junk
     (counters out of range, one-token samples) while a fifth proves a noised copy of the weights (TOPLOC just
     over the limits, the drift band). Detected when the noised work and every junk submission are hard."""
-    from validator_harness import perturbed
+    from bench.adversaries import perturbed
 
     served = net.validators[trial % 2]
     honest = [net.node_at(served) for _ in range(4)]
@@ -619,8 +621,8 @@ def appeal_band(net: Any, trial: int) -> Trial:
 def eos_skip(net: Any, trial: int) -> Trial:
     """Issue 23 item 9: a node replaces every EOS that won the seeded draw by at most the sampling margin and keeps
     generating (a key whose first assignment has such an EOS, found offline)."""
-    from chainfixtures import SETTINGS
-    from validator_harness import SimNode, narrow_eos_node
+    from bench.adversaries import SimNode, narrow_eos_node
+    from bench.loopback import SETTINGS
 
     drift = net.validators[0].service.cfg.checks.eos_tie_drift
     identity = narrow_eos_node(net.loaded, net.run, VERSION, above=drift, domain=net.domain)
@@ -638,8 +640,9 @@ async def _relay_trial(tmp: Path, trial: int, kind: str) -> Trial:
     """Origin + two real relays; a hostile proxy in front of one; a client pulls. The hostile relay lies as `kind` says."""
     import aiohttp
     from aiohttp import web
-    from shardcast_harness import FakeRelay, make_checkpoint, same_tree
 
+    from bench.adversaries import FakeRelay
+    from bench.loopback import make_checkpoint, same_tree
     from protocol.errors import PrimeError
     from protocol.identity import Identity
     from shardcast import Client, Origin, Relay
@@ -760,8 +763,8 @@ def forged_verdict(net: Any, trial: int) -> Trial:
 
     import httpx
     from fastapi import FastAPI, Request, Response
-    from netfixtures import serve_asgi
 
+    from bench.loopback import serve_asgi
     from node.commands import validator_role
     from node.config import NodeConfig
     from node.errors import NodeStopped
@@ -1019,18 +1022,6 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
 # -- main ----------------------------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()}
-
-
 def summarize(attack: Attack, trials: list[Trial]) -> dict[str, Any]:
     margins = [t.margins for t in trials if t.margins]
     closest: dict[str, float] = {}
@@ -1046,9 +1037,7 @@ def summarize(attack: Attack, trials: list[Trial]) -> dict[str, Any]:
 
 
 def print_table(res: dict[str, Any]) -> None:
-    m = res["machine"]
-    print(f"\nmachine: {m['cpu']}, {m['cores']} cores, python {m['python']}, torch threads {res['threads']}, "
-          f"load {' '.join(f'{x:.2f}' for x in m['load_avg'])}; model {res['model']}; wall {res['wall_s']:.0f} s")
+    print(f"\nmachine: {harness.describe(res['machine'])}; model {res['model']}; wall {res['wall_s']:.0f} s")
     th = res["thresholds"]
     print(f"thresholds: a chunk fails if exp_mismatches > {th['max_exp_mismatches']}, mant_err_mean > "
           f"{th['max_mant_err_mean']}, median > {th['max_mant_err_median']}; sampling fails with > "
@@ -1075,11 +1064,9 @@ def print_table(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="3 trials each, 64 honest rollouts")
-    parser.add_argument("--smoke", action="store_true", help="1 trial each, one honest submission (checks the bench; "
-                        "a single trial of an attack the tiny model cannot catch by design may pass)")
+    parser = harness.parser(__doc__, smoke="1 trial each, one honest submission (checks the bench; a single trial of "
+                            "an attack the tiny model cannot catch by design may pass)",
+                            quick="3 trials each, 64 honest rollouts")
     parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
     parser.add_argument("--trials", type=int, help="trials per attack (default 20, quick 3)")
     parser.add_argument("--honest", type=int, help="honest rollouts at least (default 1000, quick 64)")
@@ -1100,8 +1087,7 @@ def main(argv: list[str] | None = None) -> int:
     attacks = [a for a in ATTACKS if (wanted is None or a.name in wanted) and not (a.tiny_only and args.model != "tiny")]
     if wanted and len(attacks) != len(wanted):
         parser.error(f"unknown attacks: {sorted(wanted - {a.name for a in ATTACKS})}")
-    from validator_harness import TINY
-
+    from bench.loopback import TINY
     from models.loading import load
     from protocol.model_spec import SmolLM2Spec
 
@@ -1134,7 +1120,7 @@ def main(argv: list[str] | None = None) -> int:
             th = net.thresholds
         finally:
             net.stop()
-    res = {"bench": "attacks", "model": args.model, "quick": args.quick, "smoke": args.smoke, "threads": 1, "machine": machine(),
+    res = {"bench": "attacks", "model": args.model, "quick": args.quick, "smoke": args.smoke, "threads": 1, "machine": harness.machine(1),
            "thresholds": {"max_exp_mismatches": th.max_exp_mismatches, "max_mant_err_mean": th.max_mant_err_mean,
                           "max_mant_err_median": th.max_mant_err_median,
                           "max_sampling_mismatches": th.max_sampling_mismatches,
@@ -1142,9 +1128,7 @@ def main(argv: list[str] | None = None) -> int:
            "attacks": rows, **h, "on_chain": {"slashed": slashed, "hard": hard},
            "wall_s": round(time.monotonic() - t0, 1)}
     print_table(res)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=1) + "\n")
+    harness.write_json(args.json, res)
     missed = [r["attack"] for r in rows if r["detected"] < r["trials"]]
     return 1 if missed and not set(missed) <= UNDETECTABLE.get(args.model, set()) or h["false_positives"] else 0
 

@@ -1,6 +1,6 @@
 """A capacity model past one machine, from this repository's measured per-role costs (bench/measured/*.json).
 
-    python bench/capacity.py [--params 7e9] [--fanout 4 8 16 32] [--json PATH] [--smoke] [--measured DIR]
+    python -m bench.capacity [--params 7e9] [--fanout 4 8 16 32] [--json PATH] [--smoke] [--measured DIR]
 
 It measures nothing itself: it reads the numbers the other benchmarks recorded and answers, for networks of
 100, 1,000 and 10,000 GPU nodes,
@@ -27,7 +27,6 @@ There is no anchor run: the inputs are the other benchmarks' measurements, each 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -35,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from bench import harness
 
 MEASURED = Path(__file__).resolve().parent / "measured"
 NETWORKS = (100, 1_000, 10_000)
@@ -195,7 +196,7 @@ def _num(v: Any) -> bool:
 
 
 def _diameter(hosts: int) -> int:
-    """Diameter of bench/discovery.py's mesh: host i dials i-1 and i//2."""
+    """Diameter of `bench.discovery`'s mesh: host i dials i-1 and i//2."""
     adj: dict[int, set[int]] = {i: set() for i in range(hosts)}
     for i in range(1, hosts):
         for j in (i - 1, i // 2):
@@ -323,7 +324,7 @@ def answer(n: int, k_values: Sequence[int], a: Assumptions, inp: Inputs) -> dict
 LIMITS = [
     "validation over generation (validator.json) was measured on a 2-core CPU, where decoding and prefill are both "
     "compute-bound; on a GPU, decoding is memory-bound and prefill is not, so the real ratio is lower and the "
-    "compute bound here overestimates validators (measure it on the GPU you will run: bench/validator.py)",
+    "compute bound here overestimates validators (measure it on the GPU you will run: python -m bench.validator)",
     "the ratio is taken as independent of model size (both passes cost ~2 x params FLOPs per token); long "
     "prompts shift it towards validation (the prefill re-reads the prompt: prompt_share_of_check_prefill)",
     "node tokens/s on a GPU is an assumption (--node-tok-s), not a measurement here: it sets the submission "
@@ -376,10 +377,9 @@ def _s(v: Any) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", type=Path, help="write the answers, inputs and limits here")
-    p.add_argument("--smoke", action="store_true", help="one network size, one fan-out (seconds)")
-    p.add_argument("--quick", action="store_true", help="the same as a full run (the model is instant)")
+    p = harness.parser(__doc__, smoke="one network size, one fan-out (seconds)",
+                       quick="the same as a full run (the model is instant)",
+                       json_help="write the answers, inputs and limits here")
     p.add_argument("--measured", type=Path, default=MEASURED, help="directory of the measurement files")
     p.add_argument("--nodes", type=int, nargs="+", default=list(NETWORKS), help="network sizes (GPU nodes)")
     p.add_argument("--fanout", type=int, nargs="+", default=[4, 8, 16, 32], help="relay fan-outs k")
@@ -423,8 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(result))
     except BrokenPipeError:  # `| head`
         pass
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_json(args.json, result)
     return 0
 
 

@@ -15,9 +15,9 @@ while node-0 was dead and before the new node joined, and the new node's accepte
 the steady run: the report gives churn / steady ratios. Then the audit (`prime-devnet audit`: nothing lost,
 nothing paid twice; the dead node is read from its record on disk) must reconcile for both runs.
 
-    python bench/churn.py --quick --json out.json     # 60 s windows
-    python bench/churn.py --json bench/measured/churn.json
-    python bench/churn.py --smoke                      # the report's arithmetic on a synthetic metrics file
+    python -m bench.churn --quick --json out.json     # 60 s windows
+    python -m bench.churn --json bench/measured/churn.json
+    python -m bench.churn --smoke                      # the report's arithmetic on a synthetic metrics file
 
 Sizes, threads and machine are in the JSON (`info`). Timings on a shared 2-core box move with the load:
 read the ratio of the two runs, not absolute speeds.
@@ -25,10 +25,7 @@ read the ratio of the two runs, not absolute speeds.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -36,8 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import harness
 
 
 class ChurnError(RuntimeError):
@@ -185,11 +181,8 @@ def smoke() -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown")
-    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "sizes": "tiny model, 3 nodes (+1 joining), 1 validator, 1 relay; torch 1 thread per role",
-            "load_average_start": list(os.getloadavg())}
+    return {**harness.machine(threads=1),
+            "sizes": "tiny model, 3 nodes (+1 joining), 1 validator, 1 relay; torch 1 thread per role"}
 
 
 def report(res: dict[str, Any]) -> None:
@@ -210,16 +203,14 @@ def report(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--quick", action="store_true", help="60 s windows instead of 180 s")
-    ap.add_argument("--smoke", action="store_true", help="no devnet: the report on synthetic metrics (seconds)")
+    ap = harness.parser(__doc__, smoke="no devnet: the report on synthetic metrics (seconds)",
+                        quick="60 s windows instead of 180 s")
     ap.add_argument("--fill-timeout-s", type=float, default=20.0, help="the trainer's trainer.fill_timeout_s")
     ap.add_argument("--state-root", type=Path, help="keep the devnets' state and logs here (default: a temporary "
                     "directory, removed at the end)")
     args = ap.parse_args(argv)
     res: dict[str, Any] = {"info": machine(), "quick": args.quick,
-                           "command": " ".join(["python", "bench/churn.py", *(argv if argv is not None else sys.argv[1:])])}
+                           "command": harness.command("churn", argv)}
     code = 0
     if args.smoke:
         res.update(smoke())
@@ -238,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 code = 1
     res["info"]["load_average_end"] = list(os.getloadavg())
     report(res)
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1) + "\n")
+    harness.write_json(args.json, res)
     return code
 
 

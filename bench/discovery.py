@@ -1,8 +1,8 @@
 """Discovery over libp2p gossipsub: how long one announcement takes to reach all of N hosts, and how many
 announcements per second one host takes in, with our signed envelopes and checks against bare gossipsub.
 
-    python bench/discovery.py [--quick] [--json PATH] [--sizes 4,8,16] [--rounds 40]
-    python bench/discovery.py --smoke --json out.json   # N = 3, 2 rounds, a 0.5 s rate window (seconds)
+    python -m bench.discovery [--quick] [--json PATH] [--sizes 4,8,16] [--rounds 40]
+    python -m bench.discovery --smoke --json out.json   # N = 3, 2 rounds, a 0.5 s rate window (seconds)
 
 Every host is a real py-libp2p host on 127.0.0.1 (all in this process, each in its own trio thread, like the
 tests). The mesh is sparse, not all-to-all: host i dials host i-1 and host i//2 (a line with shortcuts, so the
@@ -22,12 +22,8 @@ peer and `signer_rate` = 1/s per signer by default, policy rather than capacity)
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -35,8 +31,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import harness
 
 DOMAIN = "prime/31337/0x5FbDB2315678afecb367f032d93F642f64180aa3/bench"
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -271,14 +266,11 @@ def _count_window(count: Callable[[], int], base: int, seconds: float) -> tuple[
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer rounds and a shorter rate window")
-    ap.add_argument("--smoke", action="store_true", help="N = 3, 2 rounds, a 0.5 s rate window: checks the bench "
-                    "in seconds, measures nothing")
+    ap = harness.parser(__doc__, smoke="N = 3, 2 rounds, a 0.5 s rate window: checks the bench in seconds, "
+                        "measures nothing", quick="fewer rounds and a shorter rate window")
     ap.add_argument("--sizes", default=None, help="host counts N for the reach measurement (default 4,8,16; smoke 3)")
     ap.add_argument("--rounds", type=int, default=None, help="announcements per N (default 60; quick 20)")
     ap.add_argument("--seconds", type=float, default=None, help="rate window (default 10; quick 4)")
-    ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     import logging
 
@@ -294,9 +286,7 @@ def main() -> int:
         rate = measure_rate(seconds, root)
     result = {
         "bench": "discovery", "quick": args.quick, "smoke": args.smoke,
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "python": platform.python_version(), "load_avg_start": load0,
-                    "load_avg_end": os.getloadavg()[0]},
+        "machine": {**harness.machine(), "load_avg_start": load0, "load_avg_end": os.getloadavg()[0]},
         "mesh": "host i dials i-1 and i//2 (sparse)", "rate_limits": "raised for the bench (see docstring)",
         "reach": reach, "rate": rate, "wall_s": time.perf_counter() - started,
     }
@@ -310,8 +300,7 @@ def main() -> int:
     print(f"one host taking in from {rate['senders']} senders for {seconds:.0f} s: ours "
           f"{rate['ours']['msgs_per_s']:.0f} msg/s (checked and admitted), bare {rate['bare']['msgs_per_s']:.0f} msg/s; "
           f"ratio {rate['ratio']:.2f}; dropped {rate['ours']['dropped'] or 0}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    harness.write_json(args.json, result)
     return 0
 
 

@@ -3,31 +3,26 @@ overhead against its anchor, a bare `python -I -S -c pass` subprocess (the least
 out-of-process grader pays). Math is measured on both paths: in-process (main thread, signal
 timeouts) and through the worker subprocess (what a grader thread pool gets).
 
-    python bench/environments_bench.py --json out.json     # ~1 minute
-    python bench/environments_bench.py --quick             # ~15 s
-    python bench/environments_bench.py --smoke --json out.json  # every row once, 2 items each (seconds)
+    python -m bench.environments_bench --json out.json     # ~1 minute
+    python -m bench.environments_bench --quick             # ~15 s
+    python -m bench.environments_bench --smoke --json out.json  # every row once, 2 items each (seconds)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import environments  # noqa: E402
-from environments.math_verifier import MathVerifier  # noqa: E402
-from environments.mathematics import MathEnvironment  # noqa: E402
-from environments.programming import CodeEnvironment  # noqa: E402
-from environments.sandbox import SandboxLimits  # noqa: E402
+import environments
+from bench import harness
+from environments.math_verifier import MathVerifier
+from environments.mathematics import MathEnvironment
+from environments.programming import CodeEnvironment
+from environments.sandbox import SandboxLimits
 
 
 def _rate(fn: Any, n: int) -> float:
@@ -55,11 +50,8 @@ def _reward_rate(env: environments.Environment, tasks: list[environments.Task]) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (~15 s)")
-    parser.add_argument("--smoke", action="store_true", help="every row once on 2 items (seconds; checks the "
-                        "bench, measures nothing)")
-    parser.add_argument("--json", type=Path, help="write the results here")
+    parser = harness.parser(__doc__, smoke="every row once on 2 items (seconds; checks the bench, measures nothing)",
+                            quick="fewer repetitions (~15 s)")
     args = parser.parse_args()
     n = 2 if args.smoke else 20 if args.quick else 100
     rows: list[dict[str, Any]] = []
@@ -98,14 +90,13 @@ def main() -> None:
     worker_env.verifier.close()
     rows.append({"what": "math: reward via worker (off main thread)", "per_s": out[0], "ratio": None})
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"python {platform.python_version()}, n={n}")
+    machine = harness.machine()
+    print(f"machine: {harness.describe(machine)}, n={n}")
     print(f"{'what':48s} {'per second':>12s} {'vs anchor':>10s}")
     for row in rows:
         ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else ""
         print(f"{row['what']:48s} {row['per_s']:12.1f} {ratio:>10s}")
-    if args.json:
-        args.json.write_text(json.dumps({"n": n, "smoke": args.smoke, "cpus": os.cpu_count(), "rows": rows}, indent=2))
+    harness.write_json(args.json, {"n": n, "smoke": args.smoke, "machine": machine, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -33,18 +33,16 @@ There is no anchor to divide by: each recovery time is reported next to the same
 cadence in this run (the median gap between consecutive steps, versions and accepted batches before
 the faults), so a recovery can be read as "n ordinary intervals".
 
-    python bench/faults.py --json bench/measured/faults.json
-    python bench/faults.py --quick          # shorter settling, the same four faults
-    python bench/faults.py --smoke --json out.json   # the four faults with the least watching and settling
+    python -m bench.faults --json bench/measured/faults.json
+    python -m bench.faults --quick          # shorter settling, the same four faults
+    python -m bench.faults --smoke --json out.json   # the four faults with the least watching and settling
                                                      # (a devnet still takes a minute or more to come up)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import random
 import signal
 import statistics
@@ -56,8 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import harness
+from bench.harness import ROOT
 
 ROLES = ("relay", "validator", "trainer", "node")
 
@@ -395,13 +393,6 @@ def restarts(net: Devnet) -> list[str]:
         return []
 
 
-def machine() -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown")
-    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "load_average_start": list(os.getloadavg())}
-
-
 def report(res: dict[str, Any]) -> None:
     c = res.get("cadence", {})
     print(f"\nnormal cadence: step every {c.get('step_gap_s')} s, version every {c.get('version_gap_s')} s, "
@@ -417,19 +408,16 @@ def report(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--quick", action="store_true", help="shorter cadence watch and settling")
-    ap.add_argument("--smoke", action="store_true", help="the four faults with a 5 s cadence watch and 1 s settling "
-                    "(checks the bench; the devnet's start-up still takes a minute or more)")
+    ap = harness.parser(__doc__, smoke="the four faults with a 5 s cadence watch and 1 s settling (checks the bench; "
+                        "the devnet's start-up still takes a minute or more)", quick="shorter cadence watch and settling")
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--only", nargs="+", choices=ROLES, help="these faults only")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--state-root", type=Path, help="keep the devnet's state and logs here (default: a temporary "
                     "directory, removed at the end)")
     args = ap.parse_args(argv)
-    res: dict[str, Any] = {"info": machine(), "quick": args.quick or args.smoke, "smoke": args.smoke,
-                           "command": " ".join(["python", "bench/faults.py", *(argv if argv is not None else sys.argv[1:])])}
+    res: dict[str, Any] = {"info": harness.machine(threads=1), "quick": args.quick or args.smoke, "smoke": args.smoke,
+                           "command": harness.command("faults", argv)}
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
         root = args.state_root or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -444,9 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     res["info"]["load_average_end"] = list(os.getloadavg())
     if "faults" in res:
         report(res)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    harness.write_json(args.json, res)
     return 0 if not res.get("error") and res.get("audit", {}).get("ok") else 1
 
 

@@ -1,6 +1,6 @@
 """Gas per ComputePool call on a real local anvil, against an ERC-20 transfer as the anchor.
 
-    python bench/gas.py [--json PATH] [--quick | --smoke]
+    python -m bench.gas [--json PATH] [--quick | --smoke]
 
 `--smoke` (every call once, batches of 2; run by the default test tier so the bench cannot rot) takes
 seconds, like the full run.
@@ -13,33 +13,25 @@ the machine's load. Gas is deterministic for a given compiler build and call seq
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from eth_utils import keccak
 
-from eth_utils import keccak  # noqa: E402
-
-from contracts.deployment import PoolSettings, deploy_pool  # noqa: E402
-from contracts.devchain import DevChain  # noqa: E402
-from contracts.pool import PoolClient, TokenClient  # noqa: E402
-from contracts.transactor import Receipt, Transactor, connect  # noqa: E402
-from protocol.identity import Identity  # noqa: E402
+from bench import harness
+from contracts.deployment import PoolSettings, deploy_pool
+from contracts.devchain import DevChain
+from contracts.pool import PoolClient, TokenClient
+from contracts.transactor import Receipt, Transactor, connect
+from protocol.identity import Identity
 
 TOKEN = 10**18
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", help="write results here")
-    parser.add_argument("--quick", action="store_true", help="smaller batches (the run takes seconds either way)")
-    parser.add_argument("--smoke", action="store_true", help="batches of 2 (checks the bench)")
+    parser = harness.parser(__doc__, smoke="batches of 2 (checks the bench)",
+                            quick="smaller batches (the run takes seconds either way)")
     args = parser.parse_args()
     batch = 2 if args.smoke else 5 if args.quick else 20
     rows: list[dict[str, Any]] = []
@@ -141,11 +133,10 @@ def main() -> int:
         print(f"{r['call']:46} {r['gas']:>9} {r['items']:>5} {r['gas_per_item']:>9} {r['ratio']:>10} {r['ms']:>8}")
     result = {
         "bench": "gas", "anchor": "ERC20.transfer to a fresh address", "anchor_gas": anchor.gas_used,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": harness.machine(),
         "chain": "anvil 1.7.1 (cancun)", "batch": batch, "smoke": args.smoke, "rows": rows,
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    harness.write_json(args.json, result)
     return 0
 
 

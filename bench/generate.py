@@ -23,23 +23,19 @@ fp32 reaches ~60. The engine measures its kernels once per machine (in a fresh c
 bench run unless --kernel-cache is given) and prints the chosen paths on every row; --kernel
 forces one.
 
-    python bench/generate.py --threads 2 --json out.json           # full run (many minutes on AVX2)
-    python bench/generate.py --quick                                # a few minutes (1-3 runs a row)
-    python bench/generate.py --smoke --json out.json                # tiny, batch 2, 4 tokens, 1 run (seconds)
+    python -m bench.generate --threads 2 --json out.json           # full run (many minutes on AVX2)
+    python -m bench.generate --quick                                # a few minutes (1-3 runs a row)
+    python -m bench.generate --smoke --json out.json                # tiny, batch 2, 4 tokens, 1 run (seconds)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness
 
 MIN_PROMPTS = 4  # batch 1 runs this many prompts one at a time
 CLOCK = time.perf_counter
@@ -194,31 +190,10 @@ def engine_flops(loaded: Any, prompts: list[list[int]], generated: int, ctx_sum:
     )
 
 
-def cpu_info() -> tuple[str, list[str]]:
-    """CPU model name and its matmul-relevant SIMD flags (AVX2, AVX-512, AMX)."""
-    name, flags = platform.processor() or platform.machine(), ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-    except OSError:
-        return name, []
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            name = value.strip()
-        elif key.strip() == "flags":
-            flags = value
-            break
-    return name, sorted(f for f in flags.split() if f.startswith(("avx2", "avx512", "amx")))
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, smoke="the tiny model, batch 2, 4 new tokens, one run per row, both dtypes, 1 thread "
+                        "(seconds; checks the bench, measures nothing)", quick="short run (a few minutes)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads for both generators")
-    ap.add_argument("--quick", action="store_true", help="short run (a few minutes)")
-    ap.add_argument("--smoke", action="store_true", help="the tiny model, batch 2, 4 new tokens, one run per row, both "
-                    "dtypes, 1 thread (seconds; checks the bench, measures nothing)")
-    ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of: tiny, smollm2")
     ap.add_argument("--engines", default="models,hf",
                     help="comma list of: models (the models/ engine), hf (Hugging Face generate), vllm (needs vLLM; "
@@ -290,16 +265,11 @@ def main() -> int:
         if dt_name not in ("float32", "bfloat16"):
             ap.error(f"unknown dtype {dt_name!r}")
     kernel_cache = args.kernel_cache or Path(tempfile.mkdtemp(prefix="prime-kernels-"))
-    cpu, simd = cpu_info()
+    machine = harness.machine(args.threads)
     rates = {d: matmul_rates(d, 0.05 if args.smoke else 0.5 if args.quick else 2.0) for d in dtypes}
     peaks = {d: max(r["gflops"] for r in rates[d].values()) * 1e9 for d in dtypes}
     info = {
-        "machine": platform.processor() or platform.machine(),
-        "cpu": cpu,
-        "simd": simd,
-        "cpus": os.cpu_count(),
-        "threads": args.threads,
-        "torch": torch.__version__,
+        "machine": machine,
         "dtypes": dtypes,
         "max_new_tokens": max_new,
         "engines": engines,
@@ -311,7 +281,7 @@ def main() -> int:
         "matmul_gflops": rates,
         "load_average": os.getloadavg(),
     }
-    print(f"cpu: {info['cpu']} ({' '.join(info['simd']) or 'no avx2'})")
+    print(f"cpu: {harness.describe(machine)}")
     print(f"clock={args.clock} threads={args.threads} max_new_tokens={max_new} cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
     for d in dtypes:
         print(
@@ -424,12 +394,10 @@ def main() -> int:
         faster = sorted(k for k, v in ratio_vs_vllm.items() if v >= 1.0)
         print(f"models/ engine at least as fast as vLLM on {len(faster)} of {len(ratio_vs_vllm)} rows: "
               f"{', '.join(faster) or 'none'}")
-    if args.json:
-        out = {"info": info, "kernels": kernels, "results": results, "ratio_vs_hf": ratio_vs_hf}
-        if ratio_vs_vllm:
-            out["ratio_vs_vllm"] = ratio_vs_vllm
-        args.json.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json}")
+    out = {"info": info, "kernels": kernels, "results": results, "ratio_vs_hf": ratio_vs_hf}
+    if ratio_vs_vllm:
+        out["ratio_vs_vllm"] = ratio_vs_vllm
+    harness.write_json(args.json, out)
     return 0
 
 

@@ -1,11 +1,11 @@
 """Learning through the network vs local mode: the same GRPO recipe and sample budget, per sample.
 
-    python bench/learning.py --quick --json out.json      # tiny model on lowercase, ~6 min on 2 CPU cores (15 steps each)
-    python bench/learning.py --json out.json              # tiny model, ~12 min (40 steps each)
-    python bench/learning.py --smoke --json out.json      # tiny, 1 step each on the smallest devnet, with a held-out
+    python -m bench.learning --quick --json out.json      # tiny model on lowercase, ~6 min on 2 CPU cores (15 steps each)
+    python -m bench.learning --json out.json              # tiny model, ~12 min (40 steps each)
+    python -m bench.learning --smoke --json out.json      # tiny, 1 step each on the smallest devnet, with a held-out
                                                           # evaluation of 2 tasks: checks the bench, measures nothing
-    python bench/learning.py --model smollm2 --init runs/reverse-text-smollm2-sft/checkpoints/step-80 --json out.json
-    python bench/learning.py --model smollm2 --sft-steps 120 --work runs/learning-smollm2 --json out.json
+    python -m bench.learning --model smollm2 --init runs/reverse-text-smollm2-sft/checkpoints/step-80 --json out.json
+    python -m bench.learning --model smollm2 --sft-steps 120 --work runs/learning-smollm2 --json out.json
 
 Anchor: `prime-trainer` in local mode (`data.type = "local"`: it generates its own on-policy rollouts, staleness
 0). Measured: `prime-devnet up` with the same model, starting weights, environment, group size, groups per step,
@@ -45,7 +45,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -57,8 +56,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[0] = str(REPO)  # the repository's packages, not bench/trainer.py and its siblings
+from bench import harness
+
+REPO = harness.ROOT
 
 SFT_TOML = REPO / "configs/trainer/reverse-text-smollm2-sft.toml"
 RL_TOML = REPO / "configs/trainer/reverse-text-smollm2-sft-rl.toml"
@@ -618,13 +618,14 @@ def print_time(local_rows: list[dict[str, Any]], local_clock: dict[str, Any], ne
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, smoke="tiny, 1 step each on the smallest devnet (1 node, 1 validator, 1 relay) with 2 "
+                        "groups x 4 samples x 8 tokens and a 2-task evaluation: checks the bench",
+                        quick="tiny: 15 steps")
     ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="tiny (default) or smollm2")
     ap.add_argument("--init", type=Path, help="smollm2: the SFT checkpoint both runs start from")
     ap.add_argument("--sft-steps", type=int, help="smollm2 without --init: make the checkpoint first with "
                     "`prime-trainer sft --config configs/trainer/reverse-text-smollm2-sft.toml` for this many steps")
     ap.add_argument("--recipe", type=Path, default=RL_TOML, help="smollm2: the RL recipe whose settings both runs use")
-    ap.add_argument("--quick", action="store_true", help="tiny: 15 steps")
     ap.add_argument("--steps", type=int, help="trainer steps of each run (tiny: 40, 15 with --quick; smollm2: the "
                     "recipe's max_steps)")
     ap.add_argument("--lr", type=float, help="learning rate (default: the recipe's)")
@@ -655,9 +656,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-local", action="store_true", help="the network run only (the slow test's short version)")
     ap.add_argument("--work", type=Path, help="keep everything here (SFT model, logs, the devnet's state); default: "
                     "a temporary directory, removed at the end")
-    ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--smoke", action="store_true", help="tiny, 1 step each on the smallest devnet (1 node, 1 validator, "
-                    "1 relay) with 2 groups x 4 samples x 8 tokens and a 2-task evaluation: checks the bench")
     return ap
 
 
@@ -678,12 +676,9 @@ def main() -> None:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    result["machine"] = {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                         "load_average_before": load_before, "load_average_after": os.getloadavg()}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
-        print(f"wrote {args.json}")
+    result["machine"] = {**harness.machine(args.threads), "load_average_before": load_before,
+                         "load_average_after": os.getloadavg()}
+    harness.write_json(args.json, result)
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -765,16 +760,6 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "network_command": " ".join(extra.get("command", [])), "audit": audit,
         "local_metrics": local, "network_metrics": net,
     }
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

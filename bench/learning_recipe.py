@@ -1,8 +1,8 @@
 """Does the SFT warm-up make RL work? Base model vs SFT vs SFT+RL vs RL alone on the same held-out tasks.
 
-    python bench/learning_recipe.py --quick --json bench/measured/learning_recipe_quick.json   # pipeline check
-    python bench/learning_recipe.py --json bench/measured/learning_recipe.json                # the recipe
-    python bench/learning_recipe.py --smoke --json out.json   # the tiny model, one step of each stage (seconds)
+    python -m bench.learning_recipe --quick --json bench/measured/learning_recipe_quick.json   # pipeline check
+    python -m bench.learning_recipe --json bench/measured/learning_recipe.json                # the recipe
+    python -m bench.learning_recipe --smoke --json out.json   # the tiny model, one step of each stage (seconds)
 
 The shipped recipe (configs/trainer/reverse-text-smollm2-sft.toml, then
 configs/trainer/reverse-text-smollm2-sft-rl.toml) with the step counts and directories replaced:
@@ -29,21 +29,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads c
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import tomllib  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)
-
 import torch  # noqa: E402
 
 import environments  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.harness import ROOT  # noqa: E402
 from models import load  # noqa: E402
 from protocol.model_spec import HFModelSpec, SmolLM2Spec, TinyModelSpec  # noqa: E402
 from trainer.checkpoint import list_checkpoints  # noqa: E402
@@ -137,7 +134,8 @@ def row(name: str, scored: tuple[EvalReport, EvalReport | None, float], train_sa
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, smoke="the tiny model, 1 SFT step, 1 RL step, 2 eval tasks, 1 thread (seconds; checks "
+                       "the bench, measures nothing)", quick="tiny budgets: checks the pipeline, not the recipe")
     p.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     sft, rl = _toml(SFT_TOML), _toml(RL_TOML)
     p.add_argument("--sft-steps", type=int, default=sft["max_steps"])
@@ -167,10 +165,6 @@ def main() -> None:
                    help="divide RL advantages by the group's reward std (default: the RL config's)")
     p.add_argument("--work", type=Path, help="keep checkpoints here (default: a temporary directory)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
-    p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the recipe")
-    p.add_argument("--smoke", action="store_true", help="the tiny model, 1 SFT step, 1 RL step, 2 eval tasks, 1 thread "
-                   "(seconds; checks the bench, measures nothing)")
-    p.add_argument("--json", type=Path, help="write results here")
     args = p.parse_args()
     if args.quick:
         args.sft_steps, args.sft_batch, args.rl_steps, args.rl_groups, args.rl_group_size = 4, 8, 2, 2, 4
@@ -224,8 +218,7 @@ def main() -> None:
         return float(by[a]["mean_reward"] / by[b]["mean_reward"])
 
     result = {
-        "machine": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
+        "machine": harness.machine(),
         "threads": torch.get_num_threads(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -254,9 +247,7 @@ def main() -> None:
           f"new tokens; {result['eval_in_sft_data']} also in the SFT range), SFT {args.sft_steps}x{args.sft_batch}, "
           f"RL {args.rl_steps}x{args.rl_groups}x{args.rl_group_size}, {result['threads']} threads, load "
           f"{load_before[0]:.1f} -> {result['load_average_after'][0]:.1f}, {result['total_s']:.0f} s)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 Everything runs as real processes on 127.0.0.1:
 
-(a) Validator. anvil with the pool deployed (`bench/validator.py`'s `Chain`: 100 node keys registered
+(a) Validator. anvil with the pool deployed (`bench.validator`'s `Chain`: 100 node keys registered
     and staked by one operator, policy v1 published), a validator process with all its loops on
-    (`bench/validator_http.py --serve --loops`: intake, model worker, chain reporter, the configured
+    (`python -m bench.validator_http --serve --loops`: intake, model worker, chain reporter, the configured
     per-node rate limit), and one thread per sender posting that sender's share of the traffic in
     order. Two senders are "greedy": they send a tenth of all requests, after their first honest
     submission on `--greedy-conns` connections at once, mostly ones their rate check counts, so the
@@ -54,21 +54,18 @@ Everything runs as real processes on 127.0.0.1:
 
 Bounded: a fixed number of requests and pulls, each phase with a deadline.
 
-    python bench/load.py --json bench/measured/load.json            # 10,000 submissions, 100 pulls
-    python bench/load.py --quick --json bench/measured/load_quick.json
-    python bench/load.py --quick --only flood                        # the flood alone (~2 min)
-    python bench/load.py --smoke --json out.json   # every part at the smallest size (checks the bench, seconds)
+    python -m bench.load --json bench/measured/load.json            # 10,000 submissions, 100 pulls
+    python -m bench.load --quick --json bench/measured/load_quick.json
+    python -m bench.load --quick --only flood                        # the flood alone (~2 min)
+    python -m bench.load --smoke --json out.json   # every part at the smallest size (checks the bench, seconds)
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
-import importlib.util
 import json
 import os
-import platform
 import random
 import shutil
 import sqlite3
@@ -83,23 +80,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-# bench/validator.py is named like the package: keep bench/ off sys.path so `import validator` finds it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # netfixtures: the one free-port helper
+from bench import harness
+from bench import validator_http as vhttp  # the validator as a process, RSS from /proc, oversize senders
 
-
-def _bench_module(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vhttp = _bench_module("validator_http")  # the validator as a process, RSS from /proc, oversize senders
 MANIFEST = hashlib.sha256(b"load bench manifest v1").digest()
 HONEST_RETRY_STATUSES = {425, 429, 503}
 # an honest node resends these later too: a counter that arrived before the one the validator takes first
@@ -435,9 +418,8 @@ def single_sender_anchor(url: str, senders: list[Sender], n: int) -> dict[str, A
 
 
 def validator_load(spec: ValidatorLoad, tmp: Path) -> dict[str, Any]:
+    from bench import validator as bench_validator
     from protocol.rollout import submission_domain
-
-    bench_validator = _bench_module("validator")
     t0 = time.perf_counter()
     chain = bench_validator.Chain(spec.senders, MANIFEST)
     setup_s = time.perf_counter() - t0
@@ -620,9 +602,8 @@ def _ledger_bytes(ledger: Path) -> int:
 def flood_load(spec: FloodLoad, tmp: Path) -> dict[str, Any]:
     import httpx
 
+    from bench import validator as bench_validator
     from protocol.rollout import submission_domain
-
-    bench_validator = _bench_module("validator")
     chain = bench_validator.Chain(2 * spec.keys, MANIFEST)
     out: dict[str, Any] = {"keys": spec.keys, "duration_s": spec.duration_s}
     try:
@@ -711,8 +692,8 @@ def _tree_hashes(root: Path) -> dict[str, str]:
 
 def relay_load(spec: RelayLoad, tmp: Path) -> dict[str, Any]:
     import httpx
-    from netfixtures import free_port, wait_http
 
+    from bench.loopback import free_port, wait_http
     from models.checkpoint import main as write_checkpoint
     from protocol.identity import Identity
     from shardcast import Client
@@ -833,19 +814,6 @@ def relay_load(spec: RelayLoad, tmp: Path) -> dict[str, Any]:
 # -- report ------------------------------------------------------------------------------------------
 
 
-def machine_info(threads: int) -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpus": os.cpu_count(), "threads": threads, "platform": platform.platform(),
-            "python": platform.python_version(), "load_average_start": list(os.getloadavg())}
-
-
 def report(res: dict[str, Any]) -> None:
     v, r, f = res.get("validator"), res.get("relay"), res.get("flood")
     if f:
@@ -893,9 +861,9 @@ def report(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--quick", action="store_true", help="2,000 requests, 100 honest, 20 pulls of a smaller checkpoint")
+    ap = harness.parser(__doc__, smoke="every part at the smallest size: 4 senders, 120 requests, 4 honest, 6 pulls "
+                        "of a 1-layer checkpoint, 2 flooding keys for 3 s (checks the bench)",
+                        quick="2,000 requests, 100 honest, 20 pulls of a smaller checkpoint")
     ap.add_argument("--senders", type=int, default=100)
     ap.add_argument("--requests", type=int, help="total requests (default 10,000; quick 2,000)")
     ap.add_argument("--honest", type=int, help="honest submissions (default 300; quick 100); at least --senders")
@@ -903,8 +871,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (validator and honest generation)")
     ap.add_argument("--only", choices=["validator", "relay", "flood"], help="run one part")
     ap.add_argument("--flood-s", type=float, help="flood time per configuration (default 60; quick 20)")
-    ap.add_argument("--smoke", action="store_true", help="every part at the smallest size: 4 senders, 120 requests, "
-                    "4 honest, 6 pulls of a 1-layer checkpoint, 2 flooding keys for 3 s (checks the bench)")
     args = ap.parse_args(argv)
     vspec = ValidatorLoad(senders=args.senders, threads=args.threads,
                           requests=args.requests or (2_000 if args.quick else 10_000),
@@ -923,8 +889,8 @@ def main(argv: list[str] | None = None) -> int:
         fspec = FloodLoad(keys=2, duration_s=args.flood_s or 3.0, slash_after_s=1.0, node_bytes_per_window=48 << 10,
                           max_backlog=2000, threads=args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    res: dict[str, Any] = {"info": machine_info(args.threads), "quick": args.quick, "smoke": args.smoke,
-                           "command": " ".join(["python", "bench/load.py", *(argv if argv is not None else sys.argv[1:])])}
+    res: dict[str, Any] = {"info": harness.machine(args.threads), "quick": args.quick, "smoke": args.smoke,
+                           "command": harness.command("load", argv)}
     with tempfile.TemporaryDirectory(prefix="load-") as tmp:
         if args.only in (None, "validator"):
             res["validator"] = validator_load(vspec, Path(tmp) / "v")
@@ -934,9 +900,7 @@ def main(argv: list[str] | None = None) -> int:
             res["flood"] = flood_load(fspec, Path(tmp) / "f")
     res["info"]["load_average_end"] = list(os.getloadavg())
     report(res)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    harness.write_json(args.json, res)
     return 0
 
 

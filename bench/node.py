@@ -14,38 +14,23 @@ tokens/s / bare tokens/s (the fraction of throughput the loop costs; the goal is
 times each added step on the same work. With both engines, `ratio_vllm_vs_models` is vLLM's tokens/s over the
 `models/` engine's per model (bare and loop), measured one after the other in the same run.
 
-    python bench/node.py --json out.json     # tiny and SmolLM2 (~5 minutes)
-    python bench/node.py --quick             # tiny only (~1 minute)
-    python bench/node.py --smoke --json out.json   # tiny, 1 batch of 2x2 rollouts of 8 tokens (seconds)
-    .venv-vllm/bin/python bench/node.py --engines models,vllm --json out.json   # both engines
+    python -m bench.node --json out.json     # tiny and SmolLM2 (~5 minutes)
+    python -m bench.node --quick             # tiny only (~1 minute)
+    python -m bench.node --smoke --json out.json   # tiny, 1 batch of 2x2 rollouts of 8 tokens (seconds)
+    .venv-vllm/bin/python -m bench.node --engines models,vllm --json out.json   # both engines
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib.util
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]  # `import node` is the package
-sys.path.insert(0, str(ROOT))
-
-
-def _bench_module(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import harness
 
 
 def requests_of(engine: Any, run: Any, node: str, counter: int, chain_id: int, pool: str) -> list[Any]:
@@ -70,6 +55,8 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
     import httpx
     import torch
 
+    from bench import validator as vbench
+    from bench import validator_http as vhttp
     from contracts.policy import PolicyHistory
     from models.sampling import SamplingParams
     from node.commands import validator_role
@@ -84,9 +71,6 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
     from protocol.nonce import random_nonce
     from protocol.rollout import submission_domain
     from toploc.validation import prove
-
-    vbench = _bench_module("validator")
-    vhttp = _bench_module("validator_http")
     torch.set_num_threads(threads)
     chain = vbench.Chain(1, hashlib.sha256(b"bench policy v1").digest())
     served = engine = None
@@ -184,11 +168,8 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny model only, fewer batches")
-    ap.add_argument("--smoke", action="store_true", help="tiny model, 1 batch of 2 tasks x 2 samples x 8 tokens "
-                    "(seconds; checks the bench, measures nothing)")
-    ap.add_argument("--json", type=Path, help="write the results here")
+    ap = harness.parser(__doc__, smoke="tiny model, 1 batch of 2 tasks x 2 samples x 8 tokens (seconds; checks the "
+                        "bench, measures nothing)", quick="tiny model only, fewer batches")
     ap.add_argument("--batches", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -221,8 +202,7 @@ def main() -> int:
                 results.append(bench_model(name, model, run, batches, args.threads, args.dtype,
                                            Path(tmp) / f"{name}-{e}", "cpu" if e == "models" else "vllm"))
     out: dict[str, Any] = {
-        "info": {"machine": platform.machine(), "cpu": _cpu(), "cpus": os.cpu_count(), "threads": args.threads,
-                 "engines": engines, "load_average": os.getloadavg()}, "smoke": args.smoke, "results": results}
+        "info": {"machine": harness.machine(args.threads), "engines": engines}, "smoke": args.smoke, "results": results}
     by = {(r["model"], r["engine"]): r for r in results}
     ratios = {name: {"bare": round(by[name, "vllm"]["bare_tok_s"] / by[name, "models"]["bare_tok_s"], 3),
                      "loop": round(by[name, "vllm"]["loop_tok_s"] / by[name, "models"]["loop_tok_s"], 3)}
@@ -236,19 +216,8 @@ def main() -> int:
               f"{r['overhead']:>9.3f}  {r['breakdown_s']}")
     for name, ratio in ratios.items():
         print(f"{name}: vLLM / models/ tokens/s: bare {ratio['bare']:.2f}x, through the loop {ratio['loop']:.2f}x")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    harness.write_json(args.json, out)
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ time depends on which system ran before it. `--rounds N` runs every system N tim
 and reports medians. Prints a table and ratios; `--json PATH` writes them (keys ours_s, reference_s,
 plain_http_s, raw_copy_s, ratios, rounds, cpu_s).
 
-    python bench/shardcast.py --quick                  # 256 MiB (8 MiB shards), a few minutes
-    python bench/shardcast.py --size-mib 1024 --rounds 3 --json bench/results/shardcast.json
-    python bench/shardcast.py --smoke --json out.json  # 8 MiB, 2 clients, no memory warm-up (seconds)
+    python -m bench.shardcast --quick                  # 256 MiB (8 MiB shards), a few minutes
+    python -m bench.shardcast --size-mib 1024 --rounds 3 --json bench/measured/shardcast.json
+    python -m bench.shardcast --smoke --json out.json  # 8 MiB, 2 clients, no memory warm-up (seconds)
 
 `--smoke` runs every system once at the smallest size so a default-tier test keeps the bench from rotting;
 it runs the reference (the anchor) only if its venv bench/.venvs/shardcast-ref already exists, says so
@@ -33,10 +33,8 @@ when it skips it, and exits 1 if a system that ran failed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import socket
@@ -49,11 +47,9 @@ import time
 import venv
 from pathlib import Path
 
-# This file is named like the package it benchmarks: never let `import shardcast` find it.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-ROOT = _HERE.parent
-sys.path.insert(0, str(ROOT))
+from bench import harness
+from bench.harness import ROOT
+from devnet.network import free_port
 
 REF_VERSION = "0.3.2"
 REF_VENV = ROOT / "bench" / ".venvs" / "shardcast-ref"
@@ -142,12 +138,6 @@ def ready_to_start(name: str, procs: list[Proc]) -> None:
     STARTUP_CPU[name] = sum(cpu_seconds(p.p.pid) for p in procs)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_http(url: str, timeout: float = 30) -> None:
     import urllib.request
 
@@ -207,7 +197,13 @@ def warm_memory() -> None:
 
 
 def me(*role: str) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "_role", *role]
+    return [sys.executable, "-m", "bench.shardcast", "_role", *role]
+
+
+def role(*args: str, env: dict[str, str] | None = None) -> Proc:
+    """One of this program's own roles (`me`) in a subprocess that finds `bench` and our packages from any cwd."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return Proc(me(*args), env={"PYTHONPATH": path, **(env or {})})
 
 
 def finish(procs: list[Proc], t0: float, timeout: float) -> float:
@@ -420,7 +416,7 @@ def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
     procs: list[Proc] = []
     try:
         oport = free_port()
-        origin = Proc(me("ours-origin", str(work / "origin"), str(source), str(shard_mib)),
+        origin = role("ours-origin", str(work / "origin"), str(source), str(shard_mib),
                       env={"BENCH_TRAINER_KEY": key, "BENCH_PORT": str(oport)})
         procs.append(origin)
         origin.wait_line("READY", 60)
@@ -434,7 +430,7 @@ def run_ours(work: Path, source: Path, shard_mib: int, timeout: float) -> float:
             relay_urls.append(f"http://127.0.0.1:{port}")
         for url in relay_urls:
             wait_http(url + "/health")
-        clients = [Proc(me("ours-client", str(work / f"client{i}"), trainer.address, *relay_urls)) for i in range(CLIENTS)]
+        clients = [role("ours-client", str(work / f"client{i}"), trainer.address, *relay_urls) for i in range(CLIENTS)]
         procs += clients
         for c in clients:
             c.wait_line("READY", 60)
@@ -517,9 +513,9 @@ def run_plain(work: Path, source: Path, timeout: float) -> float:
     procs: list[Proc] = []
     try:
         port = free_port()
-        procs.append(Proc(me("plain-server", str(source), str(port))))
+        procs.append(role("plain-server", str(source), str(port)))
         procs[0].wait_line("READY", 60)
-        clients = [Proc(me("plain-client", f"http://127.0.0.1:{port}/file", str(work / f"plain{i}.bin")))
+        clients = [role("plain-client", f"http://127.0.0.1:{port}/file", str(work / f"plain{i}.bin"))
                    for i in range(CLIENTS)]
         procs += clients
         for c in clients:
@@ -541,10 +537,10 @@ def run_raw(work: Path, source: Path, timeout: float) -> float:
     procs: list[Proc] = []
     try:
         port = free_port()
-        sender = Proc(me("raw-sender", str(source), str(port), str(CLIENTS)))
+        sender = role("raw-sender", str(source), str(port), str(CLIENTS))
         procs.append(sender)
         sender.wait_line("READY", 60)
-        receivers = [Proc(me("raw-receiver", str(port), str(work / f"raw{i}.bin"))) for i in range(CLIENTS)]
+        receivers = [role("raw-receiver", str(port), str(work / f"raw{i}.bin")) for i in range(CLIENTS)]
         procs += receivers
         for r in receivers:
             r.wait_line("READY", 60)
@@ -569,14 +565,11 @@ def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "_role":
         ROLES[sys.argv[2]](*sys.argv[3:])
         return 0
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__, smoke="8 MiB, 2 clients, no memory warm-up, the reference only if its venv "
+                            "exists (seconds; checks the bench, measures nothing)", quick="a short run (256 MiB)")
     parser.add_argument("--size-mib", type=int, default=None, help="checkpoint size (default 1024; --quick: 256)")
     parser.add_argument("--shard-mib", type=int, default=None,
                         help="shard size for ours and the reference (default: size/32, within 4..32 MiB)")
-    parser.add_argument("--quick", action="store_true", help="a short run (256 MiB)")
-    parser.add_argument("--smoke", action="store_true", help="8 MiB, 2 clients, no memory warm-up, the reference only "
-                        "if its venv exists (seconds; checks the bench, measures nothing)")
-    parser.add_argument("--json", help="write the results here")
     parser.add_argument("--systems", default="ours,reference,plain_http,raw_copy", help="comma-separated subset")
     parser.add_argument("--ref-check-interval", type=int, default=30,
                         help="reference middle nodes' poll interval in s (30 = its default; 1 = a generous setting)")
@@ -666,8 +659,7 @@ def main() -> int:
         "rounds": runs, "memory_warmed": WARM,
         "size_mib": size_mib, "shard_mib": args.shard_mib, "relays": RELAYS, "clients": CLIENTS,
         "ref_check_interval_s": args.ref_check_interval, "reference_version": REF_VERSION,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "loadavg_at_start": [round(x, 2) for x in load]},
+        "machine": {**harness.machine(), "loadavg_at_start": [round(x, 2) for x in load]},
         "cpu_s": cpu,
         "notes": notes, "skipped": skipped, "smoke": args.smoke,
     }
@@ -678,9 +670,7 @@ def main() -> int:
         rate = f"{CLIENTS * size_mib / 1024 / s:.2f}" if s else "-"
         print(f"{name:<12}{(f'{s:.2f}' if s else '-'):>10}{rate:>22}")
     print("ratios:", json.dumps(report["ratios"]))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    harness.write_json(args.json, report)
     return 1 if args.smoke and notes else 0  # a smoke run is a check: a system that failed fails it
 
 

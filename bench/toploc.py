@@ -1,11 +1,11 @@
 """TOPLOC benchmark: ours vs the reference toploc 0.1.6 on the same tensors, and validation cost on SmolLM2.
 
-    python bench/toploc.py [--quick] [--json PATH] [--threads N] [--skip-model] [--skip-reference]
-    python bench/toploc.py --smoke --json out.json   # 1 chunk, 1 repeat, the tiny model (seconds)
+    python -m bench.toploc [--quick] [--json PATH] [--threads N] [--skip-model] [--skip-reference]
+    python -m bench.toploc --smoke --json out.json   # 1 chunk, 1 repeat, the tiny model (seconds)
 
 `--smoke` runs every part once on the smallest inputs (part 2 on the tiny random model instead of
 SmolLM2) so a default-tier test keeps the bench from rotting; it runs the reference only if its venv
-already exists (`python bench/toploc_reference.py` makes it) and says so when it skips it.
+already exists (`python -m bench.toploc_reference` makes it) and says so when it skips it.
 
 Part 1 (proof math): build and verify time per 32-token chunk (k=128) for hidden sizes 576, 2048 and
 4096, ours and the reference (run in its own venv, bench/.venvs/toploc-ref, through a subprocess:
@@ -23,10 +23,7 @@ ratio to generation is reported rather than aimed at.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -35,21 +32,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-# This file is named like the package: keep bench/ off sys.path so `import toploc` finds the package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
-sys.path.insert(0, str(ROOT))
-
-
-def _reference_module() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("toploc_reference", BENCH / "toploc_reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import harness, toploc_reference
 
 HIDDEN_SIZES = (576, 2048, 4096)
 DBS, TOPK = 32, 128
@@ -88,7 +71,7 @@ def bench_math(chunks: int, repeats: int, threads: int, reference: bool) -> list
         ours[key] = {"build": best_b / chunks, "verify": best_v / chunks, "proofs": [p.hex() for p in proofs]}
     ref: dict[str, Any] = {}
     if reference:
-        run_worker = _reference_module().run_worker
+        run_worker = toploc_reference.run_worker
 
         with tempfile.TemporaryDirectory() as tmp:
             npz = Path(tmp) / "acts.npz"
@@ -198,26 +181,22 @@ def bench_model(n_seqs: int, new_tokens: int, batch1_seqs: int, threads: int, re
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="TOPLOC: ours vs reference; validation vs prefill vs generation")
-    parser.add_argument("--quick", action="store_true", help="short run (a minute or two)")
-    parser.add_argument("--json", type=Path, help="write results here")
+    parser = harness.parser(__doc__, smoke="every part once on the smallest inputs, the tiny model (seconds; checks "
+                            "the bench, measures nothing)", quick="short run (a minute or two)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (both implementations)")
     parser.add_argument("--skip-model", action="store_true", help="skip the SmolLM2 part")
     parser.add_argument("--skip-reference", action="store_true", help="skip the reference venv")
-    parser.add_argument("--smoke", action="store_true", help="every part once on the smallest inputs, the tiny model "
-                        "(seconds; checks the bench, measures nothing)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
     chunks, repeats = (1, 1) if args.smoke else (4, 3) if args.quick else (16, 5)
     reference = not args.skip_reference
-    if reference and args.smoke and not _reference_module().venv_exists():
+    if reference and args.smoke and not toploc_reference.venv_exists():
         reference = False
         print("smoke: skipped the anchor (the reference toploc): its venv bench/.venvs/toploc-ref does not exist "
-              "(`python bench/toploc_reference.py` makes it); ours runs alone", flush=True)
+              "(`python -m bench.toploc_reference` makes it); ours runs alone", flush=True)
     result: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
-                    "python": platform.python_version()},
+        "machine": harness.machine(args.threads),
         "settings": {"decode_batching_size": DBS, "topk": TOPK, "chunks": chunks, "repeats": repeats},
         "smoke": args.smoke, "reference_ran": reference,
     }
@@ -240,9 +219,7 @@ def main() -> int:
         print(f"  validation time / bare prefill time   {m['validation_over_prefill_time']:.3f}")
         print(f"  validation speed / generation b1      {m['validation_vs_generate_b1']:.2f}x")
         print(f"  validation speed / generation b16     {m['validation_vs_generate_b16']:.2f}x")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_json(args.json, result)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Statistics of honest and cheating rollouts against the default TOPLOC thresholds (the margins).
 
-    python bench/toploc_margins.py [--quick] [--json PATH] [--model tiny|smollm2|both]
-    python bench/toploc_margins.py --smoke --json out.json   # the tiny model, 2 sequences each (seconds)
+    python -m bench.toploc_margins [--quick] [--json PATH] [--model tiny|smollm2|both]
+    python -m bench.toploc_margins --smoke --json out.json   # the tiny model, 2 sequences each (seconds)
 
 For each case prints the worst chunk (max exp_mismatches / mant_err_mean / mant_err_median over all
 chunks of all sequences), the number of sampling mismatches, the largest sampling margin and the
@@ -11,16 +11,10 @@ how far each case sits from the lines, to tune thresholds from data.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
-sys.path.insert(0, str(ROOT))
+from bench import harness
 
 
 def run(model_name: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -127,11 +121,8 @@ def run(model_name: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--smoke", action="store_true", help="every case once on 2 sequences of the tiny model "
-                        "(seconds; checks the bench, measures nothing)")
-    parser.add_argument("--json", type=Path)
+    parser = harness.parser(__doc__, smoke="every case once on 2 sequences of the tiny model (seconds; checks the "
+                            "bench, measures nothing)", quick="fewer and shorter sequences")
     parser.add_argument("--model", choices=["tiny", "smollm2", "both"], default=None,
                         help="default both; smoke: tiny")
     args = parser.parse_args()
@@ -157,9 +148,8 @@ def main() -> int:
               f"{num(r['max_mant_err_mean']):>8} {num(r['max_mant_err_median']):>7} "
               f"{r['chunks_failing']:>5}/{r['chunks']:<5} {r['seqs_sampling_failed']:>9} "
               f"{r['max_sampling_margin']:>10.3g} {r['seqs_termination_violations']:>4}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"thresholds": cfg.model_dump(), "smoke": args.smoke, "rows": rows}, indent=1) + "\n")
+    harness.write_json(args.json, {"thresholds": cfg.model_dump(), "smoke": args.smoke, "machine": harness.machine(),
+                                   "rows": rows})
     return 0
 
 

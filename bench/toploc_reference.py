@@ -1,11 +1,11 @@
 """The reference `toploc` 0.1.6 in its own throwaway venv (bench/.venvs/toploc-ref, gitignored).
 
-Used by `bench/toploc.py` (side-by-side timings) and `bench/toploc_reference_vectors.py`
+Used by `bench.toploc` (side-by-side timings) and `bench.toploc_reference_vectors`
 (compatibility vectors). The reference's prebuilt extension does not load with torch 2.13
 (undefined symbol), so when importing it fails we rebuild its three C++ modules from the wheel's
 own sources against the venv's torch. The venv never touches the project's venv.
 
-    python bench/toploc_reference.py          # create/repair the venv, print its python
+    python -m bench.toploc_reference          # create/repair the venv, print its python
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def run_worker(command: dict[str, Any], timeout: float = 1800.0) -> dict[str, An
         out_path = Path(tmp) / "result.json"
         cmd_path.write_text(json.dumps(command))
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        # -I (isolated): neither the repo (our own `toploc`) nor bench/ (bench/toploc.py) is on sys.path.
+        # -I (isolated): the repo (our own `toploc`) is not on sys.path; the worker runs as a file, not as
+        # `bench.toploc_reference_worker`, since the reference venv has neither our packages nor bench/.
         subprocess.run([str(py), "-I", str(WORKER), str(cmd_path), str(out_path)], check=True, env=env,
                        timeout=timeout, cwd=tmp)
         result: dict[str, Any] = json.loads(out_path.read_text())

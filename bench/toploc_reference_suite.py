@@ -1,6 +1,6 @@
 """Run the reference `toploc` 0.1.6's own test suite against *our* `toploc`, through a module-path shim.
 
-    python bench/toploc_reference_suite.py [--tests DIR] [--json PATH]
+    python -m bench.toploc_reference_suite [--tests DIR] [--json PATH]
 
 The reference's tests (its sdist's `tests/`, fetched with `pip download --no-binary` into
 bench/.venvs/toploc-ref-src unless `--tests` names a folder) import `toploc.poly`, `toploc.utils`

@@ -1,12 +1,12 @@
 """Generate the TOPLOC compatibility vectors (tests/data/toploc/) with the reference toploc 0.1.6.
 
-    python bench/toploc_reference_vectors.py [--out tests/data/toploc]
+    python -m bench.toploc_reference_vectors [--out tests/data/toploc]
 
 1. Makes a few activation sets (bf16, seeded, stored as uint16 bit patterns in vectors.npz):
    decode rows at hidden 576, a prefill-plus-decode list, small k, and a 2048-wide chunk with
    planted spikes whose flat indices collide modulo 65497, 65496 and 65495 (so the injective
    modulus drops below 65497: the case the reference's Python verifier gets wrong).
-2. In the reference's own venv (bench/toploc_reference.py) builds proofs and verifies them through
+2. In the reference's own venv (`bench.toploc_reference`) builds proofs and verifies them through
    its public API, its Python path and its C++ path, on the activations and on a deterministic
    perturbation of them; it also verifies *our* proofs (this direction can only be produced here).
 3. Writes vectors.json: case specs, reference proofs (hex), every reference statistic.
@@ -26,11 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from toploc_reference import run_worker  # noqa: E402
+from bench.harness import ROOT
+from bench.toploc_reference import run_worker
 
 CASES = [
     {"name": "rows576", "kind": "tensor", "shape": [96, 576], "decode_batching_size": 32, "topk": 128,

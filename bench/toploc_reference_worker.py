@@ -3,7 +3,7 @@
     python toploc_reference_worker.py COMMAND.json RESULT.json
 
 COMMAND.json: {"op": "vectors" | "bench", "npz": path, ...}. Activations travel as bf16 bit
-patterns (uint16) in the npz; see bench/toploc_reference_vectors.py and bench/toploc.py.
+patterns (uint16) in the npz; see `bench.toploc_reference_vectors` and `bench.toploc`.
 """
 
 from __future__ import annotations

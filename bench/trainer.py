@@ -1,9 +1,9 @@
 """Trainer throughput: training tokens/s, achieved FLOP/s as a fraction of this machine's dense-matmul
 FLOP/s measured in the same run, and packing efficiency (useful tokens / processed tokens).
 
-    python bench/trainer.py --quick --json out.json       # ~1-2 min on 2 CPU cores
-    python bench/trainer.py --model smollm2 --steps 4 --seq-len 1024
-    python bench/trainer.py --smoke --json out.json       # the tiny model, 1 small step (seconds)
+    python -m bench.trainer --quick --json out.json       # ~1-2 min on 2 CPU cores
+    python -m bench.trainer --model smollm2 --steps 4 --seq-len 1024
+    python -m bench.trainer --smoke --json out.json       # the tiny model, 1 small step (seconds)
 
 Packing efficiency is useful tokens over tokens run through the model (rows are cut to their
 micro-batch's longest row, so a half-empty last row costs nothing with micro_batch_rows = 1);
@@ -16,26 +16,19 @@ the best of several fp32 `torch.mm` calls of a square matrix, on the same thread
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import random
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-# This file is named trainer.py: drop its own folder from the path so `trainer` is the package.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
+import torch
 
-import torch  # noqa: E402
-
-from protocol.model_spec import SmolLM2Spec, TinyModelSpec  # noqa: E402
-from protocol.rollout_files import Sample  # noqa: E402
-from trainer.config import TrainerConfig  # noqa: E402
-from trainer.grpo import Trainer  # noqa: E402
-from trainer.source import Batch, RolloutSource, WindowCounts  # noqa: E402
+from bench import harness
+from protocol.model_spec import SmolLM2Spec, TinyModelSpec
+from protocol.rollout_files import Sample
+from trainer.config import TrainerConfig
+from trainer.grpo import Trainer
+from trainer.source import Batch, RolloutSource, WindowCounts
 
 
 def matmul_flops(n: int, repeats: int) -> float:
@@ -88,7 +81,8 @@ def matmul_params(model: torch.nn.Module) -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, smoke="the tiny model, one timed step of 2 groups x 2 at seq_len 128 (seconds; "
+                       "checks the bench, measures nothing)", quick="a short run (~1-2 min)")
     p.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     p.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up step)")
     p.add_argument("--seq-len", type=int, default=1024)
@@ -98,10 +92,6 @@ def main() -> None:
     p.add_argument("--micro-batch-rows", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     p.add_argument("--matmul-n", type=int, default=2048)
-    p.add_argument("--quick", action="store_true", help="a short run (~1-2 min)")
-    p.add_argument("--smoke", action="store_true", help="the tiny model, one timed step of 2 groups x 2 at seq_len "
-                   "128 (seconds; checks the bench, measures nothing)")
-    p.add_argument("--json", type=Path, help="write results here")
     args = p.parse_args()
     if args.quick:
         args.steps, args.seq_len, args.groups, args.group_size = 2, 512, 4, 4
@@ -148,7 +138,7 @@ def main() -> None:
     # Padding costs FLOPs too, but only useful tokens count as achieved work.
     achieved = 6.0 * n_mm * tok_s
     result = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": harness.machine(),
         "threads": torch.get_num_threads(),
         "model": args.model,
         "matmul_params": n_mm,
@@ -169,8 +159,7 @@ def main() -> None:
               "row_fill"):
         print(f"{k:<24}{result[k]:>16.4g}")
     print(f"({args.model}, {n_mm / 1e6:.1f}M matmul params, seq_len {args.seq_len}, {result['threads']} threads)")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

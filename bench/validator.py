@@ -25,25 +25,21 @@ integration tests), with honest submissions built the way a node builds them (ge
 3. Junk flood: N junk POSTs (malformed bytes, forged signatures, correctly signed submissions of
    unregistered nodes, oversized bodies declared and chunked) at a running validator (a subprocess,
    all its loops on, like `prime-validator`); its VmRSS is sampled from /proc during the flood
-   (bench/validator_http.py).
+   (`bench.validator_http`).
 
 The anchors are in the same run: generation for full checks; the RSS before the flood for memory.
 Sender rate limits are lifted (`rate_per_node`) so cheap-check throughput measures the checks.
 
-    python bench/validator.py --json out.json          # tiny + SmolLM2, 10,000 junk (~15 minutes)
-    python bench/validator.py --quick                  # tiny only, fewer rollouts (~2 minutes)
-    python bench/validator.py --smoke --json out.json  # every stage once on the smallest inputs (seconds)
+    python -m bench.validator --json out.json          # tiny + SmolLM2, 10,000 junk (~15 minutes)
+    python -m bench.validator --quick                  # tiny only, fewer rollouts (~2 minutes)
+    python -m bench.validator --smoke --json out.json  # every stage once on the smallest inputs (seconds)
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib.util
-import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -51,22 +47,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-# This file is named like the package: keep bench/ off sys.path so `import validator` finds the package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
-sys.path.insert(0, str(ROOT))
+from bench import harness
+from bench import validator_http as vhttp  # the validator as a process: HTTP intake and the junk flood
 
-
-def _bench_module(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-vhttp = _bench_module("validator_http")  # the validator as a process: HTTP intake and the junk flood
 TOKEN = 10**18
 ADMIN, VALIDATOR, TRAINER, OPERATOR, TREASURY = 0, vhttp.VALIDATOR, 2, 3, 9  # PUBLIC anvil dev accounts
 
@@ -454,11 +437,9 @@ def bench_model(name: str, chain: Chain, deployment: Path, run: Any, args: Any, 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny only, fewer rollouts, 2,000 junk (~2 minutes)")
-    ap.add_argument("--smoke", action="store_true", help="every stage once on the smallest inputs (seconds): tiny, "
-                    "2 submissions of 8 tokens, 1 HTTP round, 40 junk; checks the bench, measures nothing")
-    ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    ap = harness.parser(__doc__, smoke="every stage once on the smallest inputs (seconds): tiny, 2 submissions of 8 "
+                        "tokens, 1 HTTP round, 40 junk; checks the bench, measures nothing",
+                        quick="tiny only, fewer rollouts, 2,000 junk (~2 minutes)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of node and validator (default 1)")
     ap.add_argument("--models", default=None, help="comma list of: tiny, smollm2 (default both; quick: tiny)")
     ap.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "both"],
@@ -500,22 +481,16 @@ def main() -> int:
     args.peak = {d: matmul_peak(d, 0.05 if smoke else 0.5) for d in dtypes}
     run = RunSpec(run_id="bench", tasks_per_batch=4, samples_per_task=4, max_new_tokens=args.max_new)
     manifest = hashlib.sha256(b"bench manifest v1").digest()
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model_name = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                      platform.processor() or platform.machine())
-    flags = sorted({f for f in cpuinfo.split() if f.startswith(("amx", "avx512_bf16", "avx512f", "avx2"))})
+    machine = harness.machine(args.threads)
     info = {
-        "machine": model_name, "cpu_flags": flags, "platform": platform.platform(),
-        "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__, "python": platform.python_version(),
-        "matmul_gflops_512": flops, "matmul_peak": args.peak, "dtype": dtype, "dtypes": dtypes,
+        "machine": machine, "matmul_gflops_512": flops, "matmul_peak": args.peak, "dtype": dtype, "dtypes": dtypes,
         "dtype_choice": {"auto": "auto: the faster dense matmul here", "both": "both; HTTP and flood: the faster"}.get(
             args.dtype, "given"),
         "run": run.model_dump(mode="json"), "repeats": args.repeats, "smoke": smoke, "load_average_start": os.getloadavg(),
         "batch_submissions": 8, "batch_tokens": 8192, "generation_batch": "one submission per generate call "
         f"({run.tasks_per_batch * run.samples_per_task} sequences)",
     }
-    print(f"{model_name} ({', '.join(flags) or 'no avx2/avx512/amx'}) threads={args.threads} cpus={os.cpu_count()} "
-          f"load={os.getloadavg()[0]:.1f}  dense 512 matmul: "
+    print(f"{harness.describe(machine)}  dense 512 matmul: "
           f"fp32 {flops['float32']:.1f} GFLOP/s, bf16 {flops['bfloat16']:.2f} GFLOP/s -> {dtype}", flush=True)
     results: dict[str, Any] = {"info": info, "models": {}}
     chain = Chain(4, manifest)
@@ -561,16 +536,13 @@ def main() -> int:
     results["validation_over_generation"] = {m: r["validation_over_generation"] for m, r in results["models"].items()}
     results["cheap_checks_per_s"] = {m: r["intake_per_s"] for m, r in results["models"].items()}
     report(results)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    harness.write_json(args.json, results)
     return 0
 
 
 def report(res: dict[str, Any]) -> None:
     info = res["info"]
-    print(f"\n{info['machine']} x{info['cpus']}, {info['threads']} thread(s), {'/'.join(info['dtypes'])}, "
+    print(f"\n{info['machine']['cpu']} x{info['machine']['cores']}, {info['machine']['threads']} thread(s), {'/'.join(info['dtypes'])}, "
           f"{info['run']['tasks_per_batch']}x{info['run']['samples_per_task']} rollouts per submission, "
           f"max {info['run']['max_new_tokens']} new tokens, load {info['load_average_start'][0]:.1f} -> "
           f"{info['load_average_end'][0]:.1f}")

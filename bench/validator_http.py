@@ -1,6 +1,6 @@
-"""The validator as a process, for bench/validator.py: served by uvicorn, posted to over HTTP, flooded with junk.
+"""The validator as a process, for `bench.validator`: served by uvicorn, posted to over HTTP, flooded with junk.
 
-`python bench/validator_http.py --serve CONFIG.json --port-file PATH [--loops]` builds the `Service`
+`python -m bench.validator_http --serve CONFIG.json --port-file PATH [--loops]` builds the `Service`
 from a `ValidatorConfig` (key from the environment variable `BENCH_VALIDATOR_KEY`), serves it on a
 free loopback port and writes the port; with `--loops` every background loop runs, as in
 `prime-validator`. SIGTERM stops it.
@@ -24,11 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-# bench/validator.py is named like the package: keep bench/ off sys.path so `import validator` finds it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
-sys.path.insert(0, str(ROOT))
+from bench import harness
 
 VALIDATOR = 1  # PUBLIC anvil dev account of the validator role, as in the tests
 KEY_ENV = "BENCH_VALIDATOR_KEY"
@@ -91,9 +87,9 @@ class Served:
         from contracts.devchain import dev_key
 
         env = {**os.environ, KEY_ENV: "0x" + dev_key(VALIDATOR).hex(), "OMP_NUM_THREADS": str(threads)}
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(tmp / "config.json"),
-               "--port-file", str(port_file)] + (["--loops"] if loops else [])
-        self.proc = subprocess.Popen(cmd, env=env)
+        cmd = [sys.executable, "-m", "bench.validator_http", "--serve", str(tmp.resolve() / "config.json"),
+               "--port-file", str(port_file.resolve())] + (["--loops"] if loops else [])
+        self.proc = subprocess.Popen(cmd, env=env, cwd=harness.ROOT)
         deadline = time.monotonic() + 120
         while not port_file.exists() or not port_file.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:

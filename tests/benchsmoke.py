@@ -1,6 +1,6 @@
 """The benchmarks' `--smoke` runs, started in the background when the session's tests are collected.
 
-Each `bench/<name>.py --smoke --json out.json` is a subprocess that costs seconds to minutes of CPU (a
+Each `python -m bench.<name> --smoke --json out.json` is a subprocess that costs seconds to minutes of CPU (a
 whole devnet for `faults` and `learning`), and most of the suite waits on servers and subprocesses, so
 the runs start as soon as collection ends (`tests/conftest.py`), at a lower CPU priority (nice 10), and
 soak up the CPU the suite leaves idle; `tests/unit/bench/test_bench_smoke.py` then only waits for its
@@ -26,7 +26,6 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "bench"
 TEST = "test_smoke_mode_runs_and_writes_its_json"
 """The test (`tests/unit/bench/test_bench_smoke.py`) whose `name` parameters say which programs to run."""
 DEVNETS = frozenset({"faults", "learning"})
@@ -53,7 +52,7 @@ class Smoke:
         nice = 0 if self.hurried.is_set() else nice
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, str(BENCH / f"{self.name}.py"), "--smoke", "--json", str(self.out)],
+            [sys.executable, "-m", f"bench.{self.name}", "--smoke", "--json", str(self.out)],
             cwd=self.work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             preexec_fn=(lambda: os.nice(nice)) if nice else None,
         )

@@ -1,66 +1,17 @@
 """Loopback helpers shared by test tiers (importable from any test: `tests/` is on sys.path via its
-conftest): a free TCP port and a wait for an HTTP endpoint to answer."""
+conftest): a free TCP port, a wait for an HTTP endpoint to answer and an ASGI app served in a thread (these
+three are `bench.loopback`'s, which the benchmarks use too), a server that hangs, and a TCP proxy process."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
-from typing import Any
 
-import httpx
+from bench.loopback import free_port, serve_asgi, wait_http
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it; another process may still
-    take it before the caller binds, so callers that can should bind port 0 themselves)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float = 60.0, alive: object = None) -> httpx.Response:
-    """GET `url` until it answers 200; AssertionError after `timeout` seconds, or at once when `alive`
-    (a `subprocess.Popen`) has exited."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        poll = getattr(alive, "poll", None)
-        if poll is not None and poll() is not None:
-            raise AssertionError(f"process exited with {poll()} before {url} answered")
-        try:
-            r = httpx.get(url, timeout=2.0)
-            if r.status_code == 200:
-                return r
-            last = r.status_code
-        except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer 200 within {timeout} s (last: {last!r})")
-
-
-@contextlib.contextmanager
-def serve_asgi(app: Any, timeout: float = 30.0) -> Iterator[str]:
-    """Serve an ASGI `app` (e.g. a hostile peer a test writes with FastAPI) with uvicorn on a free loopback
-    port in a thread; yields its base URL and stops it on exit."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise AssertionError("the ASGI server did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=timeout)
+__all__ = ["ProxyProcess", "free_port", "hung_server", "serve_asgi", "wait_http"]
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The short version of `bench/learning.py --model smollm2`'s network run: SmolLM2-135M fine-tuned for one SFT step
+"""The short version of `python -m bench.learning --model smollm2`'s network run: SmolLM2-135M fine-tuned for one SFT step
 (`prime-trainer sft` with the shipped reverse-text config), that checkpoint published as version 0 of a small devnet
 (`prime-devnet up --model smollm2 --init`: 1 node, 1 validator, 1 relay), 2 GRPO steps on the nodes' checked work
 with the held-out evaluation (`trainer.eval`, greedy and sampled) on 4 tasks, and the checkpoint scored once before.

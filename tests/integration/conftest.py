@@ -12,12 +12,11 @@ import pytest
 
 _TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_TESTS / "unit" / "contracts"))
-sys.path.insert(0, str(_TESTS / "integration" / "validator"))
 
 import chainfixtures  # noqa: E402
 from chainfixtures import VALIDATOR, Pools  # noqa: E402
-from validator_harness import MANIFEST_V0, Served, serve, tiny, validator_config  # noqa: E402
 
+from bench.loopback import MANIFEST_V0, Served, serve, tiny, validator_config  # noqa: E402
 from models.loading import LoadedModel  # noqa: E402
 
 devchain, deployment, pools = chainfixtures.devchain, chainfixtures.deployment, chainfixtures.pools

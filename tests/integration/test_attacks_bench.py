@@ -1,4 +1,4 @@
-"""bench/attacks.py with three attacks and one trial each, so the attack harness cannot rot: a cheat the
+"""`python -m bench.attacks` with three attacks and one trial each, so the attack harness cannot rot: a cheat the
 model stage catches (one token edited and re-proved), one the envelope catches (a forged signature) and
 a hostile relay (bytes flipped in a shard), against real validators on anvil and real relays, plus one
 honest submission that must be accepted. A subprocess, so the bench's logging and torch settings stay
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 def test_attack_bench_detects_three_attacks_and_accepts_honest_work(tmp_path: Path) -> None:
     out = tmp_path / "attacks.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "attacks.py"), "--only", "edit_token,forged_signature,relay_flip",
+        [sys.executable, "-m", "bench.attacks", "--only", "edit_token,forged_signature,relay_flip",
          "--trials", "1", "--honest", "4", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=110, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

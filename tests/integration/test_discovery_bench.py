@@ -1,4 +1,4 @@
-"""bench/discovery.py at a tiny scale, so the bench cannot rot: three real libp2p hosts on 127.0.0.1 in a sparse
+"""`bench.discovery` at a tiny scale, so the bench cannot rot: three real libp2p hosts on 127.0.0.1 in a sparse
 mesh, with our signed announcements and bare gossipsub; every announcement reaches every host, and the
 receiver of the rate measurement admits what it counts. Behaviour only, never timing."""
 

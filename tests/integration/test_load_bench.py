@@ -1,4 +1,4 @@
-"""bench/load.py at a tiny scale, so the load harness cannot rot: a real validator (anvil, its own
+"""`bench.load` at a tiny scale, so the load harness cannot rot: a real validator (anvil, its own
 process, every loop on) under honest and junk traffic from a few senders, and a relay serving a few
 concurrent pulls. Behaviour only (every answer typed as expected, nothing lost, limits held), never timing."""
 

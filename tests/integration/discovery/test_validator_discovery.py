@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 from discovery_harness import LOOPBACK, policy_version, wait_until
-from validator_harness import MANIFEST_V0
 
+from bench.loopback import MANIFEST_V0
 from discovery.admission import Admission, Trust
 from discovery.board import AnnouncementBoard
 from discovery.config import DiscoveryConfig

@@ -15,8 +15,7 @@ import pytest
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's own handler writes to streams pytest closes
 pytest.importorskip("vllm", reason="vLLM is not installed: `make setup-vllm` then `make test-vllm`")
 
-from validator_harness import RUN, TINY  # noqa: E402
-
+from bench.loopback import RUN, TINY  # noqa: E402
 from node import engine_choice  # noqa: E402
 from node.config import load_config  # noqa: E402
 from node.engine_choice import choose_engine  # noqa: E402

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from chainfixtures import Pools
 from test_node_join import make_worker, node_config
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from node import commands
 from node.config import EngineSettings
 from node.engines import VLLM_INSTALL, available_engines, build_engine, vllm_engines

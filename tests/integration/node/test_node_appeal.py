@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from chainfixtures import OPERATOR, SETTINGS, TREASURY, VALIDATOR2, Pools
 from netfixtures import serve_asgi
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from contracts.pool import EscrowStatus, NodeStatus, WorkStatus
 from node import commands
 from node.appeal import appeal

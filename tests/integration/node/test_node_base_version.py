@@ -11,8 +11,8 @@ import httpx
 import pytest
 from chainfixtures import Pools
 from test_node_join import node_config
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from contracts.devchain import dev_identity
 from contracts.policy import PolicyHistory
 from node import commands

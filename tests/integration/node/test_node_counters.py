@@ -12,8 +12,8 @@ import httpx
 import pytest
 from chainfixtures import Pools
 from test_node_join import make_worker, node_config, start_loop
-from validator_harness import MANIFEST_V0, RUN, TINY
 
+from bench.loopback import MANIFEST_V0, RUN, TINY
 from node import commands
 from node.protection import FORMAT, SlashingProtection
 from protocol.canonical import to_hex

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from chainfixtures import OPERATOR, Pools
-from validator_harness import RUN
 
+from bench.loopback import RUN
 from protocol.canonical import to_hex
 from protocol.identity import Identity
 

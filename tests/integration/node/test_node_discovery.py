@@ -14,8 +14,8 @@ import pytest
 from chainfixtures import Pools
 from netfixtures import free_port
 from test_node_join import node_config
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from node import commands
 from protocol.canonical import to_hex
 

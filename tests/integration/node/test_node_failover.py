@@ -11,8 +11,8 @@ import httpx
 import pytest
 from chainfixtures import STRANGER, VALIDATOR, Pools
 from test_node_join import make_worker, node_config, start_loop
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from node import commands
 from node.protection import SlashingProtection
 from protocol.canonical import to_hex

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from chainfixtures import OPERATOR, SETTINGS, Pools
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from contracts.pool import NodeStatus, WorkStatus
 from node import commands
 from node.cli import main

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from chainfixtures import Pools
 from test_node_join import node_config
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from contracts.pool import NodeStatus
 from node import commands
 from node.cli import main

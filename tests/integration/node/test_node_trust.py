@@ -16,8 +16,8 @@ from chainfixtures import VALIDATOR, Pools
 from fastapi import FastAPI, Request, Response
 from netfixtures import serve_asgi
 from test_node_join import make_worker, node_config
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from node import commands
 from node.protection import SlashingProtection
 from node.rollouts import build_submission

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from chainfixtures import Pools
 from test_node_join import make_worker, node_config, start_loop
-from validator_harness import RUN
 
+from bench.loopback import RUN
 from contracts.policy import PolicyHistory
 from node import commands
 from node import worker as worker_module

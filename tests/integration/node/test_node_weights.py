@@ -19,8 +19,8 @@ import pytest
 from chainfixtures import Pools
 from netfixtures import free_port, wait_http
 from test_node_join import node_config
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from contracts.devchain import dev_identity
 from contracts.policy import PolicyHistory
 from models.checkpoint import save_checkpoint

@@ -1,4 +1,4 @@
-"""`bench/node.py --smoke --engines vllm` runs the node's loop on the vLLM engine and writes its JSON (`make test-vllm`;
+"""`python -m bench.node --smoke --engines vllm` runs the node's loop on the vLLM engine and writes its JSON (`make test-vllm`;
 the `models/` engine's smoke is tests/unit/bench/test_bench_smoke.py). Slow: a chain, a validator and a vLLM engine
 start (~1-2 minutes on 2 cores). Behaviour only: no timing is asserted."""
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 def test_the_node_bench_smoke_runs_the_loop_on_vllm(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "VLLM_CONFIGURE_LOGGING": "0"}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "node.py"), "--smoke", "--engines", "vllm", "--json",
+    proc = subprocess.run([sys.executable, "-m", "bench.node", "--smoke", "--engines", "vllm", "--json",
                            str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result = json.loads(out.read_text())

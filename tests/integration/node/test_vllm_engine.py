@@ -22,8 +22,8 @@ os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # vLLM's own handler write
 pytest.importorskip("vllm", reason="vLLM is not installed: `make setup-vllm` then `make test-vllm`")
 
 import torch  # noqa: E402
-from validator_harness import RUN, TINY  # noqa: E402
 
+from bench.loopback import RUN, TINY  # noqa: E402
 from models.engine import Engine  # noqa: E402
 from models.loading import load  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402

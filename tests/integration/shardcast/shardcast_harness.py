@@ -1,11 +1,11 @@
-"""Loopback helpers for the SHARDCAST integration tests: checkpoints, ports, a throttling TCP proxy,
-relay subprocesses (that a test can SIGKILL), and a deliberately misbehaving HTTP server."""
+"""Loopback helpers for the SHARDCAST integration tests: ports, a throttling TCP proxy,
+and relay subprocesses (that a test can SIGKILL). Checkpoints of random bytes are `bench.loopback`'s, the relay
+that serves whatever it is handed is `bench.adversaries.FakeRelay` (the attack bench uses both)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-from aiohttp import web
 from netfixtures import free_port
 
 T = TypeVar("T")
@@ -28,22 +27,6 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
     async def bounded() -> T:
         return await asyncio.wait_for(coro, timeout)
     return asyncio.run(bounded())
-
-
-def make_checkpoint(directory: Path, sizes: dict[str, int], seed: int = 0) -> Path:
-    """A checkpoint directory with files of random bytes (deterministic from `seed`)."""
-    rng = random.Random(seed)
-    for name, size in sizes.items():
-        path = directory / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(rng.randbytes(size))
-    return directory
-
-
-def same_tree(a: Path, b: Path) -> bool:
-    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    return files_a == files_b and all((a / f).read_bytes() == (b / f).read_bytes() for f in files_a)
 
 
 def connect_from(address: str, port: int, *, rcvbuf: int | None = None) -> socket.socket:
@@ -174,36 +157,3 @@ class RelayProcess:
         self.proc.wait(timeout=10)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
-
-
-class FakeRelay:
-    """An HTTP server that answers like a relay but serves whatever a test hands it (malformed or
-    forged manifests, oversized answers)."""
-
-    def __init__(self, routes: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]) -> None:
-        self.routes = routes
-        self.hits: dict[str, int] = {}
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self) -> FakeRelay:
-        app = web.Application()
-        for path, handler in self.routes.items():
-            async def counted(request: web.Request, handler: Any = handler, path: str = path) -> web.StreamResponse:
-                self.hits[path] = self.hits.get(path, 0) + 1
-                return await handler(request)
-            app.router.add_get(path, counted)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._runner is not None
-        await self._runner.cleanup()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 from netfixtures import free_port
-from shardcast_harness import REPO, make_checkpoint, same_tree
+from shardcast_harness import REPO
 
+from bench.loopback import make_checkpoint, same_tree
 from protocol.identity import Identity
 
 pytestmark = pytest.mark.timeout(90)

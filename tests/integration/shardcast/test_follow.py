@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from netfixtures import free_port
-from shardcast_harness import REPO, make_checkpoint, run, same_tree
+from shardcast_harness import REPO, run
 
+from bench.loopback import make_checkpoint, same_tree
 from protocol.identity import Identity
 from shardcast import Client, Origin, PullResult, Relay
 
@@ -120,8 +121,8 @@ def test_latest_pull_stalled_on_an_abandoned_version_moves_to_a_newer_signed_one
     """A relay that pre-empted v1 never serves its missing shards; a `latest` pull switches to v2, but only
     to a v2 whose manifest verifies: an index alone (unsigned) cannot make a client drop its pull."""
     from aiohttp import web
-    from shardcast_harness import FakeRelay
 
+    from bench.adversaries import FakeRelay
     from protocol.errors import RelayError
 
     trainer = Identity.create()

@@ -10,8 +10,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from shardcast_harness import FakeRelay, ThrottleProxy, make_checkpoint, run, same_tree, wait_until
+from shardcast_harness import ThrottleProxy, run, wait_until
 
+from bench.adversaries import FakeRelay
+from bench.loopback import make_checkpoint, same_tree
 from protocol.identity import Identity
 from shardcast import Client, Origin, Relay
 from shardcast.manifest import ShardEntry

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from shardcast_harness import REPO, FakeRelay, make_checkpoint, run, same_tree
+from shardcast_harness import REPO, run
 
+from bench.adversaries import FakeRelay
+from bench.loopback import make_checkpoint, same_tree
 from protocol.errors import PrimeError, RelayError
 from protocol.identity import Identity
 from shardcast import Client, Origin, Relay

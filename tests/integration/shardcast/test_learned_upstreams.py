@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from netfixtures import free_port
-from shardcast_harness import FakeRelay, make_checkpoint, run, wait_until
+from shardcast_harness import run, wait_until
 
+from bench.adversaries import FakeRelay
+from bench.loopback import make_checkpoint
 from protocol.identity import Identity
 from shardcast import Origin, Relay
 from shardcast.manifest import sign_manifest

@@ -13,18 +13,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from shardcast_harness import (
-    FakeRelay,
-    ThrottleProxy,
-    closed_by_peer,
-    connect_from,
-    holds_complete,
-    make_checkpoint,
-    run,
-    same_tree,
-    wait_until,
-)
+from shardcast_harness import ThrottleProxy, closed_by_peer, connect_from, holds_complete, run, wait_until
 
+from bench.adversaries import FakeRelay
+from bench.loopback import make_checkpoint, same_tree
 from protocol.identity import Identity
 from shardcast import Client, Origin, Relay
 from shardcast.manifest import sign_manifest

@@ -8,16 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from shardcast_harness import (
-    RelayProcess,
-    ThrottleProxy,
-    holds_complete,
-    make_checkpoint,
-    run,
-    same_tree,
-    wait_until,
-)
+from shardcast_harness import RelayProcess, ThrottleProxy, holds_complete, run, wait_until
 
+from bench.loopback import make_checkpoint, same_tree
 from protocol.errors import RelayError
 from protocol.identity import Identity
 from shardcast import Client, Origin, Relay

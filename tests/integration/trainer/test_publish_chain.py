@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from chainfaults import Background, manual_mining, pending, wait_for
 from chainfixtures import TRAINER, Pools
-from validator_harness import TINY
 
+from bench.loopback import TINY
 from discovery.admission import Trust
 from discovery.config import DiscoveryConfig
 from discovery.service import Discovery

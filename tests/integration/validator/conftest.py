@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 from chainfixtures import Pools
-from validator_harness import RUN, SimNode
 
+from bench.adversaries import SimNode
+from bench.loopback import RUN
 from models.loading import LoadedModel
 from protocol.identity import Identity
 from protocol.rollout import submission_domain

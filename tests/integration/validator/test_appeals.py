@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 from chainfixtures import SETTINGS, TREASURY, VALIDATOR2, Pools
-from validator_harness import SimNode, tiny
 
+from bench.adversaries import SimNode
+from bench.loopback import tiny
 from contracts.pool import EscrowStatus, NodeStatus, WorkStatus
 from protocol.appeal import Appeal
 from protocol.envelope import Envelope, seal
@@ -188,8 +189,7 @@ def test_work_restored_by_a_won_appeal_reaches_the_trainer(
     0: honest decode and prefill differ by ~1e-6) wins its appeal at another validator. The restored work enters
     that validator's trainer feed (tokens, recomputed rewards, its replay's logprobs), a trainer pulling the feed
     over HTTP trains it, and the audit reconciles it as restored work that reached the trainer."""
-    from validator_harness import RUN
-
+    from bench.loopback import RUN
     from devnet.audit import Inputs, reconcile
     from protocol.rollout import Submission
     from trainer.validator_feed import ValidatorFeedSource

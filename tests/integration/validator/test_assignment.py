@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 from chainfixtures import ADMIN, BUDGET, OPERATOR, SETTINGS, TOKEN, TRAINER, TREASURY, VALIDATOR, Pools
-from validator_harness import MANIFEST_V0, RUN, SimNode, serve, validator_config
 
+from bench.adversaries import SimNode
+from bench.loopback import MANIFEST_V0, RUN, serve, validator_config
 from contracts.deployment import deploy_pool
 from contracts.pool import PoolClient
 from contracts.transactor import Transactor, connect

@@ -7,8 +7,8 @@ import hashlib
 import time
 
 import pytest
-from validator_harness import MANIFEST_V0, tiny
 
+from bench.loopback import MANIFEST_V0, tiny
 from contracts.pool import WorkStatus
 
 pytestmark = pytest.mark.timeout(300)

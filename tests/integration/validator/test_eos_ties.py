@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from validator_harness import RUN, SimNode, narrow_eos_node
-
+from bench.adversaries import SimNode, narrow_eos_node
+from bench.loopback import RUN
 from contracts.pool import WorkStatus
 from protocol.envelope import Envelope, open_envelope
 from protocol.replay import ReplayGuard

@@ -13,8 +13,9 @@ import time
 
 import pytest
 import torch
-from validator_harness import RUN, STEER, SimNode, steer_logprobs
 
+from bench.adversaries import STEER, SimNode, steer_logprobs
+from bench.loopback import RUN
 from protocol.rollout import Submission
 from protocol.rollout_files import Sample, read_rollouts
 from trainer.loss import LossConfig, group_advantages, grpo_token_loss, token_weights

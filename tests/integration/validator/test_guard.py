@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from validator_harness import SimNode, perturbed
-
+from bench.adversaries import SimNode, perturbed
 from contracts.pool import WorkStatus
 from protocol.rollout import Reason
 from validator.guard import drift_band

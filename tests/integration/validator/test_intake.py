@@ -7,8 +7,8 @@ import json
 import time
 
 import pytest
-from validator_harness import SimNode
 
+from bench.adversaries import SimNode
 from contracts.pool import WorkStatus
 from protocol.envelope import Envelope, open_envelope
 from protocol.replay import ReplayGuard

@@ -22,8 +22,9 @@ import pytest
 from chainfixtures import VALIDATOR, Pools
 from netfixtures import free_port, wait_http
 from pgcluster import pg_cluster, pg_dsn  # noqa: F401 - fixtures of the postgres parameter
-from validator_harness import RUN, TINY, SimNode
 
+from bench.adversaries import SimNode
+from bench.loopback import RUN, TINY
 from contracts.devchain import dev_key
 from contracts.pool import WorkStatus
 from validator.ledger import Ledger

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 from netfixtures import free_port
-from validator_harness import RUN, TINY
 
+from bench.loopback import RUN, TINY
 from contracts.devchain import dev_identity
 from models.checkpoint import save_checkpoint
 from models.loading import load

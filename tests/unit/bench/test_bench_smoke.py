@@ -1,4 +1,5 @@
-"""Every benchmark program runs its `--smoke` mode (its whole code path on the smallest inputs) as a subprocess,
+"""Every benchmark program runs its `--smoke` mode (its whole code path on the smallest inputs) as a subprocess
+(`python -m bench.<name> --smoke --json out.json`),
 exits 0 and writes JSON with its expected keys, so a rename in a package breaks this test, not the next person
 who runs the benchmark (issue 28: `bench/validator.py` once failed with an AttributeError nobody saw).
 
@@ -22,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "bench"
 
 # bench/*.py with a __main__ that are not benchmarks: the processes and venvs benchmarks use, and tools that
-# write test data (bench/README.md lists them).
+# write test data (bench/README.md lists them). Modules without a __main__ (harness, loopback, adversaries) are
+# what the programs share.
 HELPERS = {
     "validator_http": "the validator as a server process, for validator.py and load.py",
     "toploc_reference": "makes the reference toploc venv (bench/.venvs/toploc-ref)",
@@ -38,10 +40,23 @@ def _ran(*keys: str) -> Check:
     return lambda out: all(out.get(k) is not None for k in keys)
 
 
+def _attacks_caught(o: dict[str, Any]) -> bool:
+    """At smoke size (one trial of each attack, one honest submission of 4 rollouts): every attack is caught in its
+    trial but those the tiny model cannot catch by design (`bench.attacks.UNDETECTABLE`: marked in the JSON, and
+    then never a crash), and the honest work is accepted (no false positive)."""
+    by_design = {r["attack"] for r in o["attacks"] if r["not_caught_by_design"]}
+    missed = [r["attack"] for r in o["attacks"] if r["detected"] != r["trials"] and r["attack"] not in by_design]
+    crashed = [r["attack"] for r in o["attacks"] if "error" in r["classes"]]
+    assert missed == [] and crashed == [], f"not caught: {missed}; crashed: {crashed}"
+    assert len(by_design) < len(o["attacks"]) // 4, f"most attacks must be caught, not by design: {sorted(by_design)}"
+    assert o["honest_submissions"] == 1 and o["honest_rollouts"] == 4 and o["false_positives"] == 0, \
+        o["false_positive_rows"]
+    return all(r["trials"] == 1 for r in o["attacks"]) and o["on_chain"]["hard"] > 0
+
+
 # program -> (top-level JSON keys, a check that the measured side ran)
 PROGRAMS: dict[str, tuple[set[str], Check]] = {
-    "attacks": ({"bench", "attacks", "honest_rollouts", "false_positives", "on_chain", "smoke"},
-                lambda o: all(r["trials"] == 1 for r in o["attacks"]) and o["honest_submissions"] == 1),
+    "attacks": ({"bench", "attacks", "honest_rollouts", "false_positives", "on_chain", "smoke"}, _attacks_caught),
     "capacity": ({"smoke", "networks"}, lambda o: len(o["networks"]) == 1),
     "churn": ({"steady", "churn", "ratio"}, lambda o: set(o["ratio"]) >= {"steps_per_min", "reward_per_sample"}),
     "discovery": ({"bench", "smoke", "reach", "rate", "machine"},
@@ -85,6 +100,17 @@ def test_every_program_has_a_smoke_run_here_and_helpers_are_named() -> None:
     assert set(HELPERS) <= _programs()
 
 
+def test_programs_run_as_modules_of_the_bench_package() -> None:
+    """`python -m bench.<name>`: no program puts a folder on sys.path (bench/validator.py and its namesakes are
+    `bench.validator` etc., so `import validator` finds the package), and none imports from tests/."""
+    assert (BENCH / "__init__.py").exists()
+    for path in BENCH.glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"sys\.path(\[|\.insert|\.append)", text), f"{path.name} edits sys.path"
+        assert not re.search(r"^\s*(from|import) (netfixtures|chainfixtures|validator_harness|shardcast_harness)\b",
+                             text, re.M), f"{path.name} imports a test helper"
+
+
 @pytest.mark.timeout(2 * benchsmoke.TIMEOUT_S)
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_smoke_mode_runs_and_writes_its_json(name: str, tmp_path: Path) -> None:
@@ -98,7 +124,7 @@ def test_smoke_mode_runs_and_writes_its_json(name: str, tmp_path: Path) -> None:
         smoke = benchsmoke.Smoke(name, tmp_path)
         code, stdout, stderr = smoke.run()
     out = smoke.out
-    assert code == 0, f"bench/{name}.py --smoke exited {code}:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+    assert code == 0, f"python -m bench.{name} --smoke exited {code}:\n{stdout[-3000:]}\n{stderr[-5000:]}"
     result = json.loads(out.read_text())
     assert keys <= set(result), f"missing keys: {sorted(keys - set(result))}"
     assert result.get("smoke", result.get("info", {}).get("smoke")) is True, "the JSON says it was a smoke run"

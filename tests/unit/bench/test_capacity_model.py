@@ -1,4 +1,4 @@
-"""bench/capacity.py: the smoke run answers from the repository's measurements and names them; the arithmetic
+"""`bench.capacity`: the smoke run answers from the repository's measurements and names them; the arithmetic
 follows the measured numbers it is given; missing or hostile measurement files give `null` answers, not a
 crash or a guess."""
 
@@ -17,7 +17,6 @@ from benchload import load_bench
 ROOT = Path(__file__).resolve().parents[3]
 
 
-# by file path: putting bench/ on sys.path would shadow the `trainer` package with bench/trainer.py
 capacity = load_bench("capacity")
 
 

@@ -1,4 +1,4 @@
-"""bench/churn.py --smoke: the report's arithmetic (steps per minute, reward per sample weighted by samples,
+"""`python -m bench.churn --smoke`: the report's arithmetic (steps per minute, reward per sample weighted by samples,
 churn / steady ratios) runs in seconds, so the benchmark cannot rot; the devnet run itself is the slow-tier
 tests/e2e/test_churn.py."""
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.mark.timeout(120)
 def test_smoke_reports_rates_and_ratios(tmp_path: Path) -> None:
     out = tmp_path / "churn.json"
-    done = subprocess.run([sys.executable, "bench/churn.py", "--smoke", "--json", str(out)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "bench.churn", "--smoke", "--json", str(out)], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     res = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""bench/learning.py --model smollm2 builds its two runs from one recipe: the local trainer's command line and the
+"""`python -m bench.learning --model smollm2` builds its two runs from one recipe: the local trainer's command line and the
 devnet's parse into configs that agree on every learning setting (the recipe TOML's values, or the flags'), and a
 recipe setting the devnet cannot pass on is refused before anything runs. Parses only; nothing is started."""
 

@@ -104,9 +104,14 @@ def test_readme_layout_lists_every_top_level_folder() -> None:
 
 
 def test_bench_readme_names_every_benchmark_program() -> None:
+    """Every module of the bench package is named (`bench.<name>`), and every program with a `--smoke` shows its
+    command in the `python -m bench.<name>` form."""
     text = (ROOT / "bench" / "README.md").read_text()
-    programs = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
-    assert programs and [p for p in programs if f"`bench/{p}`" not in text] == []
+    modules = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name != "__init__.py")
+    assert modules and [p.name for p in modules if f"bench.{p.stem}" not in text and f"bench/{p.name}" not in text] == []
+    programs = [p.stem for p in modules if p.stem != "harness" and "harness.parser(" in p.read_text()]  # with --smoke
+    assert programs and [p for p in programs if f"`python -m bench.{p} " not in text] == []
+    assert not re.search(r"python bench/[a-z_]+\.py", text), "commands run the package's modules: python -m bench.<name>"
 
 
 # ---------------------------------------------------------------- links

@@ -1,6 +1,6 @@
 """Compatibility with the reference toploc 0.1.6, from vectors it generated (tests/data/toploc/).
 
-Regenerate with `python bench/toploc_reference_vectors.py` (builds the reference in its own venv).
+Regenerate with `python -m bench.toploc_reference_vectors` (builds the reference in its own venv).
 """
 
 from __future__ import annotations

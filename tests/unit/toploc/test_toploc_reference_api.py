@@ -3,7 +3,7 @@
 Written from reading the reference's tests/ (test_poly.py, test_utils.py): the same inputs and
 the same assertions, restated here, plus the two deliberate differences (errors raise
 `ProofError` rather than returning null proofs; empty activations raise). The whole reference
-suite runs against this package with `python bench/toploc_reference_suite.py`.
+suite runs against this package with `python -m bench.toploc_reference_suite`.
 """
 
 from __future__ import annotations

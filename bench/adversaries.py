@@ -1,126 +1,37 @@
-"""A validator on 127.0.0.1 against a real anvil pool, and a node built from the libraries that can
-submit honest work or cheat in one named way.
+"""Cheating peers, for the attack bench (`bench.attacks`) and the tests that check each cheat is caught: a node
+built from the libraries that can submit honest work or cheat in one named way (`SimNode`), the cheats' own
+building blocks (steered logprobs, skipped near-tie EOS, perturbed weights), and a relay that serves whatever
+it is handed (`FakeRelay`).
 
-Honest work is built by `prime-node`'s own `node.rollouts.build_submission`; the copy of its steps
-below (generate with the seeded sampler, grade, prove, seal) exists only for the cheats, which are
-applied between generation and sealing.
+Honest work is built by `prime-node`'s own `node.rollouts.build_submission`; the copy of its steps below
+(generate with the seeded sampler, grade, prove, seal) exists only for the cheats, which are applied between
+generation and sealing.
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import httpx
-import uvicorn
+from aiohttp import web
 
+from bench.loopback import MANIFEST_V0, RUN
 from environments import get as get_environment
 from environments import render_prompt
 from models.engine import Engine
-from models.loading import LoadedModel, load
+from models.loading import LoadedModel
 from models.sampling import SamplingParams
 from node.engines import ModelsEngine
 from node.rollouts import build_submission
 from protocol.envelope import seal
 from protocol.identity import Identity
-from protocol.model_spec import TinyModelSpec
 from protocol.nonce import random_nonce
 from protocol.rollout import RunSpec, SampleRollout, Submission, TaskRollouts, submission_venue
 from protocol.seeds import sampling_seed, task_seed
 from toploc.validation import prove
-from validator.app import build_app
-from validator.config import ValidatorConfig
-from validator.service import Service
 
-MANIFEST_V0 = hashlib.sha256(b"manifest of v0").digest()
-TINY = TinyModelSpec(seed=0, hidden_size=128)  # >= top-k values per token: a 1-token last chunk can be proved
 OTHER_SYSTEM_PROMPT = "You are a pirate. Answer in pirate speak."
-RUN = RunSpec(run_id="test-run", tasks_per_batch=2, samples_per_task=2, max_new_tokens=40, async_level=1)
-
-
-@dataclass
-class Served:
-    """A running validator: its service, its URL, and a way to stop it."""
-
-    service: Service
-    url: str
-    server: uvicorn.Server
-    thread: threading.Thread
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30.0)
-
-    def stop(self) -> None:
-        if self.server.should_exit:  # stopped already (a test took it down early)
-            return
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.service.stop()
-
-    def wait_decided(self, work_key: str, timeout: float = 60.0,
-                     alive: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """The row once decided; AssertionError after `timeout`, or at once when `alive()` (the sender, e.g. a
-        node's loop in a thread) says the sender has ended without it being decided."""
-        with self.client() as c:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                ended = alive is not None and not alive()
-                r = c.get(f"/v1/submissions/{work_key}")
-                if r.status_code == 200 and r.json()["state"] != "received":
-                    return dict(r.json())
-                if ended and r.status_code != 200:
-                    raise AssertionError(f"{work_key}: the sender ended and the validator has no row "
-                                         f"(HTTP {r.status_code})")
-                time.sleep(0.1)
-        raise AssertionError(f"{work_key} not decided within {timeout} s")
-
-    def wait_reported(self, work_key: str, timeout: float = 60.0) -> dict[str, Any]:
-        with self.client() as c:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                r = c.get(f"/v1/submissions/{work_key}")
-                if r.status_code == 200 and r.json()["state"] == "reported":
-                    return dict(r.json())
-                time.sleep(0.1)
-        raise AssertionError(f"{work_key} not reported within {timeout} s")
-
-
-def serve(cfg: ValidatorConfig, identity: Identity, port: int = 0) -> Served:
-    """Build the service and serve it with uvicorn on a loopback port (default: any free one)."""
-    service = Service(cfg, identity)
-    service.start()
-    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise AssertionError("validator did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return Served(service, f"http://127.0.0.1:{port}", server, thread)
-
-
-FP32_EOS_TIE_DRIFT = 0.01
-"""`checks.eos_tie_drift` for a run whose nodes all generate in fp32 (the harness's validators)."""
-
-
-def validator_config(state_dir: Path, deployment_path: Path, rpc_url: str, **overrides: Any) -> ValidatorConfig:
-    values: dict[str, Any] = {
-        "state_dir": state_dir, "run": RUN, "model": TINY,
-        "chain": {"deployment": deployment_path, "rpc_url": rpc_url, "poll_s": 0.2},
-        "systemic": {"window_s": 0.5, "min_nodes": 3, "fraction": 0.5},
-        "reporter": {"interval_s": 0.2},
-        # the tiny model in fp32 everywhere: honest replay margins are 0.0, so a skipped near-tie EOS is a cheat
-        "checks": {"eos_tie_drift": FP32_EOS_TIE_DRIFT},
-    }
-    values.update(overrides)
-    return ValidatorConfig.model_validate(values)
 
 
 @dataclass
@@ -141,7 +52,7 @@ class SimNode:
         (generate with `model`), `other_prompt` (another system prompt), `edit_token`, `cheap_tokens`
         (`model`'s tokens, proved and scored by an honest prefill), `other_seed`, `early_stop`,
         `inflate_reward`, `unassigned_task`, `steer_logprobs` (honest work whose claimed logprobs are moved
-        inside the tolerance, see `steer_logprobs`) (bench/attacks.py runs each of them), `junk` (free: one
+        inside the tolerance, see `steer_logprobs`) (`bench.attacks` runs each of them), `junk` (free: one
         made-up token per sample, no model run), `logprob_shift` (every claimed logprob 0.51 lower: just over
         the 0.5 tolerance), `skip_eos` (every EOS that wins the seeded draw by at most the sampling
         tolerance is replaced by the best other token and generation goes on; `narrow_eos_node` finds keys
@@ -377,5 +288,34 @@ def perturbed(loaded: LoadedModel, scale: float, seed: int) -> LoadedModel:
     return other
 
 
-def tiny(seed: int = 0) -> LoadedModel:
-    return load(TINY.model_copy(update={"seed": seed}))
+class FakeRelay:
+    """An HTTP server that answers like a relay but serves whatever a test hands it (malformed or
+    forged manifests, oversized answers)."""
+
+    def __init__(self, routes: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]) -> None:
+        self.routes = routes
+        self.hits: dict[str, int] = {}
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> FakeRelay:
+        app = web.Application()
+        for path, handler in self.routes.items():
+            async def counted(request: web.Request, handler: Any = handler, path: str = path) -> web.StreamResponse:
+                self.hits[path] = self.hits.get(path, 0) + 1
+                return await handler(request)
+            app.router.add_get(path, counted)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()

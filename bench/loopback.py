@@ -1,0 +1,247 @@
+"""The real parts the attack bench (`bench.attacks`) and the integration tests run on 127.0.0.1: a pool on a
+dev chain with its role accounts and settings, validators served by uvicorn in this process, an ASGI app on a
+free port, and checkpoints of random bytes. (The tests' pytest fixtures over these are in
+`tests/unit/contracts/chainfixtures.py` and `tests/integration/conftest.py`; the cheating peers are in
+`bench.adversaries`.) Heavy packages (torch, the validator) are imported where they are used, so a contracts
+test that only wants the pool settings does not load them."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from contracts.deployment import Deployment, PoolSettings
+from contracts.devchain import DevChain
+from contracts.pool import PoolClient, TokenClient
+from contracts.transactor import connect
+from devnet.network import free_port as free_port  # the one free-port helper, for the bench and the tests
+from protocol.identity import Identity
+from protocol.model_spec import TinyModelSpec
+from protocol.rollout import RunSpec
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from models.loading import LoadedModel
+    from validator.config import ValidatorConfig
+    from validator.service import Service
+
+# -- the pool -----------------------------------------------------------------------------------------
+
+TOKEN = 10**18
+SETTINGS = PoolSettings(
+    min_stake=10 * TOKEN,
+    unbonding_period=300,
+    invalidation_window=100,
+    reward_lock_period=200,
+    reward_per_unit=10**15,
+    slash_penalty=4 * TOKEN,
+    appeal_window=150,
+)
+BUDGET = 1000 * TOKEN
+
+# PUBLIC anvil dev accounts by role (indices into the well-known test mnemonic).
+ADMIN, VALIDATOR, TRAINER, OPERATOR, OPERATOR2, STRANGER, ATTACKER_EOA, VALIDATOR2, TREASURY = 0, 1, 2, 3, 4, 5, 6, 7, 9
+# VALIDATOR2 holds no role at deploy time: a test that needs a second validator (appeals) grants it.
+
+
+@dataclass
+class Pools:
+    """Fresh clients (fresh nonce caches) for each role of one deployment (in the tests: inside one test's snapshot)."""
+
+    chain: DevChain
+    deployment: Deployment
+    admin: PoolClient
+    validator: PoolClient
+    trainer: PoolClient
+    operator: PoolClient
+    operator2: PoolClient
+    stranger: PoolClient
+
+    def client(self, index: int) -> PoolClient:
+        return PoolClient(connect(self.chain.rpc_url), self.deployment.pool, self.chain.account(index))
+
+    def token(self, index: int = ADMIN) -> TokenClient:
+        return TokenClient(connect(self.chain.rpc_url), self.deployment.token, self.chain.account(index))
+
+    def new_node(self, operator: PoolClient | None = None, stake: int = SETTINGS.min_stake) -> Identity:
+        node = Identity.create()
+        (operator or self.operator).register(node, stake)
+        return node
+
+    def work_key(self, run_id: str, node: str, version: int, counter: int) -> bytes:
+        """`protocol.seeds.work_key` of an assignment in this deployment's pool and chain."""
+        from protocol.seeds import work_key
+
+        return work_key(run_id, node, version, counter, chain_id=self.deployment.chain_id, pool=self.deployment.pool)
+
+
+# -- validators ---------------------------------------------------------------------------------------
+
+MANIFEST_V0 = hashlib.sha256(b"manifest of v0").digest()
+TINY = TinyModelSpec(seed=0, hidden_size=128)  # >= top-k values per token: a 1-token last chunk can be proved
+RUN = RunSpec(run_id="test-run", tasks_per_batch=2, samples_per_task=2, max_new_tokens=40, async_level=1)
+
+
+@dataclass
+class Served:
+    """A running validator: its service, its URL, and a way to stop it."""
+
+    service: Service
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30.0)
+
+    def stop(self) -> None:
+        if self.server.should_exit:  # stopped already (a test took it down early)
+            return
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.service.stop()
+
+    def wait_decided(self, work_key: str, timeout: float = 60.0,
+                     alive: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """The row once decided; AssertionError after `timeout`, or at once when `alive()` (the sender, e.g. a
+        node's loop in a thread) says the sender has ended without it being decided."""
+        with self.client() as c:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                ended = alive is not None and not alive()
+                r = c.get(f"/v1/submissions/{work_key}")
+                if r.status_code == 200 and r.json()["state"] != "received":
+                    return dict(r.json())
+                if ended and r.status_code != 200:
+                    raise AssertionError(f"{work_key}: the sender ended and the validator has no row "
+                                         f"(HTTP {r.status_code})")
+                time.sleep(0.1)
+        raise AssertionError(f"{work_key} not decided within {timeout} s")
+
+    def wait_reported(self, work_key: str, timeout: float = 60.0) -> dict[str, Any]:
+        with self.client() as c:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                r = c.get(f"/v1/submissions/{work_key}")
+                if r.status_code == 200 and r.json()["state"] == "reported":
+                    return dict(r.json())
+                time.sleep(0.1)
+        raise AssertionError(f"{work_key} not reported within {timeout} s")
+
+
+def serve(cfg: ValidatorConfig, identity: Identity, port: int = 0) -> Served:
+    """Build the service and serve it with uvicorn on a loopback port (default: any free one)."""
+    import uvicorn
+
+    from validator.app import build_app
+    from validator.service import Service
+
+    service = Service(cfg, identity)
+    service.start()
+    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise AssertionError("validator did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return Served(service, f"http://127.0.0.1:{port}", server, thread)
+
+
+FP32_EOS_TIE_DRIFT = 0.01
+"""`checks.eos_tie_drift` for a run whose nodes all generate in fp32 (the harness's validators)."""
+
+
+def validator_config(state_dir: Path, deployment_path: Path, rpc_url: str, **overrides: Any) -> ValidatorConfig:
+    from validator.config import ValidatorConfig
+
+    values: dict[str, Any] = {
+        "state_dir": state_dir, "run": RUN, "model": TINY,
+        "chain": {"deployment": deployment_path, "rpc_url": rpc_url, "poll_s": 0.2},
+        "systemic": {"window_s": 0.5, "min_nodes": 3, "fraction": 0.5},
+        "reporter": {"interval_s": 0.2},
+        # the tiny model in fp32 everywhere: honest replay margins are 0.0, so a skipped near-tie EOS is a cheat
+        "checks": {"eos_tie_drift": FP32_EOS_TIE_DRIFT},
+    }
+    values.update(overrides)
+    return ValidatorConfig.model_validate(values)
+
+
+def tiny(seed: int = 0) -> LoadedModel:
+    """The tiny model the loopback validators run (`seed` != 0: another model of the same shape)."""
+    from models.loading import load
+
+    return load(TINY.model_copy(update={"seed": seed}))
+
+
+# -- servers and files --------------------------------------------------------------------------------
+
+
+def wait_http(url: str, timeout: float = 60.0, alive: object = None) -> httpx.Response:
+    """GET `url` until it answers 200; AssertionError after `timeout` seconds, or at once when `alive`
+    (a `subprocess.Popen`) has exited."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        poll = getattr(alive, "poll", None)
+        if poll is not None and poll() is not None:
+            raise AssertionError(f"process exited with {poll()} before {url} answered")
+        try:
+            r = httpx.get(url, timeout=2.0)
+            if r.status_code == 200:
+                return r
+            last = r.status_code
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer 200 within {timeout} s (last: {last!r})")
+
+
+@contextlib.contextmanager
+def serve_asgi(app: Any, timeout: float = 30.0) -> Iterator[str]:
+    """Serve an ASGI `app` (e.g. a hostile peer a test writes with FastAPI) with uvicorn on a free loopback
+    port in a thread; yields its base URL and stops it on exit."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise AssertionError("the ASGI server did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout)
+
+
+def make_checkpoint(directory: Path, sizes: dict[str, int], seed: int = 0) -> Path:
+    """A checkpoint directory with files of random bytes (deterministic from `seed`)."""
+    rng = random.Random(seed)
+    for name, size in sizes.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(size))
+    return directory
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return files_a == files_b and all((a / f).read_bytes() == (b / f).read_bytes() for f in files_a)
