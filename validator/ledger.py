@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from protocol.errors import PrimeError
+from validator.judge import Measurements
 
 
 class LedgerError(PrimeError):
@@ -190,7 +191,7 @@ class OutboxRow:
 
     @property
     def units(self) -> int:
-        return int(json.loads(self.measurements or "{}").get("units", 1))
+        return Measurements.from_json(json.loads(self.measurements or "{}")).units or 1
 
 
 @dataclass(frozen=True)
@@ -663,8 +664,8 @@ class Ledger:
             extra = {"unreportable": report_error} if state == "unreportable" else {}
             unreportable += bool(extra)
             if outcome == "accepted":
-                m = json.loads(measurements or "{}")
-                units = int(m.get("units", 1))
+                m = Measurements.from_json(json.loads(measurements or "{}"))
+                units = m.units or 1
                 _count_ties(ties.setdefault(node, [0, 0, 0]), m)
                 accepted.append({"work_key": key, "node": node, "units": units, "feed_seq": feed.get(key),
                                  "reported": reported, "chain_tx": tx, **extra})
@@ -745,7 +746,7 @@ class Ledger:
         return self._rows("WHERE policy_version = ? AND outcome = 'accepted' ORDER BY decided_at DESC LIMIT ?",
                           (policy_version, limit))
 
-    # -- counters in order (DESIGN.md "Assignment") -------------------------------------------
+    # -- counters in order (docs/protocol/assignment.md, "Counters") -------------------------------------------
 
     def next_counter(self, node: str, policy_version: int, *, base: int | None) -> int | None:
         """The smallest counter >= `base` with no row for (`node`, `policy_version`): the one this validator
@@ -901,11 +902,11 @@ NEAR_TIE_REVIEW_FACTOR = 5.0
 """A node is listed for review when its near-ties per paid token exceed this many times the fleet's median."""
 
 
-def _count_ties(acc: list[int], m: dict[str, Any]) -> None:
+def _count_ties(acc: list[int], m: Measurements) -> None:
     """Add one accepted row's measurements to [paid tokens, near-ties, EOS near-ties]."""
-    acc[0] += sum(int(s.get("paid_tokens") or 0) for s in m.get("samples", ()))
-    acc[1] += int(m.get("near_ties", 0))
-    acc[2] += int(m.get("eos_near_ties", 0))
+    acc[0] += sum(s.paid_tokens or 0 for s in m.samples)
+    acc[1] += m.near_ties or 0
+    acc[2] += m.eos_near_ties or 0
 
 
 def near_tie_review(ties: dict[str, list[int]]) -> list[dict[str, Any]]:
