@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from discovery.config import DiscoveryConfig
+from protocol.canonical import HexAddress
 from protocol.config import PrimeConfig, parse_config
 from protocol.config import build_parser as _build_parser
 from protocol.model_spec import ModelSpec, TinyModelSpec
@@ -105,25 +106,22 @@ class LocalData(Section):
     """Seed of the task stream (step n uses tasks derived from task_seed and n)."""
 
 
-_ADDRESS = r"^0x[0-9a-fA-F]{40}$"
-
-
 class ValidatorsData(Section):
     """Accepted work pulled from validators' signed feeds (`GET /v1/feed`); see trainer/validator_feed.py."""
 
     type: Literal["validators"] = "validators"
     urls: list[str] = Field(min_length=1)
     """Base URLs of the validators to pull from (`http://host:port`); each serves `/v1/feed`."""
-    addresses: list[str] = []
+    addresses: list[HexAddress] = []
     """The validator address expected to sign each url's feed, in the order of `urls` (one per url).
     Give this or `accepted`."""
-    accepted: list[str] = []
+    accepted: list[HexAddress] = []
     """Alternatively: validator addresses whose signed feed items are accepted from any of the urls."""
     domain: str | None = None
     """Envelope domain of the run (`prime/<chain_id>/<pool>/<run_id>`); or give chain_id, pool and run_id."""
     chain_id: int | None = Field(None, ge=0)
     """Chain id of the run's network (with `pool` and `run_id`, instead of `domain`)."""
-    pool: str | None = Field(None, pattern=_ADDRESS)
+    pool: HexAddress | None = None
     """Address of the run's pool contract (with `chain_id` and `run_id`)."""
     run_id: str | None = Field(None, min_length=1, max_length=128)
     """The training run (with `chain_id` and `pool`); feed items of another run are refused."""
@@ -156,9 +154,6 @@ class ValidatorsData(Section):
             raise ValueError("give exactly one of `addresses` (one per url) or `accepted` (any url)")
         if self.addresses and len(self.addresses) != len(self.urls):
             raise ValueError(f"addresses: {len(self.addresses)} given for {len(self.urls)} urls")
-        for a in [*self.addresses, *self.accepted]:
-            if not re.match(_ADDRESS, a):
-                raise ValueError(f"{a!r} is not a 0x-prefixed 20-byte address")
         parts = (self.chain_id, self.pool, self.run_id)
         if self.domain is None and None in parts:
             raise ValueError("give `domain`, or all of `chain_id`, `pool` and `run_id`")
