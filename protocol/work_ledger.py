@@ -55,6 +55,13 @@ class WorkLedger:
 def read_work_ledger(path: Path) -> dict[int, dict[str, Any]]:
     """The last line of every step (a torn last line, from a crash mid-write, is skipped); empty when the file
     cannot be read (no step written yet)."""
+    return read_step_lines(path)
+
+
+def read_step_lines(path: Path) -> dict[int, dict[str, Any]]:
+    """Any JSON-lines file the trainer appends one line per step to (the work ledger, the metrics file), by
+    step: the last line of each step wins (a step re-run after a crash is written twice), a torn or foreign
+    line is skipped, and a file that cannot be read gives nothing."""
     steps: dict[int, dict[str, Any]] = {}
     try:
         text = Path(path).read_text()
