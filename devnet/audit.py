@@ -30,7 +30,6 @@ Checks (each one row of the table; any failing row makes the exit status 1):
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import sqlite3
 from contextlib import closing
@@ -43,6 +42,7 @@ import httpx
 from devnet.network import Layout
 from protocol.deadline import PeerTimeoutError, bounded_request, deadline_client
 from protocol.identity import checksum
+from protocol.work_ledger import read_work_ledger
 
 log = logging.getLogger(__name__)
 
@@ -237,21 +237,6 @@ def reconcile(inp: Inputs) -> list[Row]:
 
 # -- gathering ----------------------------------------------------------------------------------
 
-def read_work_ledger(path: Path) -> dict[int, dict[str, Any]]:
-    steps: dict[int, dict[str, Any]] = {}
-    try:
-        text = path.read_text()
-    except OSError:
-        return steps
-    for raw in text.splitlines():
-        try:
-            line = json.loads(raw)
-            steps[int(line["step"])] = line
-        except (ValueError, KeyError, TypeError):
-            continue
-    return steps
-
-
 def _nodes(http: httpx.Client, layout: Layout) -> dict[str, dict[str, Any] | None]:
     nodes: dict[str, dict[str, Any] | None] = {}
     for n in layout.nodes:
@@ -267,7 +252,7 @@ def _records_on_disk(layout: Layout, node: dict[str, str]) -> dict[str, Any] | N
     """A node that does not answer (killed for good, stopped): its slashing-protection record read, read-only,
     from its state directory (`node/protection.py`'s `signed` table, what its /health `records` counts), so a
     dead node's work is still accounted for (issue 26 item 2); None without one. SQL rather than an import:
-    the devnet does not import the node role (DESIGN.md)."""
+    the devnet does not import the node role (docs/architecture.md, "Where the code lives")."""
     path = Path(layout.state_dir) / node["name"] / "protection.sqlite"
     if not path.exists():
         return None

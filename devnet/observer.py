@@ -12,7 +12,6 @@ The dashboard (devnet/server.py) serves the same snapshot as JSON.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -26,6 +25,7 @@ import httpx
 from devnet.network import Layout
 from devnet.processes import ProcessTable
 from protocol.deadline import PeerTimeoutError, bounded_request, deadline_client
+from protocol.work_ledger import read_step_lines
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +33,8 @@ MAX_EVENTS = 200
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The trainer's per-step metrics (the last line of each step wins; a torn line is skipped)."""
-    steps: dict[int, dict[str, Any]] = {}
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    for raw in text.splitlines():
-        try:
-            m = json.loads(raw)
-            steps[int(m["step"])] = m
-        except (ValueError, KeyError, TypeError):
-            continue
+    """The trainer's per-step metrics, in step order (the last line of each step wins; a torn line is skipped)."""
+    steps = read_step_lines(path)
     return [steps[k] for k in sorted(steps)]
 
 

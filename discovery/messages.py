@@ -22,7 +22,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from discovery.config import Multiaddr
-from protocol.canonical import HexBytes
+from protocol.canonical import Hash32
 from protocol.envelope import Body
 
 MAX_URLS = 16
@@ -65,17 +65,10 @@ class PolicyAnnounced(_Announced):
 
     policy_version: int = Field(ge=0, lt=2**63)
     """The policy version (trainer step)."""
-    manifest_hash: HexBytes
+    manifest_hash: Hash32
     """SHA-256 of the signed SHARDCAST manifest (`Manifest.content_hash()`, recorded on chain)."""
     urls: tuple[HttpUrl, ...] = Field(default=(), max_length=MAX_URLS)
     """Origin and relay base URLs known to hold this version."""
-
-    @field_validator("manifest_hash")
-    @classmethod
-    def _hash_size(cls, value: bytes) -> bytes:
-        if len(value) != 32:
-            raise ValueError(f"manifest_hash must be 32 bytes, got {len(value)}")
-        return value
 
 
 class ValidatorAnnounced(_Announced):

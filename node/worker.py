@@ -24,10 +24,10 @@ Nothing a validator says is believed because it answered (issue 23, item 10):
   the next one tried. The node stops only on what it can check itself: a verified, signed hard
   verdict (more work would only be slashed again) or the chain saying it is not active.
 
-Counters are used strictly in order and never skipped (validators take them in order, DESIGN.md
-"Assignment"). When a validator takes an earlier counter first that this node no longer holds (it went
-to another validator while this one was down, or the state dir was lost), that assignment is marked
-`refused` (never resent or signed again) and the node waits for the next version.
+Counters are used strictly in order and never skipped (validators take them in order:
+docs/protocol/assignment.md, "Counters"). When a validator takes an earlier counter first that this node
+no longer holds (it went to another validator while this one was down, or the state dir was lost), that
+assignment is marked `refused` (never resent or signed again) and the node waits for the next version.
 """
 
 from __future__ import annotations

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from protocol.canonical import HexBytes
+from protocol.canonical import Address, Hash32, HexBytes
 from protocol.envelope import Body
-from protocol.identity import checksum
 
 MAX_INNER_ENVELOPE_CHARS = 8 << 20
 """Upper bound on each envelope carried inside an appeal (the receiver's size cap is usually lower)."""
@@ -35,9 +34,9 @@ class Appeal(Body):
 
     run_id: str = Field(min_length=1, max_length=128)
     """The training run."""
-    node: str
+    node: Address
     """The slashed node's checksummed address."""
-    work_key: HexBytes
+    work_key: Hash32
     """The assignment's work key (the key slashed on chain)."""
     verdict: str = Field(min_length=2, max_length=MAX_INNER_ENVELOPE_CHARS)
     """The hard `Verdict` envelope as its validator signed it (canonical JSON text)."""
@@ -47,20 +46,6 @@ class Appeal(Body):
     """For a verdict that rests on more than the submission (equivocation): the slasher's evidence document as
     it serves it (`GET /v1/evidence/{hash}`; SHA-256 = verdict.evidence_hash), which holds both signed
     envelopes, so the re-check needs nothing from the slasher."""
-
-    @field_validator("node")
-    @classmethod
-    def _checksummed(cls, value: str) -> str:
-        if checksum(value) != value:
-            raise ValueError("node must be an EIP-55 checksummed address")
-        return value
-
-    @field_validator("work_key")
-    @classmethod
-    def _key32(cls, value: bytes) -> bytes:
-        if len(value) != 32:
-            raise ValueError(f"work_key must be 32 bytes, got {len(value)}")
-        return value
 
 
 class AppealOutcome(StrEnum):

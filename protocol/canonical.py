@@ -18,9 +18,10 @@ is a `ProtocolError`.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import AfterValidator, BeforeValidator, PlainSerializer, ValidationInfo
 from pydantic_core import from_json
 
 from protocol.errors import ProtocolError
@@ -45,6 +46,44 @@ def from_hex(value: object) -> bytes:
 
 HexBytes = Annotated[bytes, BeforeValidator(from_hex), PlainSerializer(to_hex, when_used="json")]
 """A `bytes` field that travels as a 0x-hex string in canonical JSON."""
+
+
+def _hash32(value: bytes, info: ValidationInfo) -> bytes:
+    if len(value) != 32:
+        raise ValueError(f"{info.field_name} must be 32 bytes, got {len(value)}")
+    return value
+
+
+Hash32 = Annotated[HexBytes, AfterValidator(_hash32)]
+"""A 32-byte value (a work key, a SHA-256 digest) that travels as 0x-hex; any other length is refused."""
+
+
+def _checksummed(value: str, info: ValidationInfo) -> str:
+    # One spelling per address, so the signed bytes are unambiguous. `protocol.identity` loads eth-account
+    # (half a second): imported on the first check, so a module that only declares fields stays light.
+    from protocol.identity import checksum
+
+    if checksum(value) != value:
+        raise ValueError(f"{info.field_name} must be an EIP-55 checksummed address")
+    return value
+
+
+Address = Annotated[str, AfterValidator(_checksummed)]
+"""An Ethereum address in its EIP-55 checksum form, the only spelling a wire message takes (a lower-case one
+is refused; a string that is no address at all raises `SignatureError`)."""
+
+_HEX_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+
+
+def _hex_address(value: str) -> str:
+    if not _HEX_ADDRESS.match(value):
+        raise ValueError(f"{value!r} is not a 0x-prefixed 20-byte address")
+    return value
+
+
+HexAddress = Annotated[str, AfterValidator(_hex_address)]
+"""An address as an operator writes it in a config file: 0x and 40 hex digits, any case (the role checksums it
+where it matters)."""
 
 
 def _default(value: Any) -> Any:

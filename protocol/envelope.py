@@ -32,7 +32,7 @@ from typing import Annotated, Any, ClassVar, Protocol, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from protocol.canonical import HexBytes, canonical_bytes, from_hex, parse_json
+from protocol.canonical import Address, HexBytes, canonical_bytes, from_hex, parse_json
 from protocol.errors import (
     DomainError,
     ExpiredError,
@@ -139,7 +139,7 @@ class Envelope(BaseModel):
     """Schema version of the body."""
     domain: str = Field(min_length=1, max_length=256)
     """The network/run this message is for (e.g. `prime/31337/0xPool.../run-1`)."""
-    signer: str
+    signer: Address
     """Checksummed address of the sender; the signature must recover to it."""
     nonce: int = Field(ge=0, lt=MAX_NONCE)
     """Unique per (domain, signer) within the age window; see `protocol.nonce`."""
@@ -149,14 +149,6 @@ class Envelope(BaseModel):
     """The body exactly as signed (canonical JSON object)."""
     signature: HexBytes
     """65-byte EIP-191 signature over `ENVELOPE_TAG + canonical(header + body)`."""
-
-    @field_validator("signer")
-    @classmethod
-    def _checksummed(cls, value: str) -> str:
-        # One spelling per address, so the signed bytes are unambiguous.
-        if checksum(value) != value:
-            raise ValueError("signer must be an EIP-55 checksummed address")
-        return value
 
     @field_validator("signature")
     @classmethod

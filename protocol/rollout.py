@@ -16,9 +16,9 @@ import hashlib
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from protocol.canonical import HexBytes
+from protocol.canonical import Address, Hash32, HexBytes
 from protocol.envelope import Body
 from protocol.errors import PrimeError, ProtocolError
 from protocol.identity import checksum
@@ -70,11 +70,11 @@ class Submission(Body):
 
     run_id: str = Field(min_length=1, max_length=128)
     """The training run."""
-    node: str
+    node: Address
     """The node's checksummed address (must equal the envelope's signer)."""
     policy_version: int = Field(ge=0, lt=2**63)
     """The policy (trainer step) whose weights generated every sample."""
-    manifest_hash: HexBytes
+    manifest_hash: Hash32
     """Hash of the signed SHARDCAST manifest of those weights (as recorded on chain)."""
     counter: int = Field(ge=0, lt=2**63)
     """Which assignment of this node at this version."""
@@ -84,20 +84,6 @@ class Submission(Body):
     """Environment version."""
     tasks: tuple[TaskRollouts, ...] = Field(min_length=1, max_length=MAX_TASKS)
     """One entry per assigned task, in assignment order."""
-
-    @field_validator("node")
-    @classmethod
-    def _checksummed(cls, value: str) -> str:
-        if checksum(value) != value:
-            raise ValueError("node must be an EIP-55 checksummed address")
-        return value
-
-    @field_validator("manifest_hash")
-    @classmethod
-    def _hash32(cls, value: bytes) -> bytes:
-        if len(value) != 32:
-            raise ValueError(f"manifest_hash must be 32 bytes, got {len(value)}")
-        return value
 
     def n_samples(self) -> int:
         return sum(len(t.samples) for t in self.tasks)

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from discovery.config import DiscoveryConfig
+from protocol.canonical import HexAddress
 from protocol.config import PrimeConfig, parse_config
 from protocol.config import build_parser as _build_parser
 from protocol.model_spec import ModelSpec, TinyModelSpec
@@ -105,25 +106,22 @@ class LocalData(Section):
     """Seed of the task stream (step n uses tasks derived from task_seed and n)."""
 
 
-_ADDRESS = r"^0x[0-9a-fA-F]{40}$"
-
-
 class ValidatorsData(Section):
     """Accepted work pulled from validators' signed feeds (`GET /v1/feed`); see trainer/validator_feed.py."""
 
     type: Literal["validators"] = "validators"
     urls: list[str] = Field(min_length=1)
     """Base URLs of the validators to pull from (`http://host:port`); each serves `/v1/feed`."""
-    addresses: list[str] = []
+    addresses: list[HexAddress] = []
     """The validator address expected to sign each url's feed, in the order of `urls` (one per url).
     Give this or `accepted`."""
-    accepted: list[str] = []
+    accepted: list[HexAddress] = []
     """Alternatively: validator addresses whose signed feed items are accepted from any of the urls."""
     domain: str | None = None
     """Envelope domain of the run (`prime/<chain_id>/<pool>/<run_id>`); or give chain_id, pool and run_id."""
     chain_id: int | None = Field(None, ge=0)
     """Chain id of the run's network (with `pool` and `run_id`, instead of `domain`)."""
-    pool: str | None = Field(None, pattern=_ADDRESS)
+    pool: HexAddress | None = None
     """Address of the run's pool contract (with `chain_id` and `run_id`)."""
     run_id: str | None = Field(None, min_length=1, max_length=128)
     """The training run (with `chain_id` and `pool`); feed items of another run are refused."""
@@ -156,9 +154,6 @@ class ValidatorsData(Section):
             raise ValueError("give exactly one of `addresses` (one per url) or `accepted` (any url)")
         if self.addresses and len(self.addresses) != len(self.urls):
             raise ValueError(f"addresses: {len(self.addresses)} given for {len(self.urls)} urls")
-        for a in [*self.addresses, *self.accepted]:
-            if not re.match(_ADDRESS, a):
-                raise ValueError(f"{a!r} is not a 0x-prefixed 20-byte address")
         parts = (self.chain_id, self.pool, self.run_id)
         if self.domain is None and None in parts:
             raise ValueError("give `domain`, or all of `chain_id`, `pool` and `run_id`")
@@ -303,27 +298,24 @@ def eval_label(temperature: float) -> str:
     return "greedy" if temperature == 0 else f"t{temperature:g}"
 
 
-class TrainerConfig(PrimeConfig):
+class TrainLoopConfig(PrimeConfig):
+    """What every training run has, GRPO (`TrainerConfig`) or SFT (`SFTConfig`): the model, the optimizer,
+    checkpoints, publishing, the device and the metrics (the settings of `trainer.loop.TrainLoop`)."""
+
     model: ModelSpec = TinyModelSpec()
-    """The policy model: type = "tiny" (seed, sizes), "smollm2", or "hf" (name_or_path, revision)."""
+    """The model to train: type = "tiny" (seed, sizes), "smollm2", or "hf" (name_or_path, revision)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype; auto = float32 on CPU, bfloat16 autocast on GPU (parameters stay float32)."""
-    loss: LossSettings = LossSettings()
-    """The GRPO objective."""
     optim: OptimSettings = OptimSettings()
-    """The optimizer."""
-    batch: BatchSettings = BatchSettings()
-    """Batching, packing and the async window."""
-    data: Annotated[Union[DirectoryData, LocalData, ValidatorsData], Field(discriminator="type")] = DirectoryData()  # noqa: UP007, E501
-    """Where rollouts come from: a directory of rollout files, local generation, or validators' feeds."""
+    """The optimizer and learning-rate schedule."""
     publish: Annotated[Union[NoPublish, LocalPublish, ShardcastPublish], Field(discriminator="type")] = NoPublish()  # noqa: UP007, E501
     """Where finished checkpoints are handed for broadcast: none, a local directory, or a SHARDCAST origin store."""
     checkpoint: CheckpointSettings = CheckpointSettings()
-    """Checkpointing and resume."""
+    """Checkpointing and resume (GRPO and SFT checkpoints share one layout)."""
     max_steps: int = Field(100, ge=0)
-    """Number of optimizer steps to run (total, counting resumed ones)."""
+    """Number of optimizer steps to run (total, counting resumed ones; in SFT, epochs follow from the data size)."""
     seed: int = 0
-    """Seed of the trainer's RNG (dropout, etc.)."""
+    """Seed of the trainer's RNG (dropout; in SFT also the order of the examples)."""
     torch_threads: int = Field(0, ge=0)
     """torch intra-op threads; 0 = torch's default."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -343,6 +335,17 @@ class TrainerConfig(PrimeConfig):
     """Weights & Biases logging (off unless `wandb.project` is set)."""
     eval: EvalSettings = EvalSettings()
     """Held-out evaluation on a schedule during training (off unless `eval.every` > 0)."""
+
+
+class TrainerConfig(TrainLoopConfig):
+    """`prime-trainer`: asynchronous GRPO on rollouts from a directory, local generation or validators' feeds."""
+
+    loss: LossSettings = LossSettings()
+    """The GRPO objective."""
+    batch: BatchSettings = BatchSettings()
+    """Batching, packing and the async window."""
+    data: Annotated[Union[DirectoryData, LocalData, ValidatorsData], Field(discriminator="type")] = DirectoryData()  # noqa: UP007, E501
+    """Where rollouts come from: a directory of rollout files, local generation, or validators' feeds."""
     work_ledger: Path | None = None
     """Append one JSON line per step with the work keys it trained or dropped (validators' feeds), the feed
     cursors and the keys still queued: what an audit reconciles with the validators' ledgers."""
@@ -406,50 +409,18 @@ class EnvironmentSFTData(Section):
     """Visit the examples in a fresh seeded order every epoch (else in seed order)."""
 
 
-class SFTConfig(PrimeConfig):
+class SFTConfig(TrainLoopConfig):
     """`prime-trainer sft`: supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens."""
 
-    model: ModelSpec = TinyModelSpec()
-    """The model to fine-tune: type = "tiny" (seed, sizes), "smollm2", or "hf" (name_or_path, revision)."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype; auto = float32 on CPU, bfloat16 autocast on GPU (parameters stay float32)."""
     optim: OptimSettings = OptimSettings(lr=5e-5)
-    """The optimizer and learning-rate schedule."""
+    """The optimizer and learning-rate schedule (SFT's default learning rate is 5e-5)."""
     batch: SFTBatchSettings = SFTBatchSettings()
     """Examples per step, packing and micro-batching."""
     data: Annotated[Union[FileSFTData, EnvironmentSFTData], Field(discriminator="type")]  # noqa: UP007
     """Where examples come from: a JSONL/Parquet file, or an environment's tasks with their reference answers."""
-    publish: Annotated[Union[NoPublish, LocalPublish, ShardcastPublish], Field(discriminator="type")] = NoPublish()  # noqa: UP007, E501
-    """Where finished checkpoints are handed for broadcast: none, a local directory, or a SHARDCAST origin store."""
-    checkpoint: CheckpointSettings = CheckpointSettings()
-    """Checkpointing and resume (the same layout as RL checkpoints)."""
     output_dir: Path | None = None
     """At the end, the final weights and tokenizer also go here (a plain Hugging Face model directory, replaced
     atomically): what an RL run names as `model.name_or_path`."""
-    max_steps: int = Field(100, ge=0)
-    """Number of optimizer steps to run (total, counting resumed ones); epochs follow from the data size."""
-    seed: int = 0
-    """Seed of the trainer's RNG and of the example order."""
-    torch_threads: int = Field(0, ge=0)
-    """torch intra-op threads; 0 = torch's default."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Training device."""
-    metrics_file: Path | None = None
-    """Append one JSON line of metrics per step here."""
-    metrics_port: int | None = None
-    """Serve Prometheus /metrics on <metrics_host>:<port>."""
-    metrics_host: str = "127.0.0.1"
-    """Address the /metrics server binds to (loopback by default; the host's own address to be scraped from
-    elsewhere)."""
-    progress: bool = True
-    """Print one progress line per step to stderr (reward, samples, staleness, throughput, step time, eval)."""
-    tensorboard_dir: Path | None = None
-    """Also write every per-step scalar as TensorBoard event files here (`tensorboard --logdir DIR`); None = off."""
-    wandb: WandbSettings = WandbSettings()
-    """Weights & Biases logging (off unless `wandb.project` is set)."""
-    eval: EvalSettings = EvalSettings()
-    """Held-out evaluation on a schedule during training (off unless `eval.every` > 0)."""
-
 
     @model_validator(mode="after")
     def _eval_seeds(self) -> SFTConfig:

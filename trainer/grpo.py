@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from protocol.work_ledger import WorkLedger
 from trainer.config import TrainerConfig
 from trainer.distributed import DistInfo, all_reduce_sum
 from trainer.loop import StepResult, TrainLoop
@@ -20,7 +21,6 @@ from trainer.metrics import MetricsSink
 from trainer.packing import PackedRows, pack, token_logprobs
 from trainer.publish import PublishHook, publish_timing
 from trainer.source import RolloutSource
-from trainer.work_ledger import WorkLedger
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from protocol.errors import ConfigError, TrainerError
 
 if TYPE_CHECKING:
-    from trainer.config import SFTConfig, TrainerConfig, WandbSettings
+    from trainer.config import TrainLoopConfig, WandbSettings
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class MetricsSink:
             self._server = None
 
 
-def metrics_sink(cfg: TrainerConfig | SFTConfig, keys: Sequence[str] = STEP_KEYS,
+def metrics_sink(cfg: TrainLoopConfig, keys: Sequence[str] = STEP_KEYS,
                  line: Callable[[dict[str, Any]], str] = rl_line) -> MetricsSink:
     """The sink a training run's config describes (JSONL, Prometheus, TensorBoard, W&B, progress)."""
     return MetricsSink(cfg.metrics_file, cfg.metrics_port, cfg.progress, cfg.max_steps, keys=keys, line=line,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from protocol.errors import ConfigError
-from trainer.config import SFTConfig, TrainerConfig
+from trainer.config import TrainerConfig, TrainLoopConfig
 from trainer.distributed import DistInfo, RankZeroSource, init_distributed
 from trainer.evaluate import build_scheduled_eval
 from trainer.grpo import Trainer
@@ -21,13 +21,13 @@ from trainer.source import DirectorySource, RolloutSource
 log = logging.getLogger(__name__)
 
 
-def pick_device(cfg: TrainerConfig | SFTConfig) -> torch.device:
+def pick_device(cfg: TrainLoopConfig) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")
 
 
-def prepare_process(cfg: TrainerConfig | SFTConfig) -> tuple[torch.device, DistInfo]:
+def prepare_process(cfg: TrainLoopConfig) -> tuple[torch.device, DistInfo]:
     """Threads, device, process group (under torchrun) and seeds, for any training run."""
     from transformers.utils import logging as hf_logging
 
@@ -45,7 +45,7 @@ def prepare_process(cfg: TrainerConfig | SFTConfig) -> tuple[torch.device, DistI
     return device, dist_info
 
 
-def build_publish_hook(cfg: TrainerConfig | SFTConfig, dist_info: DistInfo) -> PublishHook | None:
+def build_publish_hook(cfg: TrainLoopConfig, dist_info: DistInfo) -> PublishHook | None:
     if cfg.publish.type == "local" and dist_info.is_main:
         return PublishHook(LocalDirectoryPublisher(cfg.publish.path))
     if cfg.publish.type == "shardcast" and dist_info.is_main:

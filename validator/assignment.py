@@ -89,9 +89,9 @@ class Assignment:
         return self.me  # pragma: no cover - the loop returns at our own address at the latest
 
     def counter_problem(self, sub: Submission) -> CounterOutOfOrderError | None:
-        """Counters in order, with a small bounded gap (docs/protocol/assignment.md, "Counters"): for (node, version) let m
-        be the smallest counter this validator holds no row for, counting from 0 where it is the assigned
-        (rendezvous-first) validator; `sub.counter` must be in [m, m + counter_gap]. A validator that took the
+        """Counters in order, with a small bounded gap (docs/protocol/assignment.md, "Counters"): for (node,
+        version) let m be the smallest counter this validator holds no row for, counting from 0 where it is the
+        assigned (rendezvous-first) validator; `sub.counter` must be in [m, m + counter_gap]. A validator that took the
         node over (the first one down) starts at the first counter it is sent, and is in order from there. So a
         node cannot search counters for tasks it likes (the next one is fixed) nor hold back a batch that scored
         badly: until that counter arrives, nothing beyond the gap is taken at that version, and `count_holes`
@@ -110,8 +110,8 @@ class Assignment:
 
     def count_holes(self) -> int:
         """Count, once per (node, version) that left the async window, the counters the node skipped here
-        (between the first counter it had to send and the last one it sent; docs/protocol/assignment.md, "Counters");
-        returns how many (node, version)s were counted. Holes cost reputation, not stake: they are in the
+        (between the first counter it had to send and the last one it sent; docs/protocol/assignment.md,
+        "Counters"); returns how many (node, version)s were counted. Holes cost reputation, not stake: they are in the
         ledger (`/v1/audit` `counter_holes`, `/v1/nodes/<node>`) and the metrics (`counter_holes`), and
         at the version itself they already cost the node every assignment after the gap."""
         current = self.chain.current_version()

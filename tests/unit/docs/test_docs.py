@@ -103,6 +103,32 @@ def test_readme_layout_lists_every_top_level_folder() -> None:
     assert folders <= listed, f"add to the README's layout table: {sorted(folders - listed)}"
 
 
+def test_house_rules_are_linked_and_the_readme_stays_short() -> None:
+    assert (ROOT / "CONVENTIONS.md").is_file()
+    for page in (ROOT / "README.md", ROOT / "docs" / "README.md"):
+        assert "CONVENTIONS.md" in page.read_text(), f"{page.relative_to(ROOT)} should link CONVENTIONS.md"
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 160, f"README.md has {lines} lines (at most 160: details go to docs/ and the package READMEs)"
+
+
+# Files that still cite a design note outside the repository while another branch rewrites them (the validator's
+# split into rooms); the list may only shrink.
+def test_nothing_cites_a_design_note_outside_the_repository() -> None:
+    """The docs are the design of record: code and pages cite docs/architecture.md and docs/protocol/, never a
+    DESIGN.md or a research note that is not in the repository."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.toml"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    outside = re.compile(r"\bDESIGN\.md\b|shared/research/")
+    citing = {name for name in tracked
+              if (ROOT / name).is_file() and outside.search((ROOT / name).read_text(errors="replace"))}
+    citing.discard("tests/unit/docs/test_docs.py")
+    assert not citing, sorted(citing)
+
+
 def test_bench_readme_names_every_benchmark_program() -> None:
     """Every module of the bench package is named (`bench.<name>`), and every program with a `--smoke` shows its
     command in the `python -m bench.<name>` form."""
@@ -123,7 +149,7 @@ _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
 def _pages() -> list[Path]:
-    pages = [ROOT / "README.md", ROOT / "bench" / "README.md"]
+    pages = [ROOT / "README.md", ROOT / "CONVENTIONS.md", ROOT / "bench" / "README.md"]
     pages += sorted((ROOT / "docs").rglob("*.md"))
     pages += sorted(p for p in ROOT.glob("*/README.md") if p.parent.name not in ("node_modules", ".venv"))
     return sorted(set(pages))

@@ -1,6 +1,7 @@
 """Each room's files import one way: no cycles among the modules of one top-level package, counting every
-import (top level, inside functions, under TYPE_CHECKING), and the rooms themselves follow DESIGN.md's
-direction (libraries never import roles; roles never import each other; the devnet imports no role)."""
+import (top level, inside functions, under TYPE_CHECKING), and the rooms themselves follow the import direction
+of docs/architecture.md, "Where the code lives" (libraries never import roles; roles never import each other;
+the devnet imports no role)."""
 
 from __future__ import annotations
 

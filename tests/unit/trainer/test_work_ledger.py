@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from protocol.canonical import to_hex
+from protocol.work_ledger import WorkLedger, read_work_ledger
 from tests.unit.trainer.feed_server import DOMAIN, RUN_ID, FeedServer, feed_item
 from trainer.validator_feed import ValidatorFeedSource
-from trainer.work_ledger import WorkLedger, read_work_ledger
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,7 @@
-"""The trainer's side of the audit: which work (validator work keys) each step consumed.
+"""The trainer's work ledger (its side of the audit): which work (validator work keys) each step consumed.
+
+The trainer writes it (`WorkLedger`) and `prime-devnet audit` reads it (`read_work_ledger`), so the format
+lives in `protocol`, beside the rollout files: one writer, one reader.
 
 One JSON line per step, appended after the step and before its checkpoint (like the metrics, so a step
 re-run after a crash is written twice with the same keys; a reader keeps the last line per step):
@@ -50,11 +53,19 @@ class WorkLedger:
 
 
 def read_work_ledger(path: Path) -> dict[int, dict[str, Any]]:
-    """The last line of every step (a torn last line, from a crash mid-write, is skipped)."""
+    """The last line of every step (a torn last line, from a crash mid-write, is skipped); empty when the file
+    cannot be read (no step written yet)."""
+    return read_step_lines(path)
+
+
+def read_step_lines(path: Path) -> dict[int, dict[str, Any]]:
+    """Any JSON-lines file the trainer appends one line per step to (the work ledger, the metrics file), by
+    step: the last line of each step wins (a step re-run after a crash is written twice), a torn or foreign
+    line is skipped, and a file that cannot be read gives nothing."""
     steps: dict[int, dict[str, Any]] = {}
     try:
         text = Path(path).read_text()
-    except FileNotFoundError:
+    except OSError:
         return steps
     for raw in text.splitlines():
         try:
