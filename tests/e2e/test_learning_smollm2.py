@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(2400)
 def test_smollm2_from_an_sft_checkpoint_trains_through_the_devnet_with_held_out_evaluation(tmp_path: Path) -> None:
     out = tmp_path / "learning.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "learning.py"), "--model", "smollm2", "--sft-steps", "1",
+    cmd = [sys.executable, "-m", "bench.learning", "--model", "smollm2", "--sft-steps", "1",
            "--steps", "2", "--groups", "2", "--group-size", "4", "--max-new-tokens", "16", "--eval-every", "2",
            "--eval-tasks", "4", "--threads", "1", "--nodes", "1", "--validators", "1", "--relays", "1",
            "--no-local", "--work", str(tmp_path / "work"), "--json", str(out)]

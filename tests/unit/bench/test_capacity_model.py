@@ -22,7 +22,7 @@ capacity = load_bench("capacity")
 
 def _run(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "capacity.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "--json", str(out), *args],
+    proc = subprocess.run([sys.executable, "-m", "bench.capacity", "--json", str(out), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "rests on:" in proc.stdout
