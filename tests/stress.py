@@ -7,8 +7,9 @@ taken, and the first failing run stops the loop and prints the command that repl
 
     python tests/stress.py --runs 3 [--busy 2] [--seed N] [-- PYTEST ARGS...]
 
-PYTEST ARGS narrow the selection (a path, `-k ...`, `-x`) or replace nothing: the tier's markers come from
-pyproject's `addopts` as in `make test`.
+PYTEST ARGS narrow the selection (a path, `-k ...`) or add options (`-x`); the tier itself (markers, timeout)
+comes from pyproject's `addopts`, as in `make test`. Each pytest run is a child process; the busy loops are
+killed by pid when the runs end, fail or are interrupted.
 """
 
 from __future__ import annotations
