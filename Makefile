@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TYPED := protocol models toploc shardcast contracts environments trainer validator node discovery devnet
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup test test-slow lint contracts clean devnet setup-vllm test-vllm
+.PHONY: setup test test-stress test-slow lint contracts clean devnet setup-vllm test-vllm
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -58,6 +58,15 @@ node_modules/.installed: package.json package-lock.json
 # order with `.venv/bin/pytest --random-order-seed=N`, or keep file order with `-p no:random_order`.
 test: setup
 	$(PY) -m pytest --random-order --durations=20
+
+# The default tier STRESS_RUNS times, each in a new random order (its seed printed first), beside two CPU-bound
+# busy loops (STRESS_BUSY): a test that leans on a wall-clock window, a lucky random key or another test's
+# leftovers fails here, not in CI. Stops at the first failing run and prints the command that replays its
+# order; ARGS narrows the selection (a path, -k ...), STRESS_SEED fixes the first seed.
+STRESS_RUNS ?= 3
+STRESS_BUSY ?= 2
+test-stress: setup
+	$(PY) tests/stress.py --runs $(STRESS_RUNS) --busy $(STRESS_BUSY) $(if $(STRESS_SEED),--seed $(STRESS_SEED)) -- $(ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -m "slow and not gpu"

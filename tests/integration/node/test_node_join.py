@@ -227,7 +227,13 @@ def test_a_validator_that_answers_garbage_hangs_or_fails_does_not_crash_the_node
         worker = make_worker(cfg, node, chain, db, http, [url])
 
         thread = start_loop(worker, failure)
-        time.sleep(4)
+        # the state, not a window: the loop holds its signed batch and says so (it makes no more work while
+        # one waits), however long a loaded machine took to generate and fail to send it
+        deadline = time.monotonic() + 120
+        while not (worker.tally.state == "waiting" and "signed submissions wait" in worker.tally.detail):
+            assert thread.is_alive() and not failure, failure
+            assert time.monotonic() < deadline, f"the node never held its batch: {worker.tally}"
+            time.sleep(0.05)
         assert thread.is_alive() and not failure, failure
         assert worker.tally.batches == 1  # one batch made, kept unsent, no more generated
         assert [r.state for r in db.unfinished(RUN.run_id, node.address)] == ["signed"]

@@ -206,7 +206,10 @@ def test_relay_survives_upstream_restart(tmp_path: Path, trainer: Identity) -> N
             # While the origin is down, the trainer publishes v2 into its store (CLI path).
             publish_blocking(make_checkpoint(tmp_path / "c2", {"w.bin": 200 * KiB}, seed=2), store,
                              identity=trainer, run_id="run-a", shard_size=128 * KiB)
-            await asyncio.sleep(1.0)  # the relay's polls fail and back off meanwhile
+            async def poll_failed() -> bool:  # the relay's polls fail (and back off) while the origin is down
+                return (relay.server.metrics.registry.get_sample_value("shardcast_upstream_errors_total") or 0) >= 1
+
+            await wait_until(poll_failed, timeout=30)
             origin = Origin(store, run_id="run-a", port=port)
             await origin.start()
             try:
@@ -225,7 +228,11 @@ def test_wrong_trainer_key_is_refused_by_relay_and_client(tmp_path: Path, traine
             version = origin.publish(checkpoint)
             await origin.wait_published(version)
             async with Relay([origin.url], trainer=trainer.address, store_root=tmp_path / "relay", poll_wait_s=1) as relay:
-                await asyncio.sleep(1.0)
+                async def manifest_fetched() -> bool:  # a loaded machine may take a while to get there
+                    return origin.server.metrics.count("manifest", 200) >= 1
+
+                await wait_until(manifest_fetched, timeout=30)
+                await asyncio.sleep(1.0)  # a window in which to count its refetches (an upper bound: backoff)
                 assert relay.store.latest is None  # never advertised
                 assert 1 <= origin.server.metrics.count("manifest", 200) <= 5  # refused, then backs off
             client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)

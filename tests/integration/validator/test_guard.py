@@ -3,13 +3,17 @@ slashing, while the validator's own wrong weights still slash nobody."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from bench.adversaries import SimNode, perturbed
 from contracts.pool import WorkStatus
-from protocol.rollout import Reason
-from validator.guard import drift_band
+from models.loading import LoadedModel
+from protocol.identity import Identity
+from protocol.rollout import Reason, Submission
 
 WINDOW_S = 8.0  # hard verdicts wait this long before going on chain: room for a busy machine
 GUARD = {"window_s": WINDOW_S, "min_nodes": 3, "fraction": 0.5}
@@ -31,32 +35,66 @@ def _active(v: Any, nodes: list[SimNode]) -> list[SimNode]:
     return nodes
 
 
-def _noised_in_drift_band(v: Any, make_node: Any, model: Any, tries: int = 12) -> tuple[SimNode, bytes]:
-    """A Sybil key whose noised-weights submission fails with `proof_mismatch` inside the drift band, measured
-    with this validator's own checks before anything is posted. Which key that is depends on the tasks and
-    seeds the key draws: a random one sometimes fails harder (an EOS moved, a proof 2x over), which the guard
-    would not soften anyway and which would not test it."""
+def _keys(label: str) -> Iterator[Identity]:
+    """Candidate keys from a fixed seed, the same in every run. Which tasks and seeds a key draws decides how
+    its work fails against other weights (measured: 5 of 160 random keys' honest work failed outside the
+    drift band against `perturbed(tiny, 0.07, 11)`, an EOS moved or a proof 2x over), so a test whose
+    premise needs a drift-band failure picks a key that meets it; the premise is still measured, not assumed
+    from an earlier run, since another CPU's rounding may move a candidate across the band's edge."""
+    for i in itertools.count():
+        yield Identity.from_key(hashlib.sha256(f"test_guard/{label}/{i}".encode()).digest())
+
+
+def _drift_failure(v: Any, sub: Submission, weights: LoadedModel) -> Reason | None:
+    """The reason this validator's own checks with `weights` fail `sub` for, when that failure is in the drift
+    band (`validator.guard.drift_band`: the only kind the guard may soften); None when it passes or fails
+    harder. The checker's measurement does not depend on what else is in its batch."""
     core = v.service.core
-    c = v.service.cfg
-    for _ in range(tries):
-        node = make_node(register=False)
+    tasks = core.assignment.tasks(sub.node, sub.policy_version, sub.counter)
+    judgement = core.checker.judge(sub, core.checker.measure(weights, [(sub, tasks)])[0])
+    failure = judgement.failure
+    if failure is None or not core.checker.guard.in_band(failure[0], judgement.samples):
+        return None
+    return failure[0]
+
+
+def _noised_in_drift_band(v: Any, make_node: Any, model: LoadedModel, tries: int = 20) -> tuple[SimNode, bytes]:
+    """A Sybil (not registered yet) whose noised-weights submission this validator fails with `proof_mismatch`
+    inside the drift band, measured before anything is posted."""
+    for identity in itertools.islice(_keys("noised-sybil"), tries):
+        node = make_node(register=False, identity=identity)
         sub, data = node.build(cheat="other_weights", model=model)
-        tasks = core.assignment.tasks(sub.node, sub.policy_version, sub.counter)
-        reports = core.checker.measure(v.service.weights.base, [(sub, tasks)])[0]
-        judgement = core.checker.judge(sub, reports)
-        failure, samples = judgement.failure, judgement.samples
-        if failure is not None and failure[0] is Reason.PROOF_MISMATCH and drift_band(
-                failure[0], samples, core.checker.thresholds, c.checks.logprob_tolerance,
-                c.systemic.drift_band_factor):
+        if _drift_failure(v, sub, v.service.weights.base) is Reason.PROOF_MISMATCH:
             return node, data
     raise AssertionError(f"no key among {tries} fails inside the drift band with these noised weights")
 
 
+def _honest_failing_in_drift_band(v: Any, make_node: Any, wrong: LoadedModel, n: int, counter: int,
+                                  tries: int = 40) -> list[SimNode]:
+    """`n` registered nodes whose honest submission number `counter` fails in the drift band against the
+    `wrong` weights (what our own wrong weights make of honest work: the guard's premise)."""
+    found = []
+    for identity in itertools.islice(_keys("honest-wrong-weights"), tries):
+        node = make_node(register=False, identity=identity)
+        if _drift_failure(v, node.build(counter=counter)[0], wrong) is not None:
+            found.append(identity)
+            if len(found) == n:
+                return [make_node(identity=i) for i in found]
+    raise AssertionError(f"only {len(found)} of {tries} keys' honest work fails in the drift band against these "
+                         "weights")
+
+
 def _established(v: Any, nodes: list[SimNode]) -> None:
-    """Each node gets one submission accepted, and the window passes: they have history before it."""
+    """Each node gets one submission accepted, then this waits until the guard weighs that history: it counts
+    only once decided before the window (the guard's own wall-clock rule, so this takes ~WINDOW_S)."""
     keys = [_post(v, n.build()[1]) for n in nodes]
     assert all(v.wait_decided(k)["outcome"] == "accepted" for k in keys)
-    time.sleep(WINDOW_S + 0.5)  # history counts only before the window
+    guard = v.service.core.checker.guard
+    addresses = {n.identity.address for n in nodes}
+    deadline = time.monotonic() + WINDOW_S + 60
+    while not all(w > 0 for w in guard.established(addresses, time.time() - WINDOW_S).values()):
+        assert time.monotonic() < deadline, "the accepted history never came to weigh"
+        time.sleep(0.1)
 
 
 def test_sybils_at_least_as_many_as_the_honest_nodes_cannot_escape_a_slash(make_validator, make_node, published,
@@ -89,9 +127,11 @@ def test_sybils_at_least_as_many_as_the_honest_nodes_cannot_escape_a_slash(make_
 def test_our_own_wrong_weights_slash_no_honest_node_but_cheats_stay_hard(make_validator, make_node, published,
                                                                          tiny_model):
     v = make_validator(systemic=GUARD)
-    honest = _active(v, [make_node() for _ in range(4)])
+    wrong = perturbed(tiny_model, 0.07, 11)
+    # the premise: our wrong weights fail each honest node's next submission (counter 1) in the drift band
+    honest = _active(v, _honest_failing_in_drift_band(v, make_node, wrong, 4, counter=1))
     _established(v, honest)
-    v.service.weights.base = perturbed(tiny_model, 0.07, 11)  # our weights go wrong (a bad reload, say)
+    v.service.weights.base = wrong  # our weights go wrong (a bad reload, say)
     cheater = _active(v, [make_node()])[0]
     honest_keys = [_post(v, n.build()[1]) for n in honest]
     cheat_key = _post(v, cheater.build(cheat="inflate_reward")[1])

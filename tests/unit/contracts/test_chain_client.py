@@ -44,14 +44,17 @@ def test_devchain_stops_its_process() -> None:
         os.kill(pid, 0)
 
 
-def _closed_port() -> int:
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port bound but not listening for the test's duration: connecting is refused, and nobody else can take
+    it meanwhile (a port freed again could be anyone's next connection's)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield int(s.getsockname()[1])
 
 
-def test_unreachable_rpc_is_retried_then_reported() -> None:
-    tx = Transactor(connect(f"http://127.0.0.1:{_closed_port()}", timeout=2), dev_identity(0),
+def test_unreachable_rpc_is_retried_then_reported(closed_port: int) -> None:
+    tx = Transactor(connect(f"http://127.0.0.1:{closed_port}", timeout=2), dev_identity(0),
                     retries=2, retry_backoff=0.01)
     calls = []
 

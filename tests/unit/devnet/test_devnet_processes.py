@@ -13,7 +13,8 @@ from devnet.processes import ProcessTable, stop_groups
 # a parent that starts a child (the child ignores nothing: it is the group that is signalled)
 PARENT = ("import subprocess, sys, time; "
           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ignoring SIGTERM', flush=True); "
+            "time.sleep(600)")
 
 
 def running(pid: int) -> bool:
@@ -46,7 +47,10 @@ def test_stopping_a_role_stops_its_children_and_is_recorded(tmp_path: Path) -> N
 def test_a_group_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
     table = ProcessTable(tmp_path)
     entry = table.start("stubborn", "relay", [sys.executable, "-c", STUBBORN])
-    time.sleep(0.5)  # let it install its handler
+    deadline = time.monotonic() + 30  # its handler is installed once it says so (a loaded machine: seconds)
+    while "ignoring SIGTERM" not in Path(entry.log).read_text():
+        assert time.monotonic() < deadline, "the stubborn process never started"
+        time.sleep(0.02)
     assert stop_groups([entry], grace_s=0.5) == ["stubborn"]
     assert not entry.group_members()
 

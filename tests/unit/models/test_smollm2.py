@@ -59,9 +59,15 @@ def test_prefill_matches_decode_bf16() -> None:
     for i in range(ids.shape[1] - 4, ids.shape[1]):
         state = decode(m, ids[:, i : i + 1], state)
     # bf16 rounds each element on its own path (prefill and decode run other kernels; an ulp is 0.25 at |x| 32-64),
-    # so the whole vector is compared: measured 1.7% apart, where a decode that lost its cache is 53% off
+    # so elementwise tolerances fail by chance and the whole vector is compared. Measured on an AMD EPYC with
+    # AVX-512 bf16: decode 1.7% apart from prefill (0.0169); the same position computed without the cached
+    # context (what a decode that lost its cache gives) 43% apart (0.430; 53% in an earlier measurement). The 5%
+    # bound is 3x the honest drift and 8x below the bug it exists to catch; the test checks both margins.
     got, want = state.hidden[0, -1].float(), full.hidden[0, -1].float()
-    assert float((got - want).norm() / want.norm()) < 0.05
+    apart = float((got - want).norm() / want.norm())
+    lost = prefill(m, ids[:, -4:]).hidden[0, -1].float()
+    lost_apart = float((lost - want).norm() / want.norm())
+    assert apart < 0.05 < lost_apart, (apart, lost_apart)
     g = Engine(m).generate(
         [_chat(m, "What is the capital of France?")], SamplingParams(temperature=0.0), [0], 12
     )[0]

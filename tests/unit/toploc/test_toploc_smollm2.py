@@ -98,9 +98,17 @@ def test_tokens_from_a_perturbed_model_with_honest_prefill_fail_sampling(model: 
         rollouts.append(rollout(x, proofs=prove(hidden, CFG)))
     reports = measure(model, rollouts, PARAMS, CFG)
     assert all(CFG.failing_chunks(r.proofs) == [] for r in reports)  # the honest prefill hides it from TOPLOC
-    # the replay does not: a submission fails when one sample does, and each sample disagrees with the replay's
-    # draw somewhere (a short one may only by near-ties, within the margin: measured, an 8-token answer with
-    # margins 0.18 and 0.44)
-    assert all(r.sampling is not None for r in reports)
-    assert sum(CFG.sampling_failed(r.sampling) for r in reports if r.sampling is not None) >= len(reports) // 2
-    assert all(r.sampling.mismatch_positions or r.sampling.near_ties for r in reports if r.sampling is not None)
+    checks = [r.sampling for r in reports]
+    assert all(c is not None for c in checks)
+    # (tokens, mismatched positions, near-ties) per sample, for the failure messages
+    measured = [(len(g.tokens), len(c.mismatch_positions), len(c.near_ties)) for g, c in zip(gens, checks, strict=True)
+                if c is not None]
+    failed = [CFG.sampling_failed(c) for c in checks if c is not None]
+    # The replay does not. These four samples are one submission, which fails when any sample fails: measured, 3
+    # of 4 fail with 15, 20 and 25 mismatched positions (of 48, 47, 48 tokens; max_sampling_mismatches allows
+    # 0), so the submission fails far from any edge. The fourth, an 8-token answer, passes: it disagrees with
+    # the replay's draw only at 2 near-ties, within the margin (0.18 and 0.44). Short answers give a 10%
+    # perturbation few chances to show, hence "at least half" below rather than "every sample".
+    assert any(failed), measured
+    assert sum(failed) >= len(failed) // 2, measured
+    assert all(c.mismatch_positions or c.near_ties for c in checks if c is not None), measured

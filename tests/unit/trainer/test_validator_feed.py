@@ -244,9 +244,9 @@ def test_an_oversized_page_halves_the_request_until_it_fits(serve: Serve, make: 
 
 
 def test_an_unreachable_validator_is_skipped_and_polled_again(serve: Serve, make: Make) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    unreachable = socket.socket()  # bound, never listening, for the whole test: refused, and nobody can take it
+    unreachable.bind(("127.0.0.1", 0))
+    port = unreachable.getsockname()[1]
     v = serve()
     v.add(feed_item(0, 1))
     down = ValidatorFeedSource([f"http://127.0.0.1:{port}", v.url], DOMAIN,
@@ -260,6 +260,7 @@ def test_an_unreachable_validator_is_skipped_and_polled_again(serve: Serve, make
         assert down.stats["unavailable"] >= 2  # polled again while waiting
     finally:
         down.close()
+        unreachable.close()
 
 
 def test_identical_groups_under_other_work_keys_are_trained_once(serve: Serve, make: Make) -> None:
