@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import shutil
 import socket
 import sys
@@ -48,8 +49,30 @@ class DevnetError(RuntimeError):
     """The devnet could not come up (the message names the role and its log)."""
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out on its own (outgoing connections, `bind(0)`)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port that binds now, for a server started next. It is drawn at random from just below the
+    kernel's ephemeral range: a port taken from `bind(0)` and freed again is an ephemeral port, which the next
+    outgoing connection of any process on the box may take before our server binds it (on a busy box, a test's
+    server then fails with "address in use"). Below the range only another explicit choice can take it."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range below is crowded: fall back to one the kernel picks
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
