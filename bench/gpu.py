@@ -300,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     inputs = json.loads(args.inputs.read_text()) if args.inputs else make_inputs(size, args.models)
     models = [m for m in inputs["models"] if args.models is None or m["name"] in args.models]
     dtypes = args.dtypes
+    size = ",".join(sorted({m["size"] for m in inputs["models"]}))
     result: dict[str, Any] = {"bench": "gpu", "smoke": args.smoke, "size": size,
                               "command": harness.command("gpu"), "machine": harness.machine(),
                               "device": device_info(device), "inputs_sha256": hashlib.sha256(
