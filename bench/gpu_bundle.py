@@ -66,6 +66,7 @@ COMMAND = ("python3 -I .gpu-bundle/run.py --device cuda --inputs .gpu-bundle/inp
 LAUNCHER = '''\
 """Runs `bench.gpu` from this bundle alone; written by `python -m bench.gpu_bundle`. Start it with `python -I`."""
 import atexit
+import importlib.util
 import json
 import os
 import runpy
@@ -79,9 +80,10 @@ sys.path[:0] = paths
 # The CPU dry run (python -I -S) adds a stand-in for the GPU machine's packages here.
 sys.path.extend(p for p in os.environ.get("GPU_BUNDLE_DEVICE_SITE", "").split(os.pathsep) if p)
 report = os.environ.get("GPU_BUNDLE_IMPORTS")
-if report:  # where every imported module came from, for the dry run's assertions
+if report:  # where every imported module came from (the program itself runs as __main__), for the dry run
+    program = importlib.util.find_spec("bench.gpu").origin
     atexit.register(lambda: open(report, "w").write(json.dumps(
-        {n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())})))
+        {**{n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}, "bench.gpu": program})))
 sys.argv[0] = "bench.gpu"
 runpy.run_module("bench.gpu", run_name="__main__", alter_sys=True)
 '''
