@@ -15,17 +15,18 @@ at most 64 MiB in all. The bundle holds:
   runs the pydantic this project is tested with) into `.cache/gpu-wheels/`, and unpacked;
 - `inputs.json`: the prompts and the protocol's sampling seeds (`bench.gpu.make_inputs`), computed here so the
   device never imports `protocol.seeds` (its address checksum needs eth-utils);
-- `run.py`: the launcher, to start with `python -I`: it puts `src/` and (on Python 3.12) `site/` first on
-  `sys.path` and runs `bench.gpu`, so nothing from the working tree's own folders is imported there;
 - `manifest.json`: every file with its size and SHA-256, the wheels, the sizes and the command.
 
 It prints the bundle's size in MiB, the size of everything that travels (working tree + bundle) against the
-limit, and the exact command to run on the GPU machine; it exits 1 when the limit would be passed.
+limit, and the exact command to run on the GPU machine (`COMMAND`: `PYTHONPATH` names the bundle's two folders
+and `python3 -P -s` keeps the working tree's own folders and the user's site-packages off `sys.path`, so the
+device program imports only the bundle and the machine's installed packages); it exits 1 when the limit would
+be passed.
 
 `device_site` makes a folder of links to the packages a GPU machine has (those of `DEVICE_HAS` installed here
 and their dependencies, pydantic's family left out): the CPU dry run (tests/unit/bench/test_gpu_dry_run.py)
-runs `python -I -S run.py` with only that folder added, so any import the GPU machine could not satisfy fails
-here first.
+runs the device program with `python -P -S` (no site-packages at all) and `PYTHONPATH` = the bundle's `src/` and
+that folder, so any import the GPU machine could not satisfy fails here first.
 """
 
 from __future__ import annotations
@@ -59,35 +60,10 @@ DEVICE_HAS = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "ht
 """What a GPU machine has installed (/work/shared/NOTES.md, "GPU machines")."""
 PYTHON = "3.12"
 PLATFORM = "manylinux2014_x86_64"
-COMMAND = ("python3 -I .gpu-bundle/run.py --device cuda --inputs .gpu-bundle/inputs.json "
-           "--json $OUT/gpu.json --out $OUT")
-"""The device command (run in the repository root of the copy, with `.gpu-bundle` carried)."""
-
-LAUNCHER = '''\
-"""Runs `bench.gpu` from this bundle alone; written by `python -m bench.gpu_bundle`. Start it with `python -I`."""
-import atexit
-import importlib.util
-import json
-import os
-import runpy
-import sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-paths = [os.path.join(HERE, "src")]
-if sys.version_info[:2] == (3, 12):  # the wheels in site/ are built for the GPU machine's CPython 3.12
-    paths.append(os.path.join(HERE, "site"))
-sys.path[:0] = paths
-# The CPU dry run (python -I -S) adds a stand-in for the GPU machine's packages here.
-sys.path.extend(p for p in os.environ.get("GPU_BUNDLE_DEVICE_SITE", "").split(os.pathsep) if p)
-report = os.environ.get("GPU_BUNDLE_IMPORTS")
-if report:  # where every imported module came from (the program itself runs as __main__), for the dry run
-    program = importlib.util.find_spec("bench.gpu").origin
-    atexit.register(lambda: open(report, "w").write(json.dumps(
-        {**{n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())}, "bench.gpu": program})))
-sys.argv[0] = "bench.gpu"
-runpy.run_module("bench.gpu", run_name="__main__", alter_sys=True)
-'''
-
+COMMAND = ("PYTHONPATH=.gpu-bundle/src:.gpu-bundle/site python3 -P -s -m bench.gpu --device cuda "
+           "--inputs .gpu-bundle/inputs.json --json $OUT/gpu.json --out $OUT")
+"""The device command (run in the repository root of the copy, with `.gpu-bundle` carried). `-P`: the working
+tree's own folders are not on `sys.path` (only the bundle's copies are), `-s`: no user site-packages."""
 
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -178,7 +154,6 @@ def build(dest: Path = BUNDLE, *, offline: bool = False, size: str = "full",
         with zipfile.ZipFile(whl) as zf:
             zf.extractall(dest / "site")
     (dest / "inputs.json").write_text(json.dumps(make_inputs(size)) + "\n")
-    (dest / "run.py").write_text(LAUNCHER)
     files = {str(p.relative_to(dest)): {"bytes": p.stat().st_size,
                                         "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
              for p in sorted(dest.rglob("*")) if p.is_file()}
