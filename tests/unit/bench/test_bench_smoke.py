@@ -31,6 +31,7 @@ HELPERS = {
     "toploc_reference_worker": "runs inside the reference venv, for toploc.py",
     "toploc_reference_vectors": "writes the compatibility vectors in tests/data/toploc/",
     "toploc_reference_suite": "runs the reference's own test suite against our package",
+    "gpu_bundle": "builds .gpu-bundle/, what the GPU command of gpu.py carries (make gpu-bundle)",
 }
 
 Check = Callable[[dict[str, Any]], bool]
@@ -63,6 +64,9 @@ PROGRAMS: dict[str, tuple[set[str], Check]] = {
                   lambda o: o["reach"]["3"]["ours"]["p50_s"] > 0 and o["rate"]["ours"]["msgs_per_s"] > 0),
     "environments_bench": ({"n", "smoke", "rows"}, lambda o: len(o["rows"]) > 5),
     "gas": ({"bench", "anchor_gas", "rows", "smoke"}, lambda o: all(r["gas"] > 0 for r in o["rows"])),
+    "gpu": ({"bench", "smoke", "rows", "device", "machine", "check"},
+            lambda o: [(r["model"], r["dtype"]) for r in o["rows"]] == [("tiny", "bfloat16"), ("tiny", "float32")]
+            and all(r["ratio_engine_over_hf"] > 0 and r["check_s"] > 0 for r in o["rows"]) and o["check"]["accepted"]),
     "generate": ({"info", "kernels", "results", "ratio_vs_hf"},
                  lambda o: {(r["dtype"], r["model"], r["batch"]) for r in o["results"]}
                  == {("float32", "tiny", 2), ("bfloat16", "tiny", 2)}),
