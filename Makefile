@@ -87,7 +87,7 @@ devnet: setup
 # What the GPU command of bench.gpu carries (issue 38): .gpu-bundle/ (ignored by git), its size in MiB checked
 # against the device's 64 MiB, and the command to run there (bench/gpu_bundle.py; pip fetches 5 small wheels once).
 .PHONY: gpu-bundle
-gpu-bundle:
+gpu-bundle: setup
 	PYTHONPATH=. $(PY) -m bench.gpu_bundle
 
 # Recompile the Solidity sources into contracts/artifacts/ (committed; a test proves they reproduce).
