@@ -103,6 +103,12 @@ def _states(url: str, keys: list[str]) -> dict[str, dict[str, Any]]:
         return out
 
 
+def _decided(c: httpx.Client) -> int:
+    """Rows this validator has decided, in one request (its running tallies, no ledger scan)."""
+    counts = c.get("/v1/audit", params={"rows": "false"}).json()["counts"]
+    return int(counts["received"]) - int(counts["pending"])
+
+
 def test_killed_while_checking_then_restarted_every_row_finishes_once(
     published: Pools, make_node: Any, ledger_target: dict[str, Any], processes: list[ValidatorProcess],
     tmp_path: Path,
@@ -120,29 +126,46 @@ def test_killed_while_checking_then_restarted_every_row_finishes_once(
 
     honest: SimNode = make_node()
     cheater: SimNode = make_node()
-    posted = [honest.build()[1] for _ in range(HONEST)] + [cheater.build(cheat="inflate_reward")[1]
-                                                           for _ in range(CHEATS)]
-
-    first = ValidatorProcess(argv, log)
-    processes.append(first)
-    with httpx.Client(base_url=first.url, timeout=30) as c:
-        answers = [c.post("/v1/submissions", content=data) for data in posted]
-    assert [a.status_code for a in answers] == [202] * len(posted), [a.text for a in answers]
-    keys = [a.json()["work_key"] for a in answers]
-    honest_keys, cheat_keys = keys[:HONEST], keys[HONEST:]
-
-    # SIGKILL as soon as the checker has decided one row: the rest are still received, one is leased
-    deadline = time.monotonic() + 120
-    while not any(s["state"] != "received" for s in _states(first.url, keys).values()):
-        assert time.monotonic() < deadline, f"nothing decided in 120 s\n{first.tail()}"
-        time.sleep(0.05)
-    first.kill()
-    ledger = Ledger.open(**ledger_target)
-    try:
-        counts = ledger.counts()
-    finally:
-        ledger.close()
-    assert counts.get("state:received", 0) >= 2, counts  # the kill came mid-checking (one row is leased)
+    # The cheats go in the first batch only: a node with a hard verdict not yet on chain is held at intake.
+    batch = [honest.build()[1] for _ in range(HONEST)] + [cheater.build(cheat="inflate_reward")[1]
+                                                          for _ in range(CHEATS)]
+    posted: list[bytes] = []
+    keys: list[str] = []
+    cheat_keys: list[str] = []
+    done = 0  # rows decided (in the ledger) when the batch was posted
+    # SIGKILL as soon as the checker has decided one row of the batch, while the rest are still received (one
+    # leased). How far the checker got before the kill depends on the box's load (ci once saw every row decided
+    # before an 8-request poll came round): the progress is read in one request, the process is stopped
+    # (SIGSTOP) the moment it shows, and when the kill still came too late the validator is started again on
+    # the same state and a new batch is posted, until a kill lands mid-checking.
+    for attempt in range(5):
+        first = ValidatorProcess(argv, log)
+        processes.append(first)
+        with httpx.Client(base_url=first.url, timeout=30) as c:
+            answers = [c.post("/v1/submissions", content=data) for data in batch]
+            assert [a.status_code for a in answers] == [202] * len(batch), [a.text for a in answers]
+            new = [a.json()["work_key"] for a in answers]
+            posted += batch
+            keys += new
+            cheat_keys += new[HONEST:] if attempt == 0 else []
+            deadline = time.monotonic() + 120
+            while _decided(c) <= done:
+                assert time.monotonic() < deadline, f"nothing decided in 120 s\n{first.tail()}"
+                time.sleep(0.02)
+        first.proc.send_signal(signal.SIGSTOP)  # no further progress from here
+        first.kill()
+        ledger = Ledger.open(**ledger_target)
+        try:
+            counts = ledger.counts()
+        finally:
+            ledger.close()
+        if counts.get("state:received", 0) >= 2:  # the kill came mid-checking (one row is leased)
+            break
+        done = len(keys) - counts.get("state:received", 0)
+        batch = [honest.build()[1] for _ in range(HONEST)]
+    else:
+        raise AssertionError(f"in 5 tries the checker decided every row before the kill: {counts}")
+    honest_keys = [k for k in keys if k not in cheat_keys]
 
     second = ValidatorProcess(argv, log)  # the same state dir, the same ledger
     processes.append(second)
@@ -179,8 +202,8 @@ def test_killed_while_checking_then_restarted_every_row_finishes_once(
     assert second.stop() == 0, second.tail()
     ledger = Ledger.open(**ledger_target)
     try:  # no duplicate and no stray row: exactly the posted submissions, each reported
-        assert ledger.counts() == {"state:reported": len(posted), "outcome:accepted": HONEST,
+        assert ledger.counts() == {"state:reported": len(posted), "outcome:accepted": len(honest_keys),
                                    "outcome:rejected_hard": CHEATS}
-        assert ledger.feed_size() == HONEST
+        assert ledger.feed_size() == len(honest_keys)
     finally:
         ledger.close()
