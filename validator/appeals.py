@@ -85,15 +85,14 @@ class NotAppellantError(ProtocolError):
 
 
 class _AppellantGate:
-    """Before the appeal's nonce is consumed: its (authenticated) signer must be the node or its operator."""
+    """`open_envelope`'s admission hook for an appeal: its (authenticated) signer must be the node or its
+    operator, checked before the appeal's nonce is spent."""
 
-    def __init__(self, inner: NonceGuard, pool: PoolClient | None, node: str) -> None:
-        self.inner, self.pool, self.node = inner, pool, node
+    def __init__(self, pool: PoolClient | None, node: str) -> None:
+        self.pool, self.node = pool, node
         self.signer = ""
 
-    def check_and_record(
-        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
-    ) -> None:
+    def admit(self, signer: str) -> None:
         if signer != self.node:
             operator = None
             if self.pool is not None:
@@ -104,7 +103,6 @@ class _AppellantGate:
             if signer != operator:
                 raise NotAppellantError(f"{signer} is neither node {self.node} nor its operator")
         self.signer = signer
-        self.inner.check_and_record(domain, signer, nonce, sent_at=sent_at, expires_at=expires_at, now=now)
 
 
 class _CannotCheck(PrimeError):
@@ -163,9 +161,9 @@ class AppealDesk:
             return self._refuse(413, "oversize", f"{len(data)} bytes, limit {limit}")
         try:
             envelope = Envelope.from_bytes(data, max_bytes=limit)
-            gate = _AppellantGate(self.replay_guard, self.pool, _address(envelope.body.get("node")))
-            body = open_envelope(envelope, domain=self.domain, replay_guard=gate, body_types=[Appeal],
-                                 max_age_s=self.cfg.max_age_s)
+            gate = _AppellantGate(self.pool, _address(envelope.body.get("node")))
+            body = open_envelope(envelope, domain=self.domain, replay_guard=self.replay_guard, admit=gate.admit,
+                                 body_types=[Appeal], max_age_s=self.cfg.max_age_s)
         except SignatureError as exc:
             return self._refuse(401, exc.code, str(exc))
         except NotAppellantError as exc:
