@@ -48,14 +48,18 @@ class NodeInactiveError(ProtocolError):
     code = "node_inactive"
 
 
-class RateLimitedError(ProtocolError):
-    """The signer sent more than its share; retry after `retry_after` seconds."""
-
-    code = "rate_limited"
+class RetryLaterError(ProtocolError):
+    """Refused for now; the sender may retry after `retry_after` seconds (the `Retry-After` header)."""
 
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RateLimitedError(RetryLaterError):
+    """The signer sent more than its share; retry after `retry_after` seconds."""
+
+    code = "rate_limited"
 
 
 class NodeQuotaError(RateLimitedError):
@@ -64,14 +68,10 @@ class NodeQuotaError(RateLimitedError):
     code = "node_quota"
 
 
-class OverloadedError(ProtocolError):
+class OverloadedError(RetryLaterError):
     """This validator takes no more work now (backlog full or global rate reached); retry after `retry_after`."""
 
     code = "overloaded"
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass
@@ -235,7 +235,7 @@ class Intake:
             return self._refuse(401, exc, None)
         except NodeInactiveError as exc:
             return self._refuse(403, exc, envelope.signer if envelope else None)
-        except (RateLimitedError, OverloadedError) as exc:
+        except RetryLaterError as exc:
             answer = self._refuse(429 if isinstance(exc, RateLimitedError) else 503, exc,
                                   envelope.signer if envelope else None)
             answer.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
