@@ -201,6 +201,7 @@ def build_app(service: Service) -> FastAPI:
             "checkable_versions": [] if current is None else [v for v in service.chain.versions() if v >= (low or 0)],
             "async_level": cfg.run.async_level, "checks": cfg.checks.model_dump(mode="json"),
             "thresholds_hash": service.core.checker.thresholds_hash,
+            "checks_hash": cfg.checks.digest(),  # what a run pins in `run.checks_hash`
             "validators": service.core.assignment.validators(),
             "validator_urls": service.peers.urls(),
             "max_submission_bytes": cfg.max_submission_bytes,

@@ -6,12 +6,14 @@ e.g. `PRIME_CHAIN__RPC_URL`) < command-line flags (`--chain.rpc-url ...`).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from discovery.config import DiscoveryConfig
+from protocol.canonical import canonical_bytes
 from protocol.config import (
     KeySource,
     PrimeConfig,
@@ -72,6 +74,15 @@ class CheckSettings(Section):
     counter c is taken only if m <= c <= m + counter_gap; beyond it is refused (409
     `counter_out_of_order`, no slash, nothing recorded: the node resends in order). A node that sends in
     order never needs a gap; a small one absorbs reordering without letting a node choose its tasks."""
+
+    def digest(self) -> str:
+        """What `run.checks_hash` pins: SHA-256 of every setting here that can change a verdict (all but the
+        batch sizes and retries, which change how fast, never what, is decided; a setting added later is
+        pinned unless it is named in `_NOT_VERDICTS`)."""
+        return "0x" + hashlib.sha256(canonical_bytes(self.model_dump(mode="json", exclude=_NOT_VERDICTS))).hexdigest()
+
+
+_NOT_VERDICTS = {"batch_tokens", "batch_submissions", "retries"}
 
 
 class AppealSettings(Section):
@@ -222,6 +233,16 @@ class ValidatorConfig(PrimeConfig):
     """torch threads of the model stage."""
     log_json: bool = False
     """Log one JSON object per line."""
+
+
+    @model_validator(mode="after")
+    def _pinned_checks(self) -> ValidatorConfig:
+        pinned, mine = self.run.checks_hash, self.checks.digest()
+        if pinned is not None and pinned != mine:
+            raise ValueError(f"run.checks_hash pins the run's verdict thresholds to {pinned}, and this config's "
+                             f"checks.* hash to {mine}: every validator of a run judges (and re-judges appeals) with "
+                             f"the same thresholds; use the run's checks, or leave the run")
+        return self
 
 
 def load_config(argv: list[str] | None = None) -> ValidatorConfig:
