@@ -129,6 +129,7 @@ class _Sent:
     block_number: int | None = None
     block_hash: bytes | None = None
     mined: HexBytes | None = None
+    reverted: bool = False
 
     @property
     def nonce(self) -> int:
@@ -298,7 +299,8 @@ class Transactor:
         While it waits it watches the transaction: dropped from the pool (no receipt, not pending) it is sent
         again under the same nonce, or a fresh one when that nonce was used by another transaction (then ours
         can never land, so the action cannot happen twice); pending longer than `resend_after_s` it is replaced
-        under the same nonce with fees raised by `GAS_BUMP`; held up by a nonce gap below it, the gap is filled.
+        under the same nonce with fees raised by `GAS_BUMP`, or, when a nonce gap below it is what holds it up,
+        the gap is filled.
         `done()` reads whether the action is on chain already: a resent copy that reverts counts as success when
         it says so (the contract's own keys make a replay revert harmlessly). Gives up after `receipt_timeout`
         with a ChainError (reason "timeout"); the transaction stays in the journal for `reconcile()`.
@@ -331,7 +333,19 @@ class Transactor:
         finally:
             with self._lock:
                 self._reserved.discard(nonce)
-        return self._settle(sent)
+        try:
+            return self._settle(sent)
+        except ChainError:
+            self._orphan(sent)
+            raise
+
+    def _orphan(self, sent: _Sent) -> None:
+        """Nobody waits for `sent` any more (its send gave up): `reconcile()` learns whether it landed after all."""
+        if sent.reverted:
+            return
+        with self._journal_lock:
+            if sent not in self._orphans and sent not in self._journal:
+                self._orphans.append(sent)
 
     def _sign_and_send(self, sent: _Sent) -> None:
         """Sign `sent` as it stands and send it; journalled before it leaves (a kill between the two leaves a
@@ -364,8 +378,6 @@ class Transactor:
                 return self._landed(sent, receipt)
             now = time.monotonic()
             if now >= deadline:
-                with self._journal_lock:
-                    self._orphans.append(sent)  # reconcile() learns later whether it landed after all
                 raise ChainError(
                     f"{sent.what}: no receipt for {sent.hashes[-1].to_0x_hex()} after {self.receipt_timeout}s "
                     f"({sent.resends} resends)", reason="timeout")
@@ -375,10 +387,12 @@ class Transactor:
                     if self._receipt_of(sent) is None:  # mined between the two lookups otherwise
                         self._revive(sent, "dropped from the pool")
                         deadline = max(deadline, time.monotonic() + min(self.receipt_timeout, 10 * self.probe_s))
-                elif self._fill_gap(sent):
-                    deadline = max(deadline, time.monotonic() + min(self.receipt_timeout, 10 * self.probe_s))
-                elif now - sent.sent_at >= self.resend_after_s:
-                    self._replace(sent)
+                elif now - sent.sent_at >= self.resend_after_s:  # stuck: held up by a gap, or priced too low
+                    if self._fill_gap(sent):
+                        deadline = max(deadline, time.monotonic() + min(self.receipt_timeout, 10 * self.probe_s))
+                        sent.sent_at = time.monotonic()
+                    else:
+                        self._replace(sent)
             time.sleep(poll)
             poll = min(poll * 1.5, self.probe_s)
 
@@ -428,8 +442,14 @@ class Transactor:
                                                     "chainId": self.chain_id(), "nonce": n, "gas": FILLER_GAS}, None)
                 self._fill_fees(filler.tx)
                 self._fly(filler)
+                try:
+                    self._sign_and_send(filler)
+                except ChainError as exc:  # the pool holds a transaction at that nonce (another process's): no gap
+                    self._land(filler)
+                    self._forget([filler])
+                    logger.warning("nonce %d not filled: %s", n, exc)
+                    break
                 fillers.append(filler)
-                self._sign_and_send(filler)
                 self.filled += 1
         finally:
             with self._lock:
@@ -438,8 +458,9 @@ class Transactor:
             try:
                 self._settle(filler)
             except ChainError as exc:  # the next probe looks again
+                self._orphan(filler)
                 logger.warning("nonce gap filler %d: %s", filler.nonce, exc)
-        return True
+        return bool(fillers)
 
     def _revive(self, sent: _Sent, why: str) -> None:
         """`sent` is gone (dropped, or its block rolled back): send it again, under its nonce while that is
@@ -502,6 +523,7 @@ class Transactor:
     def _landed(self, sent: _Sent, receipt: Any) -> Receipt:
         """Check a mined receipt; journal it, watched for a rollback while it is among the newest `keep`."""
         if receipt["status"] != 1:
+            sent.reverted = True
             self._forget([sent])  # it used its nonce; sending it again is the caller's decision
             failure = self._failure(sent.what, sent.tx, receipt)
             if sent.resends and sent.done is not None and self._done(sent):
@@ -587,6 +609,8 @@ class Transactor:
             return 0
         with self._journal_lock:
             self._journal = [s for s in self._journal if s not in lost]
+        with self._lock:  # their nonces are ours to send again: no other send of ours may take them meanwhile
+            self._flying.update({s.nonce: s for s in lost})
         lost.sort(key=lambda s: s.nonce)
         logger.warning("%d of our landed transactions (nonces %d..%d, blocks %s..%s) are no longer on the chain "
                        "(a rollback): sending them again", len(lost), lost[0].nonce, lost[-1].nonce,
@@ -596,9 +620,10 @@ class Transactor:
             try:
                 receipt = self._receipt_of(sent)  # re-mined by the chain itself (a reorg puts it back in the pool)
                 if receipt is not None:
+                    self._land(sent)
                     self._landed(sent, receipt)
                     continue
-                self._fly(sent)  # its journal record keeps the lost block until it lands again (a restart retries it)
+                # its journal record keeps the lost block until it lands again (a restart retries it)
                 if not self._in_pool(sent):
                     self._revive(sent, "rolled back")
                 waiting.append(sent)
@@ -623,6 +648,8 @@ class Transactor:
             logger.warning("%s: the rolled-back transaction has not landed again yet (%s); trying again next round",
                            sent.what, exc)
             with self._journal_lock:
+                if sent in self._orphans:
+                    self._orphans.remove(sent)
                 if sent not in self._journal:
                     self._journal.append(sent)
             return

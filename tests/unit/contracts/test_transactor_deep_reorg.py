@@ -83,7 +83,7 @@ def test_a_nonce_gap_that_nothing_of_ours_holds_is_filled(pools: Pools) -> None:
     queue for good unless N is filled."""
     node = pools.new_node()
     chain, validator = pools.chain, pools.chain.account(VALIDATOR)
-    client = watchful(chain, pools.deployment.pool, validator, resend_after_s=600.0)
+    client = watchful(chain, pools.deployment.pool, validator, resend_after_s=0.5)
     w3 = chain.web3()
     gap = nonce(chain, validator.address)
     key = work_key()
