@@ -132,3 +132,28 @@ def test_fees_come_from_the_next_blocks_base_fee(pools: Pools) -> None:
     assert client.get_work(key).units == 3
     mined = chain.web3().eth.get_transaction(receipt.tx_hash)  # type: ignore[arg-type]
     assert int(mined["maxFeePerGas"]) >= spike
+
+
+def test_a_transaction_whose_sender_died_before_its_receipt_is_still_watched_after_a_restart(
+        pools: Pools, tmp_path: Path) -> None:
+    """Killed between the send and the receipt (here: the send gave up), the journal still names the transaction:
+    the restarted transactor learns that it landed, and sends it again when a deep rollback removes it."""
+    node = pools.new_node()
+    chain, validator = pools.chain, pools.chain.account(VALIDATOR)
+    path = tmp_path / "transactions.sqlite"
+    first = watchful(chain, pools.deployment.pool, validator, journal=FileJournal(path), receipt_timeout=1.0,
+                     resend_after_s=600.0)
+    key = work_key()
+    snapshot = chain.snapshot()
+    with manual_mining(chain):
+        with pytest.raises(ChainError):
+            first.record_work(node.address, key, 7)
+        chain.rpc("evm_mine")  # it lands after its sender stopped waiting
+    del first
+    restarted = watchful(chain, pools.deployment.pool, validator, journal=FileJournal(path))
+    assert restarted.tx.reconcile() == 0  # landed: journalled as such, nothing to send
+    chain.rpc("anvil_mine", [hex(DEPTH)])
+    chain.revert(snapshot)
+    assert restarted.get_work(key).status is WorkStatus.NONE
+    assert restarted.tx.reconcile() == 1
+    assert restarted.get_work(key).units == 7 and recorded(pools.admin, key) == 1
