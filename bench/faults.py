@@ -358,7 +358,7 @@ def fault_deep_reorg(net: Devnet, timeout: float) -> dict[str, Any]:
     t = time.monotonic()
     if rpc("evm_revert", [snapshot]) is not True:
         raise FaultError("evm_revert refused the snapshot")
-    removed = recorded - recorded_on_chain(net)
+    removed = recorded - recorded0  # recorded in blocks after the snapshot: the revert removed them all
     events = {
         "training_resumed": lambda: net.steps() > steps,
         "version_on_chain_again": lambda: (net.chain_version() or 0) >= version,
