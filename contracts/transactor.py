@@ -326,9 +326,12 @@ class Transactor:
             self._fly(sent)
             try:
                 self._sign_and_send(sent)
-            except BaseException:
+            except BaseException as exc:
                 self._land(sent)
-                self._forget([sent])
+                if isinstance(exc, ChainError) and exc.reason != "rejected":
+                    self._orphan(sent)  # the outcome is unknown (the node may hold it): reconcile() finds out
+                else:
+                    self._forget([sent])
                 raise
         finally:
             with self._lock:
