@@ -130,6 +130,8 @@ class _Sent:
     block_hash: bytes | None = None
     mined: HexBytes | None = None
     reverted: bool = False
+    relanding: bool = False
+    """Rolled back and not landed again yet: checked every round, whatever the blocks of the others."""
 
     @property
     def nonce(self) -> int:
@@ -535,6 +537,7 @@ class Transactor:
                 return Receipt(tx_hash=receipt["transactionHash"].to_0x_hex(), block_number=int(receipt["blockNumber"]),
                                gas_used=int(receipt["gasUsed"]), logs=[], replayed=True)
             raise failure
+        sent.relanding = False
         sent.block_number = int(receipt["blockNumber"])
         sent.block_hash = bytes(receipt["blockHash"])
         sent.mined = HexBytes(receipt["transactionHash"])
@@ -602,9 +605,9 @@ class Transactor:
         if not journal:
             return 0
         head = int(self.rpc("block number", lambda: self.w3.eth.block_number))
-        lost: list[_Sent] = []
+        lost = [s for s in journal if s.relanding]
         # A chain reorganises a suffix: once a journalled block is canonical, every lower one is too.
-        for sent in sorted(journal, key=lambda s: s.block_number or 0, reverse=True):
+        for sent in sorted([s for s in journal if not s.relanding], key=lambda s: s.block_number or 0, reverse=True):
             if self._canonical(sent, head):
                 break
             lost.append(sent)
@@ -650,6 +653,7 @@ class Transactor:
         if exc.reason in {"timeout", "unreachable", "http"}:
             logger.warning("%s: the rolled-back transaction has not landed again yet (%s); trying again next round",
                            sent.what, exc)
+            sent.relanding = True
             with self._journal_lock:
                 if sent in self._orphans:
                     self._orphans.remove(sent)

@@ -55,6 +55,7 @@ def test_each_version_is_recorded_on_chain_and_announced(published: Pools, deplo
         again = ShardcastPublisher(settings.model_copy(update={"store": tmp_path / "origin2",
                                                                "discovery": DiscoveryConfig()}))
         again.publish(2, ckpt)
+        again.close()
         assert published.admin.policy() == (2, manifest)
     finally:
         listener.stop()
