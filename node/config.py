@@ -110,7 +110,8 @@ class SubmitSettings(Section):
     """Cap of one backoff."""
     timeout_s: float = Field(30.0, gt=0.0)
     """Total deadline of one submission to a validator (connect to last byte). A validator that misses it is
-    hung: not retried, marked down for `max_backoff_s`, and the work goes to the next validator."""
+    hung: not retried, marked down for `max_backoff_s` (doubling each time in a row it hangs, up to 10 minutes,
+    until it answers), and the work goes to the next validator."""
     probe_timeout_s: float = Field(5.0, gt=0.0)
     """Total deadline of a validator's `/v1/info` and of one verdict poll (cheap reads)."""
     decide_timeout_s: float = Field(300.0, gt=0.0)

@@ -11,6 +11,8 @@ later, and no new work is generated until it is out. A validator that does not a
 (it accepts connections and hangs, or trickles bytes: every request has a total deadline, not only a
 per-read one) is not retried: it is marked down at once and the work goes to the next validator in the
 ranking (issue 26 item 3), and its `/v1/info` and verdict reads are bounded by `submit.probe_timeout_s`.
+Its back-off doubles each time in a row it hangs (up to `DOWN_MAX_S`) and starts over when it answers: after
+failover, polls for the old verdicts it holds go to the others and rarely to it (issue 39 item 4).
 
 Nothing a validator says is believed because it answered (issue 23, item 10):
 
@@ -89,6 +91,8 @@ def bounded_request(http: httpx.Client, method: str, url: str, timeout_s: float,
 
 MAX_VALIDATORS = 64
 """Validator URLs a node keeps (configured, learned and hinted together)."""
+DOWN_MAX_S = 600.0
+"""Longest back-off from a validator that keeps hanging (`Worker._mark_down`; from `submit.max_backoff_s`, doubling)."""
 SHUN_S = 300.0
 """How long a URL caught lying (a verdict it could not have signed) is not asked again."""
 
@@ -253,6 +257,7 @@ class Worker:
         self._stop = threading.Event()
         self._said_at = -float("inf")
         self._down_until: dict[str, float] = {}
+        self._strikes: dict[str, int] = {}  # validator -> times in a row it hung or lied (its back-off doubles)
         self._closed: dict[int, str] = {}  # versions our validator takes no more of our work at: why
 
     def stop(self) -> None:
@@ -398,18 +403,34 @@ class Worker:
                 status, body = self._post(url, data)
             except (Transient, RetryError) as exc:
                 self.tally.submit_failures += 1
-                self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                self._mark_down(address)
                 logger.warning("validator %s unreachable for v%d #%d after %d tries (%s)%s", url, sub.policy_version,
                                sub.counter, self.cfg.submit.attempts, _short(exc),
                                "; trying the next one" if address != reachable[-1] else "; the work is kept and resent")
                 continue
-            self._down_until.pop(address, None)
+            self._mark_up(address)
             answer = self._handle(sub, address, url, status, body, resealed=resealed)
             if answer is not None:
                 return answer
             # an answer not believed: back off from this validator, try the next; the work stays kept
-            self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+            self._mark_down(address)
         return {}
+
+    def _mark_down(self, address: str) -> float:
+        """`address` hung (or answered what we cannot believe): ask it nothing until its back-off ends. The
+        back-off doubles from `submit.max_backoff_s` each time in a row, up to `DOWN_MAX_S`: a validator that
+        stays hung after failover is asked again rarely, not every `max_backoff_s` at the price of a timeout
+        (verdict polls of old work at it halved a node's rate). Returns the back-off."""
+        strikes = self._strikes[address] = self._strikes.get(address, 0) + 1
+        base = self.cfg.submit.max_backoff_s
+        wait = float(min(max(base, DOWN_MAX_S), base * 2 ** min(strikes - 1, 30)))
+        self._down_until[address] = time.monotonic() + wait
+        return wait
+
+    def _mark_up(self, address: str) -> None:
+        """`address` answered: its back-off starts over."""
+        self._down_until.pop(address, None)
+        self._strikes.pop(address, None)
 
     def _ranking(self, version: int) -> list[str]:
         if not self.validators.announced:
@@ -526,18 +547,20 @@ class Worker:
                                         self.cfg.submit.probe_timeout_s)
                     body = r.json() if r.status_code == 200 else None
                 except Hung as exc:  # hung: ask no more of it until its backoff ends (the next one may know)
-                    logger.warning("validator %s: verdict poll %s", url, exc)
-                    self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                    wait = self._mark_down(address)
+                    logger.warning("validator %s: verdict poll %s; asking the others, and it again in %.0f s", url,
+                                   exc, wait)
                     continue
                 except (httpx.HTTPError, ValueError) as exc:
                     logger.debug("polling %s at %s: %s", key, url, exc)
                     continue
+                self._mark_up(address)
                 if not isinstance(body, dict):
                     continue
                 if body.get("outcome") or body.get("verdict"):
                     verdict = self.verified_verdict(rec.policy_version, rec.counter, body, address, url)
                     if verdict is None:  # a lie about our work: resend it to whoever holds this role next
-                        self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                        self._mark_down(address)
                         self.protection.mark(self.run.run_id, self.node, rec.policy_version, rec.counter, "signed")
                         break
                     self._apply(verdict, str(body["verdict"]), str(body.get("detail") or ""))

@@ -30,6 +30,10 @@ RECORD_RETRY_REASONS = {"timeout", "unreachable", "http", "rejected", None}
 """`ChainError.reason`s after which `publishPolicy` is tried again: the transaction did not land, through no
 fault of the call (a revert such as a missing role or a paused pool is raised at once)."""
 RECORD_RETRY_MAX_S = 30.0
+RECONCILE_S = 5.0
+"""How often the publisher checks that its recorded versions are still on chain (`Transactor.reconcile`): after a
+rollback, nodes see the old version until the lost `publishPolicy`s land again, and the trainer, waiting for their
+work, would send nothing that triggers the check."""
 
 
 class Publisher(ABC):
@@ -109,15 +113,21 @@ class ShardcastPublisher(Publisher):
         self._closing = threading.Event()
         if settings.chain is not None:  # connect now: a wrong deployment stops the trainer before its first step
             from contracts.deployment import Deployment
+            from contracts.journal import FileJournal
             from contracts.pool import PoolClient
-            from contracts.transactor import connect
+            from contracts.transactor import Transactor, connect
             from protocol.errors import ConfigError
 
             deployment = Deployment.load(settings.chain.deployment)
-            self.pool = PoolClient(connect(settings.chain.rpc_url), deployment.pool, self.identity)
+            # journalled in the store the trainer keeps across restarts: a publishPolicy that a rollback of any
+            # depth removed (even while the trainer was down) is sent again
+            w3 = connect(settings.chain.rpc_url)
+            self.pool = PoolClient(w3, deployment.pool, self.identity, Transactor(
+                w3, self.identity, journal=FileJournal(self.store / "chain-journal.sqlite")))
             if not self.pool.has_role("trainer", self.identity.address):
                 raise ConfigError(f"the trainer key {self.identity.address} does not hold TRAINER_ROLE on pool "
                                   f"{deployment.pool}: it cannot record versions on chain")
+            threading.Thread(target=self._watch_chain, name="publish-reconcile", daemon=True).start()
             if settings.discovery.active:
                 from discovery.admission import Trust
                 from discovery.service import Discovery
@@ -201,6 +211,18 @@ class ShardcastPublisher(Publisher):
                 delay = min(2 * delay, RECORD_RETRY_MAX_S)
         if self.discovery is not None:
             self.discovery.announce_policy(version, manifest_hash, list(self.settings.announce_urls))
+
+    def _watch_chain(self) -> None:
+        """Send again, every `RECONCILE_S`, the transactions a rollback removed (whatever its depth)."""
+        from protocol.errors import ChainError
+
+        while not self._closing.wait(RECONCILE_S):
+            try:
+                if resent := self.pool.tx.reconcile():
+                    log.warning("a rollback removed %d of our transactions: sent again", resent)
+            except ChainError as exc:
+                log.warning("checking our recorded versions on chain failed (trying again in %.0f s): %s",
+                            RECONCILE_S, exc)
 
     def _on_chain(self, version: int, manifest_hash: bytes) -> bool:
         from protocol.errors import ChainError

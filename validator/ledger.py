@@ -639,11 +639,12 @@ class Ledger:
         """This validator's side of the audit (`GET /v1/audit`): row counts (received = accepted +
         rejected_hard + rejected_soft + pending), and per row kind the work keys an auditor reconciles
         with the chain and the trainer: accepted (node, units, feed seq, chain tx), hard (reason,
-        evidence hash, whether the evidence is stored) and soft (reason); and `restored`: work whose hard verdict
+        evidence hash, whether the evidence is stored) and soft (reason); accepted rows carry `decided_at` (unix
+        time: how long one has waited in the outbox); and `restored`: work whose hard verdict
         (another validator's) this validator overturned on appeal, with its feed seq (it is trained too). A verdict
         that can never land on chain is listed `reported: false` with `unreportable` (the revert that said so)."""
         rows = self._db.execute("SELECT work_key, node, state, outcome, reason, measurements, evidence_hash, "
-                                "chain_tx, report_error FROM submissions ORDER BY received_at, work_key")
+                                "chain_tx, report_error, decided_at FROM submissions ORDER BY received_at, work_key")
         # after the rows: an accepted row entered the feed (and its evidence was stored) in its own transaction
         feed = {k: int(s) for s, k in self._db.execute("SELECT seq, work_key FROM feed")}
         stored = {h for (h,) in self._db.execute("SELECT hash FROM evidence")}
@@ -651,7 +652,7 @@ class Ledger:
         per_node: dict[str, dict[str, Any]] = {}
         ties: dict[str, list[int]] = {}  # node -> [paid tokens, near-ties, EOS near-ties] of its accepted work
         pending = unreportable = 0
-        for key, node, state, outcome, reason, measurements, evidence_hash, tx, report_error in rows:
+        for key, node, state, outcome, reason, measurements, evidence_hash, tx, report_error, decided_at in rows:
             counts = per_node.setdefault(node, {"received": 0, "accepted": 0, "rejected_hard": 0,
                                                 "rejected_soft": 0, "pending": 0})
             counts["received"] += 1
@@ -668,7 +669,7 @@ class Ledger:
                 units = m.units or 1
                 _count_ties(ties.setdefault(node, [0, 0, 0]), m)
                 accepted.append({"work_key": key, "node": node, "units": units, "feed_seq": feed.get(key),
-                                 "reported": reported, "chain_tx": tx, **extra})
+                                 "reported": reported, "chain_tx": tx, "decided_at": decided_at, **extra})
             elif outcome == "rejected_hard":
                 hard.append({"work_key": key, "node": node, "reason": reason, "evidence_hash": evidence_hash,
                              "evidence_stored": evidence_hash in stored, "reported": reported, "chain_tx": tx,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from contracts.deployment import Deployment
+from contracts.journal import FileJournal
 from contracts.pool import PoolClient
 from contracts.transactor import Transactor, connect
 from protocol.envelope import Envelope
@@ -55,8 +56,11 @@ class Service:
         if cfg.chain.deployment is None:
             raise ConfigError("chain.deployment is required (the deployment.json written by prime-chain)")
         self.deployment = deployment = Deployment.load(cfg.chain.deployment)
+        # Our transactions are journalled with the ledger (a restart after kill -9 still sends again what a
+        # rollback of any depth removed: rows marked reported on a receipt that left the chain).
         self.pool = PoolClient(connect(cfg.chain.rpc_url), deployment.pool, self.identity,
-                               Transactor(connect(cfg.chain.rpc_url), self.identity))
+                               Transactor(connect(cfg.chain.rpc_url), self.identity,
+                                          journal=FileJournal(cfg.state_dir / "transactions.sqlite")))
         self.chain = ChainView(self.pool, deployment.start_block)
         self.chain.refresh()  # fail fast when the chain is unreachable
         self.domain = submission_domain(deployment.chain_id, deployment.pool, cfg.run.run_id)
