@@ -1,6 +1,6 @@
 """Sparse deltas between two versions' files, and their reconstruction checked bit for bit.
 
-A delta version carries two files (docs/protocol/weights.md, "Deltas"):
+A delta version carries two files (shardcast/README.md, "Deltas"):
 
 - `delta-index.json`: one entry per file of the new version: `same` (the base's file, unchanged),
   `whole` (the new file's bytes, at `at`/`size` in the values file) or `patch` (the base's file with

@@ -121,7 +121,7 @@ def table_hash(files: tuple[FileEntry, ...], shards: tuple[ShardEntry, ...]) -> 
 
 
 class DeltaRef(BaseModel):
-    """What a delta version is made against and what it must produce (docs/protocol/weights.md, "Deltas").
+    """What a delta version is made against and what it must produce (shardcast/README.md, "Deltas").
 
     The manifest's own `files`/`shards` are the delta's files (its index and values); `files`/`shards` here
     are the full weights the delta reproduces, with a BLAKE3 per shard, so a node checks the result bit for
