@@ -87,6 +87,9 @@ def test_a_client_holding_nothing_rebuilds_the_chain_and_one_holding_v_minus_1_f
             assert third.bytes_fetched == chain[2][1].total_bytes < 0.2 * chain[2][1].full_bytes
             assert same_tree(tmp_path / "out2" / "current", chain[2][0])
     run(body())
+    # what a node or validator asks before serving: the installed manifest is the one the chain recorded
+    follower = Follower([], trainer=trainer.address, out_dir=tmp_path / "out2", run_id="r", keep=5)
+    assert same_tree(follower.verified(3, chain[2][1].content_hash()), chain[2][0])
 
 
 async def _async(value: web.Response) -> web.Response:
