@@ -37,7 +37,8 @@ import blake3
 from protocol.errors import RelayError
 from protocol.identity import checksum
 from shardcast.bans import DEFAULT_BAN_S, BanList
-from shardcast.errors import ManifestError, RelayConfigError, StorageError
+from shardcast.delta import apply_delta
+from shardcast.errors import DeltaBaseError, DeltaError, ManifestError, RelayConfigError, StorageError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard
 from shardcast.transfer import Downloader, fetch_index, new_session, verified_manifest
@@ -419,6 +420,8 @@ class Client:
                     return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
                                       time.monotonic() - started, self.board.summary())
                 log.warning("v%d is installed without %s: pulling it again", manifest.version, ", ".join(missing[:5]))
+            if manifest.delta is not None:
+                await self._hold_base(manifest)
             staging = self.out_dir / ".partial" / str(manifest.version)
             _drop_stale_staging(staging, signed)
             try:
@@ -455,6 +458,8 @@ class Client:
                         bar.close()
             finally:
                 staged.close(fsync=self.fsync)
+        if manifest.delta is not None:
+            staging = self._reconstruct(manifest, staging)
         self._install_guarded(lambda: self._install(signed, staging), manifest.version)
         seconds = time.monotonic() - started
         log.info("installed v%d in %.2f s (%d shards fetched, %d reused)", manifest.version, seconds,
@@ -517,6 +522,56 @@ class Client:
         return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"v{manifest.version}",
                     file=sys.stderr, mininterval=0.25)
 
+    def _held_base(self, manifest: Manifest) -> Manifest | None:
+        """The installed manifest of the delta's base when its full weights are here and are the ones named."""
+        ref = manifest.delta
+        assert ref is not None
+        directory = self.out_dir / f"v{ref.base_version}"
+        if not directory.is_dir() or not (self.out_dir / "manifests" / f"{ref.base_version}.json").is_file():
+            return None
+        try:
+            base = self._installed_manifest(ref.base_version)
+        except StorageError:
+            return None
+        if base.weights_hash() != ref.base_weights or _missing_files(directory, base):
+            return None
+        return base
+
+    async def _hold_base(self, manifest: Manifest) -> None:
+        """Make sure the base of delta `manifest` is installed: pull it (an anchor, or a delta whose own base is
+        pulled first) when it is not. A base that cannot be had stops this pull with the reason."""
+        ref = manifest.delta
+        assert ref is not None
+        if self._held_base(manifest) is not None:
+            return
+        log.info("v%d is a delta against v%d, which is not here: pulling v%d first", manifest.version,
+                 ref.base_version, ref.base_version)
+        await self._pull_once(ref.base_version, time.monotonic())
+        if self._held_base(manifest) is None:
+            raise DeltaBaseError(f"v{manifest.version} is a delta against v{ref.base_version} (weights "
+                                 f"{ref.base_weights[:12]}), and the v{ref.base_version} the relays serve is not it")
+
+    def _reconstruct(self, manifest: Manifest, staging: Path) -> Path:
+        """Apply the verified delta in `staging` to the installed base; the directory of the full weights, each
+        shard checked against the signed table (`DeltaMismatchError`, the staged delta dropped, otherwise)."""
+        ref = manifest.delta
+        assert ref is not None
+        base = self._held_base(manifest)
+        if base is None:  # retention removed it while the delta arrived
+            raise DeltaBaseError(f"v{manifest.version}: its base v{ref.base_version} went away during the pull")
+        full = self.out_dir / ".partial" / f"{manifest.version}.full"
+        shutil.rmtree(full, ignore_errors=True)
+        try:
+            apply_delta(self.out_dir / f"v{ref.base_version}", base, staging, manifest, full)
+        except (DeltaError, OSError) as exc:
+            shutil.rmtree(full, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise StorageError(f"applying the delta of v{manifest.version}: {exc}") from exc
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        return full
+
     def _installed_manifest(self, version: int) -> Manifest:
         path = self.out_dir / "manifests" / f"{version}.json"
         try:
@@ -547,7 +602,8 @@ class Client:
         os.rename(staging, final)
         self._swap(version)
         for partial in (self.out_dir / ".partial").glob("*"):  # older pulls given up for this one
-            if partial.name.isdigit() and int(partial.name) < version:
+            number = partial.name.removesuffix(".full")
+            if number.isdigit() and int(number) < version:
                 shutil.rmtree(partial, ignore_errors=True)
 
     def _swap(self, version: int) -> None:
@@ -572,7 +628,7 @@ def _missing_files(directory: Path, manifest: Manifest) -> list[str]:
     """Files of `manifest` absent from `directory` or of the wrong size (an install damaged since, or made
     by a client that kept its bookkeeping under a checkpoint's own file name)."""
     missing = []
-    for entry in manifest.files:
+    for entry in manifest.weight_files:
         try:
             if (directory / entry.path).stat().st_size != entry.size:
                 missing.append(entry.path)

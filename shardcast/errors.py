@@ -58,3 +58,22 @@ class RelayConfigError(RelayError, ConfigError):
     """A SHARDCAST setting is unusable: no sources, retention below 1, a port that cannot be bound."""
 
     code = "config"
+
+
+class DeltaError(RelayError):
+    """A delta version cannot be applied: its index is malformed or points outside its files or the base's."""
+
+    code = "bad_delta"
+
+
+class DeltaBaseError(DeltaError):
+    """A delta names a base this side does not hold: another version, or weights whose hash is not the one
+    the delta was made against."""
+
+    code = "wrong_base"
+
+
+class DeltaMismatchError(DeltaError):
+    """Applying a delta did not reproduce, bit for bit, the full weights its signed manifest names."""
+
+    code = "delta_mismatch"
