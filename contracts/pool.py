@@ -326,6 +326,17 @@ class PoolClient(ContractClient):
         fn = self._f("invalidateSoft", _address(node), _key32(work_key), reason_code)
         return self._send("invalidateSoft", fn, done=lambda: self.get_work(work_key).invalidated)
 
+    def invalidate_soft_batch(self, items: list[tuple[str, bytes | str, int]]) -> Receipt:
+        """invalidateSoftBatch: [(node, work_key, reason_code), ...] in one transaction, no slash. Idempotent: keys
+        already invalidated (earlier or in this batch) are skipped with a `WorkSkipped` event, so a batch whose
+        outcome is unknown can be sent again. Any other failure reverts the whole batch (the reasons of
+        `invalidate_soft`)."""
+        nodes = [_address(node) for node, _, _ in items]
+        keys = [_key32(key) for _, key, _ in items]
+        codes = [code for _, _, code in items]
+        return self._send("invalidateSoftBatch", self._f("invalidateSoftBatch", nodes, keys, codes),
+                          done=lambda: all(self.get_work(k).invalidated for k in keys))
+
     # -- appeals --------------------------------------------------------------------------
 
     def appeal(self, work_key: bytes | str) -> Receipt:

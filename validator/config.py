@@ -106,8 +106,12 @@ class SystemicSettings(Section):
     (TOPLOC chunk statistics, sampling margin, logprob error) is within this multiple of it."""
     history_cap: int = Field(100, ge=1)
     """Accepted submissions counted per node in its weight (so no single history dominates)."""
+    stake_cap: float = Field(4.0, ge=1.0)
+    """A node's stake counts in its weight in units of the pool minimum, at most this many (so one rich key
+    cannot pull the trigger alone)."""
     self_test_submissions: int = Field(3, ge=1)
-    """Known-good submissions of the version re-measured by a self-test; it fails when most of them fail."""
+    """Known-good submissions of the version re-measured by a self-test, drawn at random from established
+    nodes outside the failing set; it fails when most of them fail."""
 
 
 class FloodSettings(Section):

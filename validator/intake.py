@@ -305,7 +305,9 @@ class Intake:
 
     def _not_ours_yet(self, sub: Submission) -> Answer | None:
         """Work another validator must check, or of a version our chain view has not seen yet: refused
-        without a ledger row (soft, counted), so the assignment stays free for the right place and time."""
+        without a ledger row (soft, counted), so the assignment stays free for the right place and time. Work
+        of a version that left the async window is refused the same way (410): it can never be paid, so it
+        costs the validator no row, no stored envelope and no transaction, only the node's refusal count."""
         mine = self.assignment.taker(sub.node, sub.policy_version)
         if mine != self.assignment.me:
             self.ledger.count_refusal(sub.node, Reason.NOT_ASSIGNED_HERE.value)
@@ -319,6 +321,12 @@ class Intake:
             return Answer(425, {"error": Reason.FUTURE_VERSION.value, "outcome": Outcome.REJECTED_SOFT.value,
                                 "detail": f"v{sub.policy_version} is not on chain yet (newest: {current})"},
                           {"Retry-After": "2"})
+        if sub.policy_version < current - self.cfg.run.async_level:  # never paid, so never worth a row or a tx
+            self.ledger.count_refusal(sub.node, Reason.STALE_VERSION.value)
+            self.stats.count(f"refused_{Reason.STALE_VERSION.value}")
+            return Answer(410, {"error": Reason.STALE_VERSION.value, "outcome": Outcome.REJECTED_SOFT.value,
+                                "detail": f"v{sub.policy_version} is older than {current} - "
+                                          f"{self.cfg.run.async_level}: outside the async window for good"})
         return None
 
     def _cheap_checks(self, sub: Submission, data: bytes) -> Decision | None:

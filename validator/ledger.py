@@ -741,10 +741,14 @@ class Ledger:
                 out[node] = int(n)
         return out
 
-    def recent_accepted(self, policy_version: int, limit: int) -> list[Row]:
-        """The most recently accepted submissions of `policy_version` (the guard's known-good work)."""
-        return self._rows("WHERE policy_version = ? AND outcome = 'accepted' ORDER BY decided_at DESC LIMIT ?",
-                          (policy_version, limit))
+    def random_accepted(self, policy_version: int, limit: int, *, excluding: Sequence[str] = ()) -> list[Row]:
+        """Up to `limit` accepted submissions of `policy_version` drawn at random (the database's own random,
+        seeded from the OS), none by a node in `excluding`: the guard's known-good work, which the nodes it
+        suspects can neither choose nor time."""
+        marks = ", ".join("?" for _ in excluding)
+        skip = f" AND node NOT IN ({marks})" if excluding else ""
+        return self._rows(f"WHERE policy_version = ? AND outcome = 'accepted'{skip} ORDER BY RANDOM() LIMIT ?",
+                          (policy_version, *excluding, limit))
 
     # -- counters in order (docs/protocol/assignment.md, "Counters") -------------------------------------------
 

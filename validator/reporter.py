@@ -5,7 +5,9 @@
 - hard verdicts: `invalidateHard(node, key, reason, evidenceHash)`, but only once they are older than
   the systemic window (`systemic.window_s`), so a wave of failures that turns out to be our own fault
   is softened before anyone is slashed;
-- stale work: `invalidateSoft` (never paid, never slashed);
+- stale work: `invalidateSoftBatch`, one transaction per batch (never paid, never slashed; idempotent
+  like `recordWorkBatch`). Intake refuses stale work without a row now, so only rows of an older ledger
+  get here;
 - every other soft verdict (not ours to check, our own failure) stays off chain: the assignment is
   not burnt for a fault that is not the node's.
 
@@ -112,11 +114,14 @@ class Reporter:
                 for row in self.ledger.outbox(_HARD, self.batch, now=t, decided_before=t - self.hold_hard_s):
                     done += self._invalidate(row, t, hard=True)
                 off_chain: list[str] = []
+                on_chain: list[OutboxRow] = []
                 for row in self.ledger.outbox(_SOFT, 10 * self.batch, now=t):
                     if row.reason in _ON_CHAIN_SOFT and self.pool is not None:
-                        done += self._invalidate(row, t, hard=False)
+                        on_chain.append(row)
                     else:
                         off_chain.append(row.work_key)
+                for i in range(0, len(on_chain), self.batch):
+                    done += self._invalidate_soft(on_chain[i : i + self.batch], t)
                 self.ledger.mark_reported(off_chain, None, outcome=_SOFT)
                 done += len(off_chain)
                 self._rpc_failures = 0
@@ -178,6 +183,24 @@ class Reporter:
             return len(landed)
         self.ledger.mark_reported([r.work_key for r in rows], receipt.tx_hash, outcome=_ACCEPTED)
         log.info("recorded %d accepted submissions on chain (tx %s)", len(rows), receipt.tx_hash)
+        return len(rows)
+
+    def _invalidate_soft(self, rows: list[OutboxRow], t: float) -> int:
+        """Soft invalidations (no stake moves) in one `invalidateSoftBatch`; a batch that reverts goes row by row,
+        so one bad row is set aside and the rest land."""
+        assert self.pool is not None
+        if len(rows) == 1:
+            return self._invalidate(rows[0], t, hard=False)
+        try:
+            receipt = self.pool.invalidate_soft_batch([(r.node, r.work_key, Reason(str(r.reason)).code) for r in rows])
+        except ChainError as exc:
+            self.failures += 1
+            log.warning("invalidateSoftBatch of %d keys failed: %s", len(rows), exc)
+            if exc.reason in TRANSIENT:
+                raise _RpcDown(str(exc)) from exc
+            return sum(self._invalidate(r, t, hard=False) for r in rows)
+        self.ledger.mark_reported([r.work_key for r in rows], receipt.tx_hash, outcome=_SOFT)
+        log.info("invalidated %d submissions on chain without a slash (tx %s)", len(rows), receipt.tx_hash)
         return len(rows)
 
     def _invalidate(self, row: OutboxRow, t: float, *, hard: bool) -> int:

@@ -3,6 +3,7 @@ the outbox with its reason and a metric, and never holds up the verdicts behind 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -123,3 +124,39 @@ def test_the_rpc_failing_pauses_reporting_with_backoff_and_blames_no_row(publish
     assert published.admin.get_work(key).status == WorkStatus.ACCEPTED
     assert reporter.paused_until == t + 55.0 and reporter.drain(now=t + 56.0) == 0  # nothing left, no pause
     ledger.close()
+
+
+def test_soft_invalidations_go_on_chain_in_one_batch(published, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 35 item 3: stale rows (an older ledger's: intake refuses stale work without a row now) are invalidated
+    on chain by one `invalidateSoftBatch` per batch, not one `invalidateSoft` each; a key already invalidated
+    is skipped, and a batch that reverts goes row by row so the one bad row is set aside."""
+    from validator.ledger import Decision, Ledger
+    from validator.reporter import Reporter
+
+    node = published.new_node()
+    other = published.new_node()
+    ledger = Ledger.open(path=tmp_path / "ledger.sqlite")
+    stale = Decision(outcome="rejected_soft", reason="stale_version", verdict=b"v")
+
+    def row(i: int, owner: str = node.address) -> str:
+        key = "0x" + hashlib.sha256(f"stale-{i}".encode()).hexdigest()
+        ledger.insert(work_key=key, submission_hash=f"h{i}", node=owner, policy_version=1, counter=i,
+                      envelope=b"{}", decision=stale)
+        return key
+
+    keys = [row(i) for i in range(6)]
+    published.validator.invalidate_soft(node.address, keys[0], 1)  # already on chain (a receipt lost, say)
+    reporter = Reporter(ledger, published.validator, batch=64, hold_hard_s=0.0)
+    before = published.chain.rpc("eth_blockNumber")
+    assert reporter.drain() == 6
+    assert int(published.chain.rpc("eth_blockNumber"), 16) - int(before, 16) == 1  # one transaction for six rows
+    assert all(published.admin.get_work(k).status == WorkStatus.SOFT_INVALIDATED for k in keys)
+    assert {r.state for r in map(ledger.get, keys) if r is not None} == {"reported"}
+    # another node's recorded work under a stale row's key reverts the batch: the rest still land
+    taken = row(100, owner=node.address)
+    published.validator.record_work(other.address, taken, 5)
+    more = [row(i) for i in range(6, 9)]
+    assert reporter.drain() == 3
+    assert all(published.admin.get_work(k).status == WorkStatus.SOFT_INVALIDATED for k in more)
+    bad = ledger.get(taken)
+    assert bad is not None and bad.state == "unreportable" and "WorkOfOtherNode" in (bad.report_error or "")

@@ -351,7 +351,11 @@ def test_drift_failures_history_and_active_nodes_in_a_window(ledger: Ledger) -> 
     assert sorted(ledger.active_nodes_since(T0)) == ["0xa", "0xb", "0xc", "0xd"]
     assert ledger.accepted_before(["0xd", "0xa", "0xz"], T0) == {"0xd": 1}
     assert ledger.accepted_before(["0xd"], T0 + 30) == {"0xd": 2}
-    assert keys(ledger.recent_accepted(1, 5)) == ["d1", "d2"]
+    assert sorted(keys(ledger.random_accepted(1, 5))) == ["d1", "d2"]
+    assert ledger.random_accepted(1, 5, excluding=["0xd"]) == [] and ledger.random_accepted(3, 5) == []
+    assert keys(ledger.random_accepted(1, 5, excluding=["0xa", "0xb"])) in (["d1", "d2"], ["d2", "d1"])
+    drawn = {keys(ledger.random_accepted(1, 1))[0] for _ in range(64)}
+    assert drawn == {"d1", "d2"}  # at random, not the most recent: P(one key 64 times) = 2**-63
 
 
 def test_one_ledger_shared_by_threads(ledger: Ledger) -> None:
