@@ -154,7 +154,9 @@ class SystemicGuard:
         if suspect is None:  # not suspect yet: only the weighted trigger starts a self-test
             if passed is not None and t - passed.at < s.window_s:
                 return False
-            active = set(self.ledger.active_nodes_since(since)) | {sub.node}
+            # a failing node is active, whenever its row was received (one received before the window and
+            # decided in it is in `failing` only: weighing it must not raise in the checker thread)
+            active = set(self.ledger.active_nodes_since(since)) | failing
             weights = self.established(active, since)
             w_fail = sum(weights[n] for n in failing)
             w_active = sum(weights.values())

@@ -223,3 +223,24 @@ def test_a_rich_key_weighs_at_most_stake_cap_minimum_stakes(make_validator, make
     guard = v.service.core.checker.guard
     assert guard.weight(node.identity.address, 1) == 4.0  # not 100: one rich key is four nodes, not the pool
     assert guard.weight(node.identity.address, 1000) == 4.0 * GUARD_HISTORY_CAP
+
+
+def test_a_drift_failure_received_before_the_window_does_not_stop_the_checker(make_validator, make_node):
+    """A row received before the guard's window and decided inside it (a busy checker) put its node among the
+    failing but not the active ones, and weighing it raised KeyError in the checker thread: the row being checked
+    stayed leased and undecided (seen as a 120 s timeout in `bench.attacks`)."""
+    from validator.judge import SampleMeasurement
+    from validator.ledger import Decision
+
+    v = make_validator(systemic=GUARD)
+    guard = v.service.core.checker.guard
+    now = time.time()
+    key = "0x" + "ab" * 32
+    v.service.ledger.insert(work_key=key, submission_hash="0x" + "cd" * 32, node="0x" + "11" * 20, policy_version=1,
+                            counter=0, envelope=b"{}", now=now - 10 * WINDOW_S)
+    v.service.ledger.decide(key, Decision(outcome="rejected_hard", reason="proof_mismatch",
+                                          measurements={"samples": [], "drift_band": True}), now=now)
+    sub = make_node(register=False).build()[0]
+    in_band = [SampleMeasurement(toploc=((39, 1.0, 1.0),), failing_chunks=(0,))]
+    assert guard.in_band(Reason.PROOF_MISMATCH, in_band)
+    assert guard.softens(sub, Reason.PROOF_MISMATCH, in_band, now=now) is False
