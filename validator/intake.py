@@ -274,6 +274,9 @@ class Intake:
                 return Answer(202 if decision is None else 200, row_status(row))
             existing = self.ledger.get(key)  # a concurrent request took the work key first
             assert existing is not None
+        if not existing.envelope:  # pruned: its window passed, so nothing of it can change any more
+            return Answer(409, {"error": "duplicate_work", "detail": "this assignment was already submitted",
+                                **row_status(existing)})
         if stored_submission(existing) == body:  # the same payload sealed again (a retry): the same answer
             return Answer(200 if existing.state != "received" else 202, row_status(existing))
         return self._equivocation(existing, body, data)

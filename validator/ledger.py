@@ -747,8 +747,18 @@ class Ledger:
         suspects can neither choose nor time."""
         marks = ", ".join("?" for _ in excluding)
         skip = f" AND node NOT IN ({marks})" if excluding else ""
-        return self._rows(f"WHERE policy_version = ? AND outcome = 'accepted'{skip} ORDER BY RANDOM() LIMIT ?",
-                          (policy_version, *excluding, limit))
+        return self._rows(f"WHERE policy_version = ? AND outcome = 'accepted' AND LENGTH(envelope) > 0{skip} "
+                          "ORDER BY RANDOM() LIMIT ?", (policy_version, *excluding, limit))
+
+    def prune_envelopes(self, *, reported_before: float, limit: int = 1000) -> int:
+        """Drop the stored envelope of up to `limit` rows that went on chain (or left the outbox) before
+        `reported_before`, the chain's invalidation window ago: their verdict can no longer change on chain, so
+        the bytes only fill the disk. Hard verdicts keep theirs (the evidence names the envelope by its hash
+        and an appeal may still cite it); the row, its verdict and measurements stay. Returns how many."""
+        return len(self._db.execute(
+            "UPDATE submissions SET envelope = ? WHERE work_key IN (SELECT work_key FROM submissions WHERE "
+            "state IN ('reported', 'unreportable') AND outcome <> 'rejected_hard' AND reported_at < ? AND "
+            "LENGTH(envelope) > 0 LIMIT ?) RETURNING work_key", (b"", reported_before, limit)))
 
     # -- counters in order (docs/protocol/assignment.md, "Counters") -------------------------------------------
 

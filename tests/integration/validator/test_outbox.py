@@ -160,3 +160,28 @@ def test_soft_invalidations_go_on_chain_in_one_batch(published, tmp_path) -> Non
     assert all(published.admin.get_work(k).status == WorkStatus.SOFT_INVALIDATED for k in more)
     bad = ledger.get(taken)
     assert bad is not None and bad.state == "unreportable" and "WorkOfOtherNode" in (bad.report_error or "")
+
+
+def test_envelopes_are_pruned_once_the_invalidation_window_passed(make_validator, make_node, published) -> None:
+    """Issue 35 item 3: a stored envelope leaves the disk once the chain can no longer change its verdict (the
+    invalidation window after it was reported); a hard verdict keeps its envelope (its evidence names it), and a
+    pruned assignment sent again is a duplicate, never a crash or a second row."""
+    honest, cheater = make_node(), make_node()
+    v = make_validator(reporter={"interval_s": 0.2}, systemic={"window_s": 0.3, "min_nodes": 100, "fraction": 1.0})
+    sub, data = honest.build()
+    ok_key, bad_key = _post(v, data), _post(v, cheater.build(cheat="inflate_reward")[1])
+    ok, bad = v.wait_reported(ok_key), v.wait_reported(bad_key)
+    assert (ok["outcome"], bad["outcome"]) == ("accepted", "rejected_hard")
+    window = published.admin.params().invalidation_window
+    assert v.service.chain.invalidation_window == window
+    assert v.service.prune_envelopes() == 0  # inside the window: kept
+    assert v.service.prune_envelopes(now=time.time() + window + 2 * 3600) == 1
+    ledger = v.service.ledger
+    assert ledger.get(ok_key).envelope == b"" and ledger.get(bad_key).envelope  # type: ignore[union-attr]
+    with v.client() as c:
+        assert c.get(f"/v1/envelopes/{ok['submission_hash']}").status_code == 404
+        assert c.get(f"/v1/envelopes/{bad['submission_hash']}").status_code == 200
+        again = c.post("/v1/submissions", content=honest.seal(sub))  # the same payload sealed again
+        assert again.status_code == 409 and again.json()["work_key"] == ok_key, again.text
+        assert c.get(f"/v1/submissions/{ok_key}").json()["outcome"] == "accepted"
+    assert ledger.counts()["outcome:accepted"] == 1
