@@ -122,6 +122,9 @@ class FloodSettings(Section):
     """The window of `node_bytes_per_window`."""
     node_bytes_per_window: int = Field(256 << 20, ge=1024)
     """Submission bytes one node may have stored here per window (beyond it: 429 + Retry-After)."""
+    node_stored_bytes: int = Field(16 << 30, ge=1024)
+    """Submission bytes of one node stored here in all (kept in the ledger, so a restart keeps the count; freed as
+    envelopes are pruned once the chain's invalidation window passed). Beyond it: 429 + Retry-After."""
     max_backlog: int = Field(20_000, ge=1)
     """Submissions not yet decided or not yet reported on chain, all nodes together (beyond it: 503 +
     Retry-After), so a flood waits at the senders instead of in this ledger."""

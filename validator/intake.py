@@ -140,6 +140,9 @@ class Admission:
             if used + size > f.node_bytes_per_window:
                 raise NodeQuotaError(f"{signer} stored {used} bytes here in this {f.window_s:.0f} s window (limit "
                                      f"{f.node_bytes_per_window})", (window + 1) * f.window_s - time.time())
+        stored = self.ledger.node_stored_bytes(signer)  # a total, not a rate: it survives our restarts
+        if stored + size > f.node_stored_bytes:
+            raise NodeQuotaError(f"{signer} has {stored} bytes stored here (limit {f.node_stored_bytes})", f.window_s)
         if f.hold_slashable and self.ledger.hard_pending(signer, reported_since=time.time() - self.read_back_s):
             raise NodeQuotaError(f"{signer} has a hard verdict here that is not on chain yet", self.retry_hold_s)
         backlog = self.ledger.backlog()
