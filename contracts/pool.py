@@ -321,6 +321,17 @@ class PoolClient(ContractClient):
         return self._send("invalidateHard", fn,
                           done=lambda: self.get_work(work_key).status is WorkStatus.HARD_INVALIDATED)
 
+    def invalidate_hard_batch(self, items: list[tuple[str, bytes | str, int, bytes | str]]) -> Receipt:
+        """invalidateHardBatch: [(node, work_key, reason_code, evidence_hash), ...] in one transaction, each slashed
+        as by `invalidate_hard`. Idempotent: keys already hard-invalidated are skipped with a `WorkSkipped` event.
+        Any other failure reverts the whole batch."""
+        nodes = [_address(node) for node, _, _, _ in items]
+        keys = [_key32(key) for _, key, _, _ in items]
+        codes = [code for _, _, code, _ in items]
+        evidence = [_key32(e) for _, _, _, e in items]
+        return self._send("invalidateHardBatch", self._f("invalidateHardBatch", nodes, keys, codes, evidence),
+                          done=lambda: all(self.get_work(k).status is WorkStatus.HARD_INVALIDATED for k in keys))
+
     def invalidate_soft(self, node: str, work_key: bytes | str, reason_code: int) -> Receipt:
         """invalidateSoft: remove `node`'s recorded work, or consume a key never recorded; no slash."""
         fn = self._f("invalidateSoft", _address(node), _key32(work_key), reason_code)
