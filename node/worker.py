@@ -485,6 +485,11 @@ class Worker:
             self.validators.announced = []
             self.validators.refresh()
             return body
+        if status == 410 and error == Reason.STALE_VERSION.value:  # outside the async window for good: never resent
+            logger.warning("%s: refused as stale (%s); dropped", where, detail)
+            self.protection.mark(self.run.run_id, self.node, sub.policy_version, sub.counter, "refused")
+            self.tally.peer_errors["stale_version"] += 1
+            return body
         if status == 409 and error == "replay" and not resealed:  # our random nonce collided: seal again, once
             return self.submit(sub, resealed=True)
         if status == 409 and error == "counter_out_of_order":

@@ -226,8 +226,8 @@ def build_app(service: Service) -> FastAPI:
                                                         "evidence names the submission by this hash)")
     def envelope(submission_hash: str) -> Response:
         row = service.ledger.by_hash(_key(submission_hash))
-        if row is None:
-            raise HTTPException(404, "no submission with this hash")
+        if row is None or not row.envelope:
+            raise HTTPException(404, "no submission with this hash (or pruned: its invalidation window passed)")
         return Response(row.envelope, media_type="application/json")
 
     @app.get("/v1/feed", summary="Accepted (and appeal-restored) submissions after a cursor, each a validator-signed "

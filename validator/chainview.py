@@ -46,6 +46,8 @@ class ChainView:
         self._manifests: dict[int, bytes] = {}
         self._lock = threading.Lock()
         self.min_stake = 0
+        self.invalidation_window: int | None = None
+        """The pool's invalidation window in seconds (None until the first refresh)."""
         self.last_error: str | None = None
         self.refreshed_at = -float("inf")
         """time.monotonic() of the last successful refresh."""
@@ -77,6 +79,7 @@ class ChainView:
             fresh[node] = NodeView(info.status, info.stake)
         with self._lock:
             self.min_stake = params.min_stake
+            self.invalidation_window = params.invalidation_window
             self._nodes.update(fresh)
             self._manifests.update(manifests)
             self._next_block = latest + 1

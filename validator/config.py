@@ -117,8 +117,12 @@ class SystemicSettings(Section):
     (TOPLOC chunk statistics, sampling margin, logprob error) is within this multiple of it."""
     history_cap: int = Field(100, ge=1)
     """Accepted submissions counted per node in its weight (so no single history dominates)."""
+    stake_cap: float = Field(4.0, ge=1.0)
+    """A node's stake counts in its weight in units of the pool minimum, at most this many (so one rich key
+    cannot pull the trigger alone)."""
     self_test_submissions: int = Field(3, ge=1)
-    """Known-good submissions of the version re-measured by a self-test; it fails when most of them fail."""
+    """Known-good submissions of the version re-measured by a self-test, drawn at random from established
+    nodes outside the failing set; it fails when most of them fail."""
 
 
 class FloodSettings(Section):
@@ -129,6 +133,9 @@ class FloodSettings(Section):
     """The window of `node_bytes_per_window`."""
     node_bytes_per_window: int = Field(256 << 20, ge=1024)
     """Submission bytes one node may have stored here per window (beyond it: 429 + Retry-After)."""
+    node_stored_bytes: int = Field(16 << 30, ge=1024)
+    """Submission bytes of one node stored here in all (kept in the ledger, so a restart keeps the count; freed as
+    envelopes are pruned once the chain's invalidation window passed). Beyond it: 429 + Retry-After."""
     max_backlog: int = Field(20_000, ge=1)
     """Submissions not yet decided or not yet reported on chain, all nodes together (beyond it: 503 +
     Retry-After), so a flood waits at the senders instead of in this ledger."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +43,9 @@ from validator.reporter import Reporter
 from validator.weights import WeightStore
 
 log = logging.getLogger(__name__)
+
+PRUNE_MARGIN_S = 3600.0
+"""Envelopes are kept this long past the chain's invalidation window (the pool clock and ours may differ)."""
 
 
 class Service:
@@ -127,6 +131,18 @@ class Service:
             pass
         self.core.assignment.count_holes()  # cheap unless a version just left the async window
 
+    def prune_envelopes(self, now: float | None = None) -> int:
+        """Drop the envelopes whose verdict the chain can no longer change (`Ledger.prune_envelopes`); nothing
+        before the chain's invalidation window is known. Returns how many."""
+        window = self.chain.invalidation_window
+        if window is None:
+            return 0
+        t = time.time() if now is None else now
+        n = self.ledger.prune_envelopes(reported_before=t - window - PRUNE_MARGIN_S)
+        if n:
+            log.info("pruned %d stored envelopes older than the invalidation window", n)
+        return n
+
     def write_feed(self) -> int:
         """Write accepted submissions not yet on disk as Parquet rollout files (atomic rename)."""
         if self.cfg.feed_dir is None:
@@ -159,6 +175,7 @@ class Service:
         self._loop("checker", 0.5, self._check_step, self._wake)
         self._loop("reporter", self.cfg.reporter.interval_s, self.reporter.drain)  # without a pool: ledger only
         self._loop("feed", 0.5, self.write_feed)
+        self._loop("prune", 60.0, self.prune_envelopes)
         if self.cfg.appeals.enabled and self.cfg.reporter.enabled:
             self._loop("appeals", self.cfg.reporter.interval_s * 5, self.appeals.resolve_pending)
         if self.cfg.peers:
