@@ -1,0 +1,164 @@
+"""Environment messages as tokens, appended after the model's own tokens without re-tokenizing them.
+
+In a multi-turn episode the sequence is prompt ids, then the model's first span (the ids it sampled,
+EOS included when it stopped), then an environment span, then the model's second span, and so on.
+The model's spans are facts: re-encoding their decoded text can give other ids (a byte-level BPE has
+many spellings of one string), which would change the context of every later token. So only the
+environment's spans are rendered, from messages, by the chat template:
+
+    renderer = ChatRenderer(tokenizer)            # refuses a template that rewrites earlier turns
+    span = renderer.env_span(ids_so_far, reply.messages)
+    ids_so_far += span                            # ends with the generation prompt of the next turn
+
+`env_span` renders `[..., assistant: SENTINEL, *messages]` with the template, takes the text after the
+sentinel (the scaffold that closes the assistant turn, the new messages, the generation prompt) and
+encodes only that. When the model's span already ends with the template's end-of-turn token (it
+stopped on EOS), that token is not repeated; when it was cut by length, the span supplies it.
+
+This is only right for a template under which rendering a conversation turn by turn gives a prefix of
+rendering it whole. `check_prefix_stable` tests exactly that against `apply_chat_template` over a whole
+conversation; a template that drops earlier reasoning (Qwen3 strips past `<think>` blocks) or renders
+an earlier assistant turn differently from the last one fails it with `TemplateUnstableError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from protocol.errors import TaskEnvironmentError
+
+from .chat import ChatTokenizer
+from .task import Message
+
+SENTINEL = "PRIMEmodelTURNsentinel7f3a"
+"""Stands in for the model's turn when the template renders the scaffold around it (never encoded)."""
+
+_CONTEXT = (Message(role="system", content="s"), Message(role="user", content="u"))
+
+PROBE = (
+    Message(role="system", content="Use the tool, then answer."),
+    Message(role="user", content="What is 12 × 7 - 5?"),
+    Message(role="assistant", content="<think>\nmultiply first\n</think>\n<calc>12 * 7 - 5</calc>"),
+    Message(role="user", content="<result>79</result>"),
+    Message(role="assistant", content="Answer: 79"),
+    Message(role="user", content="Now add: Zoë, Ann"),
+    Message(role="assistant", content=" <names>\nAnn\nZoë\n</names>"),
+)
+"""A conversation in the shapes our environments produce (reasoning, a tool call, non-ASCII, a leading
+space); `ChatRenderer` checks it at construction."""
+
+
+class TemplateUnstableError(TaskEnvironmentError):
+    """The chat template is not prefix-stable: rendering turn by turn differs from rendering whole."""
+
+    code = "template_unstable"
+
+
+def _ids(encoded: Any) -> list[int]:
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return [int(t) for t in ids]
+
+
+def _dicts(messages: Sequence[Message]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+class ChatRenderer:
+    """Renders environment spans for one tokenizer (one instance per tokenizer; stateless after init)."""
+
+    def __init__(self, tokenizer: ChatTokenizer, *, check: bool = True) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise TaskEnvironmentError("tokenizer has no chat template; set tokenizer.chat_template first")
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if not isinstance(eos, int):
+            raise TaskEnvironmentError("tokenizer has no single eos_token_id; the turn end is undefined")
+        self.tokenizer = tokenizer
+        self.eos_id = eos
+        if check:
+            check_prefix_stable(tokenizer, PROBE, renderer=self)
+
+    def encode(self, text: str) -> list[int]:
+        """Text to ids with no special tokens added (special-token markup in `text` is parsed)."""
+        return _ids(self.tokenizer(text, add_special_tokens=False))  # type: ignore[operator]
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt's ids with the generation prompt, exactly as `node.rollouts.prompt_ids` renders them."""
+        return _ids(self.tokenizer.apply_chat_template(_dicts(messages), add_generation_prompt=True, tokenize=True))
+
+    def env_span(self, ids_so_far: Sequence[int], messages: Sequence[Message]) -> list[int]:
+        """The ids to append after the model's last span so the model next speaks after `messages`.
+
+        `ids_so_far` is the whole sequence so far and must end with a model span; only its last id is
+        read (did the model stop on the template's end-of-turn token?). Never empty: an episode that is
+        done has no environment span, so `messages` must not be empty either.
+        """
+        if not messages:
+            raise TaskEnvironmentError("an environment span needs at least one message")
+        if any(m.role == "assistant" for m in messages):
+            raise TaskEnvironmentError("environment messages cannot speak as the assistant")
+        if not ids_so_far:
+            raise TaskEnvironmentError("an environment span follows a model span; the sequence is empty")
+        conversation = [*_CONTEXT, Message(role="assistant", content=SENTINEL), *messages]
+        text = self.tokenizer.apply_chat_template(_dicts(conversation), add_generation_prompt=True, tokenize=False)
+        if not isinstance(text, str) or text.count(SENTINEL) != 1:
+            raise TemplateUnstableError("the chat template does not render an assistant turn's content verbatim")
+        span = self.encode(text.split(SENTINEL, 1)[1])
+        if not span:
+            raise TemplateUnstableError("the chat template renders nothing after an assistant turn")
+        if int(ids_so_far[-1]) == self.eos_id:
+            if span[0] != self.eos_id:
+                raise TemplateUnstableError(
+                    "the chat template does not close an assistant turn with the tokenizer's EOS token")
+            span = span[1:]
+        return span
+
+
+def check_prefix_stable(tokenizer: ChatTokenizer, conversation: Sequence[Message], *,
+                        renderer: ChatRenderer | None = None) -> None:
+    """Refuse (`TemplateUnstableError`) a template under which `conversation` rendered turn by turn is not
+    what `apply_chat_template` renders for the whole of it.
+
+    `conversation`: prompt messages, then assistant turns, each followed by the environment's messages.
+    Each assistant turn stands for a model span, its content's ids plus EOS (and, checked too, without
+    EOS, as when cut by length). After every environment span the incremental ids must equal the
+    template's rendering of the conversation so far with the generation prompt; after the last turn they
+    must be a prefix of the rendering without it.
+    """
+    r = renderer if renderer is not None else ChatRenderer(tokenizer, check=False)
+    first = next((i for i, m in enumerate(conversation) if m.role == "assistant"), None)
+    if first is None or first == 0:
+        raise TaskEnvironmentError("a conversation to check needs prompt messages, then assistant turns")
+    ids = r.prompt_ids(conversation[:first])
+    i = first
+    while i < len(conversation):
+        content = r.encode(conversation[i].content)
+        j = i + 1
+        while j < len(conversation) and conversation[j].role != "assistant":
+            j += 1
+        env = conversation[i + 1:j]
+        if not env:
+            whole = _ids(tokenizer.apply_chat_template(
+                _dicts(conversation[:j]), add_generation_prompt=False, tokenize=True))
+            got = ids + content + [r.eos_id]
+            if whole[:len(got)] != got:
+                _refuse(got, whole, j)
+            ids = got
+        else:
+            expected = r.prompt_ids(conversation[:j])
+            by_eos = ids + content + [r.eos_id]
+            by_eos += r.env_span(by_eos, env)
+            by_length = ids + content
+            by_length += r.env_span(by_length, env)
+            for got in (by_eos, by_length):
+                if got != expected:
+                    _refuse(got, expected, j)
+            ids = by_eos
+        i = j
+
+
+def _refuse(got: list[int], expected: list[int], upto: int) -> None:
+    at = next((k for k, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
+    raise TemplateUnstableError(
+        f"chat template is not prefix-stable: the conversation's first {upto} messages rendered turn by turn "
+        f"differ from the template's rendering at token {at} (turn by turn {len(got)} ids, whole {len(expected)})")
