@@ -149,7 +149,8 @@ def tool_reply(expression: str) -> str:
 
 
 class CalcArith(MultiTurnEnvironment):
-    """`arithmetic`'s tasks (the same expression for the same seed and index), with a calculator tool."""
+    """`arithmetic`'s generator (its own stream: seeds draw other expressions than `arithmetic`'s), with a
+    calculator tool."""
 
     name = "calc-arith"
     version = "1"
