@@ -45,7 +45,7 @@ def test_step_refuses_what_the_caller_got_wrong(name: str) -> None:
     with pytest.raises(TaskEnvironmentError):
         env.start(task, -1)
     with pytest.raises(TaskEnvironmentError):
-        env.start(task, True)  # type: ignore[arg-type]
+        env.start(task, True)
     with pytest.raises(TaskEnvironmentError):
         env.start(environments.get("arithmetic").sample(3, 1)[0], 0)  # another environment's task
     state = env.start(task, 5)
