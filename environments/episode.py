@@ -48,6 +48,14 @@ def episode_rng(env_name: str, task_id: str, env_seed: int, turn: int) -> random
     return task_rng(f"{env_name}\x00episode\x00{task_id}", env_seed, turn)
 
 
+def _utf8_clean(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class EpisodeState(BaseModel):
     """Where an episode stands after some model turns: a frozen value, JSON all the way down."""
 
@@ -156,6 +164,9 @@ class MultiTurnEnvironment(Environment):
         rng = episode_rng(self.name, task.task_id, state.env_seed, turn)
         messages, done, data, score = self._guarded(
             lambda: self._respond(task, dict(state.data), state.turn, turn_text[:MAX_TURN_CHARS], rng))
+        for m in messages:  # the environment's own bug, never the turn's: a message a tokenizer cannot encode
+            if not isinstance(m, Message) or m.role == "assistant" or not _utf8_clean(m.content):
+                raise UngradableError(f"{self.name}: the environment produced an invalid message {m!r:.80}")
         done = done or turn >= self.max_turns
         rewards = state.turn_rewards if score is None else (*state.turn_rewards, float(score))
         next_state = EpisodeState(env=self.name, env_version=self.version, task_id=task.task_id,
