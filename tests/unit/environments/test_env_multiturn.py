@@ -135,6 +135,21 @@ def test_a_failing_environment_is_ungradable_and_nan_is_zero() -> None:
     assert env.score_state(task, state) == 0.0
 
 
+class _Garbled(_Broken):
+    name = "garbled-multi"
+
+    def _respond(self, task: Task, data: dict[str, JsonValue], turn: int, text: str,
+                 rng: random.Random) -> tuple[Sequence[Message], bool, dict[str, JsonValue], float | None]:
+        return [Message(role="user", content="half a character \ud800")], False, data, None
+
+
+def test_a_message_no_tokenizer_can_encode_is_the_environment_s_failure() -> None:
+    env = _Garbled()
+    task = env.sample(0, 1)[0]
+    with pytest.raises(UngradableError, match="invalid message"):
+        env.step(task, env.start(task, 0), "hello")
+
+
 def test_episode_streams_are_per_turn_and_seed() -> None:
     a = episode_rng("alphabet-sort", "t1", 7, 1).getrandbits(64)
     assert a == episode_rng("alphabet-sort", "t1", 7, 1).getrandbits(64)
