@@ -20,13 +20,20 @@ from .chat import render_prompt
 from .episode import EnvReply, Episode, EpisodeState, MultiTurnEnvironment, episode_rng
 from .length import LengthReward
 from .registry import get, names, register, versions
-from .renderer import ChatRenderer, TemplateUnstableError, check_prefix_stable
+from .renderer import (
+    ChatRenderer,
+    RenderedEpisode,
+    TemplateUnstableError,
+    check_prefix_stable,
+    reference_tokens,
+    render_episode,
+)
 from .sandbox import SandboxLimits, SandboxResult, SandboxUnavailableError, run_sandboxed
 from .task import HiddenTest, Message, Task, make_task, task_digest_ok
 
 __all__ = [
     "ChatRenderer", "EnvReply", "Environment", "Episode", "EpisodeState", "HiddenTest", "LengthReward", "Message",
-    "MultiTurnEnvironment", "SandboxLimits", "SandboxResult", "SandboxUnavailableError", "Task",
+    "MultiTurnEnvironment", "RenderedEpisode", "SandboxLimits", "SandboxResult", "SandboxUnavailableError", "Task",
     "TemplateUnstableError", "UngradableError", "check_prefix_stable", "episode_rng", "get", "make_task", "names",
-    "register", "render_prompt", "run_sandboxed", "task_digest_ok", "versions",
+    "reference_tokens", "register", "render_episode", "render_prompt", "run_sandboxed", "task_digest_ok", "versions",
 ]

@@ -26,10 +26,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from protocol.errors import TaskEnvironmentError
 
 from .chat import ChatTokenizer
-from .task import Message
+from .episode import Episode, MultiTurnEnvironment
+from .task import Message, Task
 
 SENTINEL = "PRIMEmodelTURNsentinel7f3a"
 """Stands in for the model's turn when the template renders the scaffold around it (never encoded)."""
@@ -81,6 +84,10 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         """Text to ids with no special tokens added (special-token markup in `text` is parsed)."""
         return _ids(self.tokenizer(text, add_special_tokens=False))  # type: ignore[operator]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """A model span's text as environments read it (special tokens skipped, as the node decodes)."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))  # type: ignore[attr-defined]
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """The prompt's ids with the generation prompt, exactly as `node.rollouts.prompt_ids` renders them."""
@@ -162,3 +169,68 @@ def _refuse(got: list[int], expected: list[int], upto: int) -> None:
     raise TemplateUnstableError(
         f"chat template is not prefix-stable: the conversation's first {upto} messages rendered turn by turn "
         f"differ from the template's rendering at token {at} (turn by turn {len(got)} ids, whole {len(expected)})")
+
+
+class RenderedEpisode(BaseModel):
+    """One episode as the single token sequence a validator prefills and a trainer trains on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ids: tuple[int, ...]
+    """Prompt, then model and environment spans interleaved, in order."""
+    prompt_len: int
+    """How many of `ids` are the prompt."""
+    model_spans: tuple[tuple[int, int], ...]
+    """(offset, length) of each model turn in `ids`: the only positions sampled, proven and trained on."""
+    env_spans: tuple[tuple[int, int], ...]
+    """(offset, length) of each environment span in `ids` (one after every model turn but a final one)."""
+    episode: Episode
+    """The replayed episode: turns as decoded, the environment's messages, the end and the reward."""
+
+    def loss_mask(self) -> tuple[bool, ...]:
+        """True exactly on model-span positions (the first id, a prompt id, is never one)."""
+        mask = [False] * len(self.ids)
+        for offset, length in self.model_spans:
+            mask[offset:offset + length] = [True] * length
+        return tuple(mask)
+
+
+def render_episode(renderer: ChatRenderer, env: MultiTurnEnvironment, task: Task, env_seed: int,
+                   model_turns: Sequence[Sequence[int]]) -> RenderedEpisode:
+    """Rebuild an episode from the model's own ids per turn: decode each turn (special tokens skipped, as
+    the node decodes a completion today), step the environment, append its span. The model's ids are
+    kept exactly as given. A turn after the environment said done raises `TaskEnvironmentError`."""
+    ids = renderer.prompt_ids(task.messages)
+    prompt_len = len(ids)
+    state = env.start(task, env_seed)
+    model_spans: list[tuple[int, int]] = []
+    env_spans: list[tuple[int, int]] = []
+    texts: list[str] = []
+    replies: list[tuple[Message, ...]] = []
+    for turn in model_turns:
+        if state.done:
+            raise TaskEnvironmentError(f"{env.name}: a model turn after the episode ended")
+        span = [int(t) for t in turn]
+        if not span:
+            raise TaskEnvironmentError("a model turn has no tokens")
+        model_spans.append((len(ids), len(span)))
+        ids += span
+        texts.append(renderer.decode(span))
+        reply = env.step(task, state, texts[-1])
+        state = reply.state
+        replies.append(reply.messages)
+        if reply.messages:
+            env_ids = renderer.env_span(ids, reply.messages)
+            env_spans.append((len(ids), len(env_ids)))
+            ids += env_ids
+    episode = Episode(task_id=task.task_id, env_seed=env_seed, turns=tuple(texts), replies=tuple(replies),
+                      done=state.done, turn_rewards=state.turn_rewards, reward=env.score_state(task, state))
+    return RenderedEpisode(ids=tuple(ids), prompt_len=prompt_len, model_spans=tuple(model_spans),
+                           env_spans=tuple(env_spans), episode=episode)
+
+
+def reference_tokens(renderer: ChatRenderer, env: MultiTurnEnvironment, task: Task, env_seed: int) -> RenderedEpisode:
+    """The reference episode as tokens (SFT warm-up): each reference turn encoded, plus EOS, as the model
+    would write it; train on `loss_mask()`."""
+    turns = [renderer.encode(text) + [renderer.eos_id] for text in env.reference_episode(task, env_seed)]
+    return render_episode(renderer, env, task, env_seed, turns)

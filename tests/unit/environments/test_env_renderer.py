@@ -132,6 +132,33 @@ def test_reference_conversations_are_prefix_stable_on_the_tiny_tokenizer(name: s
         check_prefix_stable(tok, env.reference_conversation(task, i))
 
 
+@pytest.mark.parametrize("name", MULTI)
+def test_reference_tokens_are_the_template_s_rendering_with_model_spans_marked(name: str) -> None:
+    tok = _tiny()
+    r = ChatRenderer(tok)
+    env = environments.get(name)
+    assert isinstance(env, MultiTurnEnvironment)
+    for i, task in enumerate(env.sample(31, 5)):
+        rendered = environments.reference_tokens(r, env, task, i)
+        whole = tok.apply_chat_template([{"role": m.role, "content": m.content}
+                                         for m in env.reference_conversation(task, i)], tokenize=True)
+        whole = list(whole["input_ids"] if hasattr(whole, "keys") else whole)
+        assert list(rendered.ids) == whole[:len(rendered.ids)] and len(whole) - len(rendered.ids) == 1  # "\n"
+        assert rendered.episode == env.replay(task, i, env.reference_episode(task, i))
+        assert rendered.episode.reward > 0.5 and rendered.episode.done
+        mask = rendered.loss_mask()
+        assert sum(mask) == sum(n for _, n in rendered.model_spans) and not any(mask[:rendered.prompt_len])
+        assert len(rendered.model_spans) == len(rendered.env_spans) + 1
+        for offset, n in rendered.model_spans:
+            assert rendered.ids[offset + n - 1] == r.eos_id
+        cover = sorted([*rendered.model_spans, *rendered.env_spans])  # spans tile the completion region
+        assert cover[0][0] == rendered.prompt_len and cover[-1][0] + cover[-1][1] == len(rendered.ids)
+        assert all(a + n == b for (a, n), (b, _) in zip(cover, cover[1:], strict=False))
+        turns = [list(rendered.ids[o:o + n]) for o, n in rendered.model_spans]
+        with pytest.raises(TaskEnvironmentError):
+            environments.render_episode(r, env, task, i, [*turns, turns[-1]])
+
+
 @pytest.mark.slow
 def test_smollm2_template_is_prefix_stable_with_every_environment() -> None:
     from transformers import AutoTokenizer
@@ -151,6 +178,11 @@ def test_smollm2_template_is_prefix_stable_with_every_environment() -> None:
         for i, task in enumerate(env.sample(17, 6)):
             conversation = env.reference_conversation(task, i)
             check_prefix_stable(tok, conversation)
+            whole = tok.apply_chat_template([{"role": m.role, "content": m.content} for m in conversation],
+                                            tokenize=True)
+            whole = list(whole["input_ids"] if hasattr(whole, "keys") else whole)
+            ids = environments.reference_tokens(r, env, task, i).ids
+            assert list(ids) == whole[:len(ids)]
             # The prompt renders exactly as the node renders a single-turn prompt today.
             rendered = environments.render_prompt(tok, task, tokenize=True)
             rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
@@ -160,6 +192,9 @@ def test_smollm2_template_is_prefix_stable_with_every_environment() -> None:
     assert pieces != r.encode("Answer: 79")
     env = environments.get("calc-arith")
     assert isinstance(env, MultiTurnEnvironment)
-    ids, spans = _episode_ids(r, env, [[*r.encode("<calc>7*7</calc>"), r.eos_id], [*pieces, r.eos_id]])
-    offset, length = spans[1]
-    assert ids[offset:offset + length] == [*pieces, r.eos_id]
+    task = env.sample(2, 1)[0]
+    rendered = environments.render_episode(r, env, task, 0, [[*r.encode("<calc>7*7</calc>"), r.eos_id],
+                                                             [*pieces, r.eos_id]])
+    offset, length = rendered.model_spans[1]
+    assert list(rendered.ids[offset:offset + length]) == [*pieces, r.eos_id]
+    assert rendered.episode.turns[1] == "Answer: 79" and rendered.episode.replies[0][0].content == "<result>49</result>"
