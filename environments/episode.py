@@ -16,6 +16,7 @@ byte (environments/README.md, "Multi-turn environments", lists what that rules o
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 from abc import abstractmethod
@@ -163,7 +164,7 @@ class MultiTurnEnvironment(Environment):
         turn = state.turn + 1
         rng = episode_rng(self.name, task.task_id, state.env_seed, turn)
         messages, done, data, score = self._guarded(
-            lambda: self._respond(task, dict(state.data), state.turn, turn_text[:MAX_TURN_CHARS], rng))
+            lambda: self._respond(task, copy.deepcopy(state.data), state.turn, turn_text[:MAX_TURN_CHARS], rng))
         for m in messages:  # the environment's own bug, never the turn's: a message a tokenizer cannot encode
             if not isinstance(m, Message) or m.role == "assistant" or not _utf8_clean(m.content):
                 raise UngradableError(f"{self.name}: the environment produced an invalid message {m!r:.80}")
@@ -238,7 +239,8 @@ class MultiTurnEnvironment(Environment):
     def _respond(self, task: Task, data: dict[str, JsonValue], turn: int, text: str,
                  rng: random.Random) -> tuple[Sequence[Message], bool, dict[str, JsonValue], float | None]:
         """Answer model turn number `turn` (0-based) saying `text`: (messages, done, new data, this
-        turn's dense score or None). `data` is a copy; return a new dict rather than sharing lists."""
+        turn's dense score or None). `data` is a deep copy of the state's: changing it in place cannot
+        reach the earlier state."""
 
     @abstractmethod
     def _final_reward(self, task: Task, state: EpisodeState) -> float:

@@ -150,6 +150,27 @@ def test_a_message_no_tokenizer_can_encode_is_the_environment_s_failure() -> Non
         env.step(task, env.start(task, 0), "hello")
 
 
+class _Appending(_Broken):
+    name = "appending-multi"
+
+    def _begin(self, task: Task, rng: random.Random) -> dict[str, JsonValue]:
+        return {"seen": []}
+
+    def _respond(self, task: Task, data: dict[str, JsonValue], turn: int, text: str,
+                 rng: random.Random) -> tuple[Sequence[Message], bool, dict[str, JsonValue], float | None]:
+        data["seen"].append(text)  # type: ignore[union-attr]  # in place, on purpose
+        return [Message(role="user", content=str(len(data["seen"])))], False, data, None  # type: ignore[arg-type]
+
+
+def test_an_environment_changing_its_data_in_place_cannot_reach_the_earlier_state() -> None:
+    env = _Appending()
+    task = env.sample(0, 1)[0]
+    start = env.start(task, 0)
+    first = env.step(task, start, "a")
+    again = env.step(task, start, "a")  # the same state replayed: the same answer
+    assert start.data == {"seen": []} and first == again and first.state.data == {"seen": ["a"]}
+
+
 def test_episode_streams_are_per_turn_and_seed() -> None:
     a = episode_rng("alphabet-sort", "t1", 7, 1).getrandbits(64)
     assert a == episode_rng("alphabet-sort", "t1", 7, 1).getrandbits(64)
