@@ -81,6 +81,13 @@ class ChatRenderer:
         if check:
             check_prefix_stable(tokenizer, PROBE, renderer=self)
 
+    def check_environment(self, env: MultiTurnEnvironment, n: int = 4) -> None:
+        """Run `check_prefix_stable` on `env`'s reference conversations of task seeds 0..n-1 (the message
+        shapes this environment produces); `TemplateUnstableError` refuses the pair before any episode."""
+        for seed in range(n):
+            task = env.sample(seed, 1)[0]
+            check_prefix_stable(self.tokenizer, env.reference_conversation(task, seed), renderer=self)
+
     def encode(self, text: str) -> list[int]:
         """Text to ids with no special tokens added (special-token markup in `text` is parsed)."""
         return _ids(self.tokenizer(text, add_special_tokens=False))  # type: ignore[operator]

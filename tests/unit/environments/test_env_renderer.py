@@ -102,6 +102,15 @@ def test_templates_that_rewrite_earlier_turns_are_refused(template: str) -> None
     assert issubclass(TemplateUnstableError, TaskEnvironmentError) and TemplateUnstableError.code == "template_unstable"
 
 
+@pytest.mark.parametrize("name", MULTI)
+def test_check_environment_refuses_a_template_for_an_environment(name: str) -> None:
+    env = environments.get(name)
+    assert isinstance(env, MultiTurnEnvironment)
+    ChatRenderer(_tiny()).check_environment(env)
+    with pytest.raises(TemplateUnstableError):
+        ChatRenderer(_tiny(LAST_TURN_MARKED), check=False).check_environment(env)
+
+
 def test_think_stripping_passes_when_no_turn_reasons() -> None:
     """The check is per conversation: without `</think>` the stripping template happens to be stable, which
     is why `ChatRenderer` probes with a reasoning turn."""
