@@ -49,6 +49,11 @@ def episode_rng(env_name: str, task_id: str, env_seed: int, turn: int) -> random
     return task_rng(f"{env_name}\x00episode\x00{task_id}", env_seed, turn)
 
 
+def _clamp(score: float) -> float:
+    # A reward outside [0, 1] or NaN would poison a GRPO group's advantages (as `Environment.reward`).
+    return min(1.0, max(0.0, score)) if score == score else 0.0
+
+
 def _utf8_clean(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -127,7 +132,7 @@ class MultiTurnEnvironment(Environment):
     """An environment whose episodes take several model turns; tasks are sampled as for `Environment`.
 
     Subclasses set `name`, `version`, `max_turns` and implement `_generate`, `task_from` (as single-turn
-    environments do) and `_begin`, `_respond`, `_final_reward`, `reference_episode`. Rules: no clock,
+    environments do) and `_begin`, `_respond`, `_final_reward`, `_reference_turns`. Rules: no clock,
     no network, no files, no process-global or unseeded randomness (draw only from the `rng` given),
     no iteration over sets of strings, and every budget counted in operations or sizes, never in time.
     Bump `version` whenever any message, termination rule or reward changes.
@@ -168,8 +173,10 @@ class MultiTurnEnvironment(Environment):
         for m in messages:  # the environment's own bug, never the turn's: a message a tokenizer cannot encode
             if not isinstance(m, Message) or m.role == "assistant" or not _utf8_clean(m.content):
                 raise UngradableError(f"{self.name}: the environment produced an invalid message {m!r:.80}")
+        if not done and not messages:
+            raise UngradableError(f"{self.name}: the environment went on without saying anything")
         done = done or turn >= self.max_turns
-        rewards = state.turn_rewards if score is None else (*state.turn_rewards, float(score))
+        rewards = state.turn_rewards if score is None else (*state.turn_rewards, _clamp(float(score)))
         next_state = EpisodeState(env=self.name, env_version=self.version, task_id=task.task_id,
                                   env_seed=state.env_seed, turn=turn, done=done, turn_rewards=rewards,
                                   data=data)
@@ -195,8 +202,9 @@ class MultiTurnEnvironment(Environment):
     def score_state(self, task: Task, state: EpisodeState) -> float:
         """The reward of the episode that reached `state`, clamped to [0, 1] (NaN -> 0)."""
         self._check_task(task)
-        score = float(self._guarded(lambda: self._final_reward(task, state)))
-        return min(1.0, max(0.0, score)) if score == score else 0.0
+        if (state.env, state.env_version, state.task_id) != (self.name, self.version, task.task_id):
+            raise TaskEnvironmentError("episode state belongs to another task or environment version")
+        return _clamp(float(self._guarded(lambda: self._final_reward(task, state))))
 
     def episode_reward(self, task: Task, env_seed: int, turns: Sequence[str]) -> float:
         """The reward of the episode the model played with `turns` (replayed from scratch)."""

@@ -143,11 +143,23 @@ class _Garbled(_Broken):
         return [Message(role="user", content="half a character \ud800")], False, data, None
 
 
+class _Silent(_Broken):
+    name = "silent-multi"
+
+    def _respond(self, task: Task, data: dict[str, JsonValue], turn: int, text: str,
+                 rng: random.Random) -> tuple[Sequence[Message], bool, dict[str, JsonValue], float | None]:
+        return [], False, data, float("nan")
+
+
 def test_a_message_no_tokenizer_can_encode_is_the_environment_s_failure() -> None:
     env = _Garbled()
     task = env.sample(0, 1)[0]
     with pytest.raises(UngradableError, match="invalid message"):
         env.step(task, env.start(task, 0), "hello")
+    silent = _Silent()  # going on without a message would leave nothing to render before the next turn
+    with pytest.raises(UngradableError, match="without saying"):
+        quiet = silent.sample(0, 1)[0]
+        silent.step(quiet, silent.start(quiet, 0), "x")
 
 
 class _Appending(_Broken):
