@@ -145,3 +145,33 @@ def test_a_peer_whose_intake_is_full_counts_as_down(make_validator, make_node, p
             time.sleep(0.05)
     finally:
         watch.close()
+
+
+def _idle(url: str, source: str) -> socket.socket:
+    u = urlparse(url)
+    return socket.create_connection((u.hostname, u.port), timeout=60, source_address=(source, 0))
+
+
+def _closed(s: socket.socket) -> bool:
+    """Whether the server closed `s` (read until EOF; the server never answers a connection with no request)."""
+    try:
+        return s.recv(1) == b""
+    finally:
+        s.close()
+
+
+def test_idle_connections_are_capped_per_address_and_in_all(make_validator):
+    """Issue 35 item 1 (server limits): connections that never send a request hold at most
+    `max_connections_per_address` each address, and past `max_connections` a new one closes the oldest still
+    waiting for its headers, so a request that sends its headers at once is always served."""
+    v = make_validator(gate={"max_connections_per_address": 3, "max_connections": 6, "header_timeout_s": 120.0})
+    first = [_idle(v.url, "127.0.0.2") for _ in range(3)]
+    assert _closed(_idle(v.url, "127.0.0.2"))  # a fourth from that address: closed at once
+    more = [_idle(v.url, "127.0.0.3") for _ in range(3)]  # six open: the cap in all
+    with httpx.Client(base_url=v.url, timeout=30) as c:  # one more connection: the oldest idle one makes room
+        assert c.get("/health").status_code == 200
+    assert _closed(first[0])
+    stats = v.service.core.stats.snapshot()
+    assert stats["refused_connections_per_address"] == 1 and stats["evicted_waiting_connections"] >= 1, stats
+    for s in first[1:] + more:
+        s.close()
