@@ -320,6 +320,7 @@ def build_app(service: Service) -> FastAPI:
             if audit_cache["report"] is None or audit_cache["at"] < asked - (0.0 if fresh else cfg.audit_cache_s):
                 report = await asyncio.to_thread(service.ledger.audit)
                 audit_cache.update(report=report, at=time.monotonic())
+                return dict(report), 0.0  # scanned for this request
             return dict(audit_cache["report"]), time.monotonic() - audit_cache["at"]
 
     @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
