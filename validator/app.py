@@ -312,13 +312,18 @@ def build_app(service: Service) -> FastAPI:
         given = request.headers.get("authorization", "")
         return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
+    def full_report() -> dict[str, Any]:
+        report = service.ledger.audit()
+        report["counter_holes"] = service.ledger.counter_holes()  # per node: assignments skipped (never sent)
+        return report
+
     async def scanned(fresh: bool) -> tuple[dict[str, Any], float]:
         """The full report and its age: a new scan when `fresh` or the cached one is `audit_cache_s` old, else the
         cached one. Requests that queue behind a scan take its result."""
         asked = time.monotonic()
         async with audit_threads:
             if audit_cache["report"] is None or audit_cache["at"] < asked - (0.0 if fresh else cfg.audit_cache_s):
-                report = await asyncio.to_thread(service.ledger.audit)
+                report = await asyncio.to_thread(full_report)
                 audit_cache.update(report=report, at=time.monotonic())
                 return dict(report), 0.0  # scanned for this request
             return dict(audit_cache["report"]), time.monotonic() - audit_cache["at"]
@@ -330,12 +335,11 @@ def build_app(service: Service) -> FastAPI:
     async def audit(request: Request, rows: bool = True) -> dict[str, Any]:
         if not rows:  # running tallies: a dashboard polling this never scans the ledger
             report: dict[str, Any] = await anyio.to_thread.run_sync(
-                lambda: {"counts": service.ledger.audit_counts(), "feed_size": service.ledger.feed_size()})
+                lambda: {"counts": service.ledger.audit_counts(), "feed_size": service.ledger.feed_size(),
+                         "counter_holes": service.ledger.counter_holes()})
             age = 0.0
         else:
             report, age = await scanned(fresh=operator(request))
-            report["counter_holes"] = await anyio.to_thread.run_sync(service.ledger.counter_holes,
-                                                                     limiter=audit_threads)
         report["validator"] = service.identity.address
         report["reported_on_chain"] = service.reporter.reported
         report["age_s"] = round(age, 3)
