@@ -8,7 +8,7 @@ beside, for `duration_s`:
 - `slow_uploads` connections from no key, each sending a submission's headers and then one body byte every
   2 s (reconnecting when cut);
 - `audits` threads asking `GET /v1/audit` (rows) in a loop;
-- `appeals` slow 16 MiB appeal uploads under registered attacker keys' upload headers (one byte every 2 s,
+- `appeals` slow 16 MiB appeal uploads under 8 registered attacker keys' upload headers (one byte every 2 s,
   reconnecting when cut or refused);
 - `staked` registered keys sending junk work (cheap failures: an honest payload re-sealed under other counters)
   as fast as the validator lets them (`bench.load`'s flood sender).
@@ -65,7 +65,8 @@ def _honest(url: str, node: Any, items: list[tuple[bytes, str]], deadline: float
         for data, key in items:
             if time.monotonic() >= deadline:
                 return
-            t0, status, outcome = time.monotonic(), None, None
+            t0, outcome = time.monotonic(), None
+            status: Any = None
             while time.monotonic() < deadline + 120:
                 try:
                     r = c.post("/v1/submissions", content=data, headers=_signed(c, node, data))
@@ -85,12 +86,22 @@ def _honest(url: str, node: Any, items: list[tuple[bytes, str]], deadline: float
                 out.append({"status": status, "outcome": outcome, "latency_s": time.monotonic() - t0})
 
 
-def _trickle(url: str, first: bytes, stop: threading.Event, tally: Counter[str], lock: threading.Lock) -> None:
-    """Send `first`, then a byte every 2 s; reconnect when the server cuts us (counting its first status line)."""
+ATTACKER_ADDRESSES = 32
+"""Source addresses the attackers spread over (127.0.0.2 and up; the honest nodes use 127.0.0.1): the
+validator caps connections per address, so one address alone would only ever hurt itself."""
+
+
+def _source(i: int) -> str:
+    return f"127.0.0.{2 + i % ATTACKER_ADDRESSES}"
+
+
+def _trickle(url: str, first: bytes, source: str, stop: threading.Event, tally: Counter[str],
+             lock: threading.Lock) -> None:
+    """Send `first`, then a byte every 2 s; reconnect when the server cuts us (counting how)."""
     u = urlparse(url)
     while not stop.is_set():
         try:
-            with socket.create_connection((u.hostname, u.port), timeout=5) as s:
+            with socket.create_connection((u.hostname, u.port), timeout=5, source_address=(source, 0)) as s:
                 s.sendall(first)
                 while not stop.wait(2.0):
                     s.sendall(b" ")
@@ -100,10 +111,10 @@ def _trickle(url: str, first: bytes, stop: threading.Event, tally: Counter[str],
             stop.wait(0.2)
 
 
-def _audits(url: str, stop: threading.Event, tally: Counter[str], lock: threading.Lock) -> None:
+def _audits(url: str, source: str, stop: threading.Event, tally: Counter[str], lock: threading.Lock) -> None:
     import httpx
 
-    with httpx.Client(base_url=url, timeout=60) as c:
+    with httpx.Client(base_url=url, timeout=60, transport=httpx.HTTPTransport(local_address=source)) as c:
         while not stop.is_set():
             try:
                 status: Any = c.get("/v1/audit").status_code
@@ -121,9 +132,10 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
     from protocol.rollout import submission_domain
     from protocol.upload import upload_headers
 
-    n_keys = spec.honest_nodes + spec.staked + max(1, spec.appeals)
+    # appellants hold one appeal slot each: a few keys make the 100 uploads (the pool's operator funds ~100 nodes)
+    n_keys = spec.honest_nodes + spec.staked + max(1, min(spec.appeals, 8))
     chain = bench_validator.Chain(n_keys, MANIFEST)
-    out: dict[str, Any] = {"spec": spec.__dict__}
+    out: dict[str, Any] = {"spec": spec.__dict__, "attacker_addresses": ATTACKER_ADDRESSES}
     try:
         deployment = tmp / "deployment.json"
         chain.deployment.save(deployment)
@@ -157,17 +169,18 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
             base = phase(built[:spec.baseline], time.monotonic() + max(60.0, spec.duration_s))
             stop, tally = threading.Event(), {k: Counter[str]() for k in ("slow", "audit", "appeal", "staked")}
             slow_first = b"POST /v1/submissions HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n\r\n{"
-            workers = [threading.Thread(target=_trickle, args=(served.url, slow_first, stop, tally["slow"], lock),
-                                        daemon=True) for _ in range(spec.slow_uploads)]
-            workers += [threading.Thread(target=_audits, args=(served.url, stop, tally["audit"], lock), daemon=True)
-                        for _ in range(spec.audits)]
+            workers = [threading.Thread(target=_trickle, args=(served.url, slow_first, _source(i), stop,
+                                                               tally["slow"], lock), daemon=True)
+                       for i in range(spec.slow_uploads)]
+            workers += [threading.Thread(target=_audits, args=(served.url, _source(i), stop, tally["audit"], lock),
+                                         daemon=True) for i in range(spec.audits)]
             for i in range(spec.appeals):
                 who = appeal_ids[i % len(appeal_ids)]
                 headers = upload_headers(who, b"x" * (16 << 20), domain=domain, validator=me, path="/v1/appeals")
                 first = (f"POST /v1/appeals HTTP/1.1\r\nHost: x\r\nContent-Length: {16 << 20}\r\n"
                          + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + b"{"
-                workers.append(threading.Thread(target=_trickle, args=(served.url, first, stop, tally["appeal"], lock),
-                                                daemon=True))
+                workers.append(threading.Thread(target=_trickle, args=(served.url, first, _source(i), stop,
+                                                                       tally["appeal"], lock), daemon=True))
             attack_deadline = time.monotonic() + spec.duration_s
             junk_log: list[tuple[float, Any, int]] = []
             workers += [threading.Thread(target=_flood_sender, args=(served.url, staked_ids[i], sub, domain,
