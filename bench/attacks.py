@@ -600,6 +600,51 @@ def oversized(net: Any, trial: int) -> Trial:
     return Trial("refused", error, r.status_code == 413, note="chunked" if trial % 2 else "content-length")
 
 
+def slow_uploads(net: Any, trial: int) -> Trial:
+    """Issue 35 item 1: 16 slow uploads from no key (headers and one body byte, then nothing; from four source
+    addresses), 8 connections that never finish their headers and a fresh key's signed header, all held open at
+    the validator a staked node's work goes to, while that node submits honest work with its upload header (as
+    prime-node does). Detected when the honest work is accepted during the attack (16 slow uploads once held
+    every intake slot and the node got 503 on every try)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from protocol.identity import Identity
+    from protocol.upload import upload_headers
+
+    node = net.node()
+    served, _ = net.assigned(node)
+    u = urlparse(served.url)
+    me = served.service.identity.address
+
+    def connect(first: bytes, source: str = "127.0.0.1") -> socket.socket:
+        s = socket.create_connection((u.hostname, u.port), timeout=60, source_address=(source, 0))
+        s.sendall(first)
+        return s
+
+    post = b"POST /v1/submissions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n"
+    stranger = upload_headers(Identity.create(), b"{" + b" " * 1999, domain=net.domain, validator=me,
+                              path="/v1/submissions")
+    held = [connect(post + b"\r\n{", f"127.0.0.{2 + (trial + i) % 4}") for i in range(16)]
+    held += [connect(b"POST /v1/sub") for _ in range(8)]
+    held.append(connect(post + "".join(f"{k}: {v}\r\n" for k, v in stranger.items()).encode() + b"\r\n{"))
+    try:
+        _, data = node.build(version=VERSION)
+        with served.client() as c:
+            r = c.post("/v1/submissions", content=data, headers=upload_headers(
+                node.identity, data, domain=net.domain, validator=me, path="/v1/submissions"))
+        status, body = r.status_code, dict(r.json())
+    finally:
+        for s in held:
+            s.close()
+    if status not in (200, 202):
+        return Trial("refused", str(body.get("error")), False, note=f"HTTP {status} during the attack")
+    row = served.wait_decided(body["work_key"])
+    accepted = row["outcome"] == "accepted"
+    return Trial("accepted" if accepted else row["outcome"], row["reason"] or "honest work accepted", accepted,
+                 note="honest work accepted during 16 slow no-key uploads" if accepted else "")
+
+
 def sybil_shield(net: Any, trial: int) -> Trial:
     """Issue 23 item 1: 4 established honest nodes at one validator; 4 Sybil keys ground onto it send free junk
     (counters out of range, one-token samples) while a fifth proves a noised copy of the weights (TOPLOC just
@@ -665,6 +710,7 @@ def appeal_band(net: Any, trial: int) -> Trial:
     from protocol.appeal import Appeal
     from protocol.envelope import seal
     from protocol.nonce import random_nonce
+    from protocol.upload import upload_headers
 
     node = net.node()
     _, data = node.build(version=VERSION, cheat="logprob_shift")
@@ -677,8 +723,10 @@ def appeal_band(net: Any, trial: int) -> Trial:
     net.pools.operator.appeal(key)
     body = Appeal(run_id=net.run.run_id, node=node.identity.address, work_key=bytes.fromhex(key[2:]),
                   verdict=row["verdict"], submission=data.decode())
+    appeal = seal(node.identity, body, domain=net.domain, nonce=random_nonce()).to_bytes()
     with other.client() as c:
-        r = c.post("/v1/appeals", content=seal(node.identity, body, domain=net.domain, nonce=random_nonce()).to_bytes())
+        r = c.post("/v1/appeals", content=appeal, headers=upload_headers(
+            node.identity, appeal, domain=net.domain, validator=other.service.identity.address, path="/v1/appeals"))
     answer = r.json()
     upheld = r.status_code == 200 and answer.get("outcome") == "upheld"
     return Trial("hard" if upheld else "accepted" if answer.get("outcome") == "overturned" else "error",
@@ -992,6 +1040,7 @@ ATTACKS = [
     Attack("second_pool", "second-pool replay (same run id and weights)", "hard", second_pool),
     Attack("malformed_proofs", "malformed or crashing proofs", "hard", malformed_proofs),
     Attack("oversized", "oversized payload", "refused", oversized),
+    Attack("slow_uploads", "16 slow uploads from no key (honest work accepted)", "accepted", slow_uploads),
     Attack("sybil_shield", "Sybils (junk + noised prover) vs the correlation guard", "hard", sybil_shield),
     Attack("fresh_version", "3 keys with history cheat first at a fresh version (guard)", "hard",
            fresh_version_cheats),

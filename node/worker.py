@@ -65,6 +65,7 @@ from protocol.nonce import random_nonce
 from protocol.replay import RereadRecords
 from protocol.rollout import Outcome, Reason, RunSpec, Submission, Verdict, submission_venue
 from protocol.seeds import validator_ranking, work_key
+from protocol.upload import upload_headers
 
 logger = logging.getLogger(__name__)
 
@@ -400,7 +401,7 @@ class Worker:
         for address in reachable:
             url = self.validators.url_of(address) or ""
             try:
-                status, body = self._post(url, data)
+                status, body = self._post(url, address, data)
             except (Transient, RetryError) as exc:
                 self.tally.submit_failures += 1
                 self._mark_down(address)
@@ -439,20 +440,23 @@ class Worker:
             return []
         return validator_ranking(self.run.run_id, self.node, version, self.validators.announced)
 
-    def _post(self, url: str, data: bytes) -> tuple[int, dict[str, Any]]:
+    def _post(self, url: str, validator: str, data: bytes) -> tuple[int, dict[str, Any]]:
         s = self.cfg.submit
         retrying = Retrying(stop=stop_after_attempt(s.attempts), reraise=True,
                             wait=_wait(wait_random_exponential(multiplier=s.backoff_s, max=s.max_backoff_s)),
                             retry=retry_if_exception(lambda e: isinstance(e, Transient) and not isinstance(e, Hung)))
         for attempt in retrying:
             with attempt:
-                return self._post_once(url, data)
+                return self._post_once(url, validator, data)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _post_once(self, url: str, data: bytes) -> tuple[int, dict[str, Any]]:
+    def _post_once(self, url: str, validator: str, data: bytes) -> tuple[int, dict[str, Any]]:
+        # the upload header, signed afresh each try: the validator checks our stake from it before our body
+        # takes one of its slots (docs/protocol/wire-format.md, "Upload header")
+        headers = upload_headers(self.identity, data, domain=self.domain, validator=validator, path="/v1/submissions")
         try:
             r = bounded_request(self.validators.http, "POST", url + "/v1/submissions", self.cfg.submit.timeout_s,
-                                content=data, headers={"content-type": "application/octet-stream"})
+                                content=data, headers={"content-type": "application/octet-stream", **headers})
         except httpx.HTTPError as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from exc
         if r.status_code >= 500 or r.status_code in (425, 429):

@@ -78,7 +78,8 @@ class Service:
         self.replay = ReplayGuard(cfg.state_dir / "replay.sqlite")
         self.nonces = NonceCounter(cfg.state_dir / "nonces.sqlite")
         self.weights = WeightStore(cfg, self.chain.manifest_hash, self.chain.current_version)
-        self.peers = PeerWatch(cfg.peers, me=self.identity.address, failover_after_s=cfg.failover_after_s)
+        self.peers = PeerWatch(cfg.peers, identity=self.identity, domain=self.domain,
+                               failover_after_s=cfg.failover_after_s)
         self.core = Core.build(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
                                replay_guard=self.replay, nonces=self.nonces, peers=self.peers)
         self.appeals = AppealDesk(cfg, self.identity, self.ledger, self.chain,

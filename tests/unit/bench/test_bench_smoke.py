@@ -72,8 +72,9 @@ PROGRAMS: dict[str, tuple[set[str], Check]] = {
                  == {("float32", "tiny", 2), ("bfloat16", "tiny", 2)}),
     "learning_recipe": ({"rows", "ratios", "curves", "smoke"},
                         lambda o: [r["stage"] for r in o["rows"]] == ["base", "sft", "sft+rl", "rl"]),
-    "load": ({"info", "validator", "relay", "flood", "smoke"},
-             lambda o: o["validator"]["unexpected_answers"] == {} and o["relay"]["completed"] == 6),
+    "load": ({"info", "validator", "relay", "flood", "hostile", "smoke"},
+             lambda o: o["validator"]["unexpected_answers"] == {} and o["relay"]["completed"] == 6
+             and o["hostile"]["honest_submitted"] > 0 and o["hostile"]["rss_mib_peak"] > 0),
     "node": ({"info", "results", "smoke"}, lambda o: [r["model"] for r in o["results"]] == ["tiny"]
              and o["results"][0]["same_tokens"]),
     "shardcast": ({"ours_s", "plain_http_s", "raw_copy_s", "ratios", "notes", "skipped", "smoke"},
