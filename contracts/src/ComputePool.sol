@@ -97,6 +97,9 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     uint64 public immutable invalidationWindow;
     uint64 public immutable rewardLockPeriod;
     uint64 public immutable appealWindow;
+    /// The longest appeal window the constructor takes: 100 years, so pool time plus it fits the uint40 deadlines
+    /// (2^40 s) for tens of thousands of years.
+    uint64 public constant MAX_APPEAL_WINDOW = 100 * 365 days;
 
     address public treasury;
     uint256 public minStake;
@@ -230,6 +233,9 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         if (minStake_ == 0 || rewardLockPeriod_ < invalidationWindow_ || unbondingPeriod_ < invalidationWindow_) {
             revert BadParameters();
         }
+        // Appeal deadlines are stored as uint40 (pool time + appealWindow): a longer window would wrap them to the
+        // past and close every appeal at once.
+        if (appealWindow_ > MAX_APPEAL_WINDOW) revert BadParameters();
         token = token_;
         treasury = treasury_;
         minStake = minStake_;
