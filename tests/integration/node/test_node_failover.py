@@ -39,8 +39,15 @@ def test_work_fails_over_to_the_next_validator_only_when_the_assigned_one_is_dow
     chain = commands.open_chain(cfg)
     with httpx.Client(timeout=5) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
         worker = make_worker(cfg, node, chain, db, http, [backup.url])
+        # learned from the backup's /v1/info: a snapshot (rebuilt every INFO_REFRESH_S) that names the assigned
+        # validator once the backup's peer probe has reached it, so the node may need a few refreshes
+        deadline = time.monotonic() + 60
         worker.validators.refresh()
-        assert worker.validators.url_of(first) == assigned.url  # learned from the backup's /v1/info
+        while worker.validators.url_of(first) is None:
+            assert time.monotonic() < deadline, "the backup's /v1/info never named the assigned validator's URL"
+            time.sleep(0.2)
+            worker.validators.refresh()
+        assert worker.validators.url_of(first) == assigned.url
         worker.validators.by_address.pop(first)  # as if the node knew only the backup
         from node.rollouts import build_submission
 
