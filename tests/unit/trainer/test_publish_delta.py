@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from protocol.identity import Identity
 from shardcast.delta import apply_delta
-from shardcast.manifest import SignedManifest
+from shardcast.manifest import Manifest, SignedManifest
 from trainer.config import ShardcastPublish
 from trainer.publish import ShardcastPublisher
 
@@ -65,21 +65,19 @@ def test_versions_go_out_in_bf16_as_deltas_between_anchors(tmp_path: Path, tiny_
     assert {t.dtype for t in load_file(str(ckpts[3] / "model.safetensors")).values()} == {torch.float32}
     assert not (publisher.base_dir / "optimizer.pt").exists()
     # the v3 delta rebuilds exactly the bf16 weights of step 3 from v2's
-    v3 = store / "versions" / "3"
-    delta_dir = tmp_path / "delta3"
-    delta_dir.mkdir()
-    for f_index, entry in enumerate(manifests[3].files):
-        with open(delta_dir / entry.path, "wb") as fh:
-            for shard in manifests[3].shards:
-                if shard.file == f_index:
-                    fh.write((v3 / "shards" / str(shard.index)).read_bytes())
-    v2_files = tmp_path / "v2-files"
-    v2_files.mkdir()
-    for f_index, entry in enumerate(manifests[2].files):
-        with open(v2_files / entry.path, "wb") as fh:
-            for shard in manifests[2].shards:
-                if shard.file == f_index:
-                    fh.write((store / "versions" / "2" / "shards" / str(shard.index)).read_bytes())
+    delta_dir = _files_of(store / "versions" / "3", manifests[3], tmp_path / "delta3")
+    v2_files = _files_of(store / "versions" / "2", manifests[2], tmp_path / "v2-files")
     apply_delta(v2_files, manifests[2], delta_dir, manifests[3], tmp_path / "rebuilt")
     rebuilt = load_file(str(tmp_path / "rebuilt" / "model.safetensors"))
     assert all(torch.equal(rebuilt[k], states[3][k].to(torch.bfloat16)) for k in rebuilt)
+
+
+def _files_of(version_dir: Path, manifest: Manifest, out: Path) -> Path:
+    """The files a stored version's shards make up, joined in order into `out`."""
+    out.mkdir()
+    for f_index, entry in enumerate(manifest.files):
+        with open(out / entry.path, "wb") as fh:
+            for shard in manifest.shards:
+                if shard.file == f_index:
+                    fh.write((version_dir / "shards" / str(shard.index)).read_bytes())
+    return out
