@@ -86,7 +86,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import harness
+from bench import harness, loopback
 from bench import validator_http as vhttp  # the validator as a process, RSS from /proc, oversize senders
 from bench.hostile import HostileLoad, hostile_load
 from bench.hostile import report as report_hostile
@@ -173,7 +173,7 @@ def validator_config(state: Path, deployment: Path, rpc_url: str, spec: Validato
     return ValidatorConfig.model_validate({
         "state_dir": state, "run": run, "model": model, "threads": spec.threads,
         "chain": {"deployment": deployment, "rpc_url": rpc_url, "poll_s": 0.5},
-        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5},
+        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5, "max_backoff_s": loopback.REPORTER_MAX_BACKOFF_S},
         "max_age_s": 3600.0,  # honest work is built before the traffic starts
         "rate_per_node": spec.rate, "rate_burst": spec.burst,
         # the global bounds are part (c)'s subject; here 100+ connections at once are the point
@@ -589,7 +589,7 @@ def flood_config(state: Path, deployment: Path, rpc_url: str, spec: FloodLoad, u
     values: dict[str, Any] = {
         "state_dir": state, "run": run, "model": model, "threads": spec.threads,
         "chain": {"deployment": deployment, "rpc_url": rpc_url, "poll_s": 0.5},
-        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5}, "max_age_s": 3600.0,
+        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5, "max_backoff_s": loopback.REPORTER_MAX_BACKOFF_S}, "max_age_s": 3600.0,
         "systemic": {"window_s": spec.slash_after_s, "min_nodes": 1_000_000, "fraction": 1.0},
     }
     if unheld:

@@ -51,6 +51,8 @@ class ChainView:
         self.min_stake = 0
         self.invalidation_window: int | None = None
         """The pool's invalidation window in seconds (None until the first refresh)."""
+        self.unbonding_period: int | None = None
+        """The pool's unbonding period in seconds (None until the first refresh)."""
         self.last_error: str | None = None
         self.refreshed_at = -float("inf")
         """time.monotonic() of the last successful refresh."""
@@ -84,6 +86,7 @@ class ChainView:
         with self._lock:
             self.min_stake = params.min_stake
             self.invalidation_window = params.invalidation_window
+            self.unbonding_period = params.unbonding_period
             self._nodes.update(fresh)
             self._operators |= operators
             self._manifests.update(manifests)

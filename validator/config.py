@@ -201,7 +201,8 @@ class ReporterSettings(Section):
     """First wait after the RPC failed (the whole outbox) or a row's transaction reverted for a reason that
     may pass (that row only); doubled on each further failure."""
     max_backoff_s: float = Field(300.0, gt=0.0)
-    """The longest such wait."""
+    """The longest such wait. With `systemic.window_s` it must stay below the pool's invalidation window and
+    unbonding period, or the validator refuses to start (a slash retried that late could never land)."""
 
 
 class ValidatorConfig(PrimeConfig):

@@ -67,6 +67,7 @@ class Service:
                                           journal=FileJournal(cfg.state_dir / "transactions.sqlite")))
         self.chain = ChainView(self.pool, deployment.start_block)
         self.chain.refresh()  # fail fast when the chain is unreachable
+        check_reach(cfg, self.chain)
         self.domain = submission_domain(deployment.chain_id, deployment.pool, cfg.run.run_id)
         # The owner of this process's leases, the same after a restart (a state dir is one process's):
         # rows it was checking when it was killed are taken up again at once, not when their leases end.
@@ -192,3 +193,20 @@ class Service:
         self.peers.close()
         self.replay.close()
         self.nonces.close()
+
+
+def check_reach(cfg: ValidatorConfig, chain: ChainView) -> None:
+    """Refuse a configuration whose reports can miss the chain's deadlines: a hard verdict is held for
+    `systemic.window_s` and then, while the RPC fails, retried after up to `reporter.max_backoff_s`; if that can
+    reach the pool's invalidation window (the chain refuses the invalidation) or its unbonding period (the node
+    has left with its stake), a cheat caught here is never slashed. `ConfigError` naming both sides."""
+    if not cfg.reporter.enabled or chain.invalidation_window is None or chain.unbonding_period is None:
+        return
+    reach = cfg.systemic.window_s + cfg.reporter.max_backoff_s
+    for name, limit in (("invalidation window", chain.invalidation_window),
+                        ("unbonding period", chain.unbonding_period)):
+        if reach >= limit:
+            raise ConfigError(
+                f"systemic.window_s ({cfg.systemic.window_s:g} s) + reporter.max_backoff_s "
+                f"({cfg.reporter.max_backoff_s:g} s) = {reach:g} s reaches the pool's {name} ({limit} s): a hard "
+                f"verdict held and retried that long could never be slashed; lower them below {limit} s")

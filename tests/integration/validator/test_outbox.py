@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from chainfixtures import SETTINGS
 
+from bench.loopback import REPORTER_MAX_BACKOFF_S
 from contracts.pool import WorkStatus
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,7 +37,7 @@ def _wait_state(v: Any, key: str, state: str, timeout: float = 60.0) -> dict[str
 def test_resigned_old_work_that_can_never_be_slashed_does_not_block_reporting(make_validator, make_node, published):
     attacker, honest, cheater = make_node(), make_node(), make_node()
     # batch 1: the old reporter read 10 rows a round, so 10 stuck rows at the head blocked everything
-    v = make_validator(reporter={"interval_s": 0.2, "batch": 1}, audit_cache_s=0.0,
+    v = make_validator(reporter={"interval_s": 0.2, "batch": 1, "max_backoff_s": REPORTER_MAX_BACKOFF_S}, audit_cache_s=0.0,
                        systemic={"window_s": 0.3, "min_nodes": 100, "fraction": 1.0})
     built = [attacker.build() for _ in range(10)]
     old_keys = [_post(v, data) for _, data in built]
@@ -167,7 +168,7 @@ def test_envelopes_are_pruned_once_the_invalidation_window_passed(make_validator
     invalidation window after it was reported); a hard verdict keeps its envelope (its evidence names it), and a
     pruned assignment sent again is a duplicate, never a crash or a second row."""
     honest, cheater = make_node(), make_node()
-    v = make_validator(reporter={"interval_s": 0.2}, systemic={"window_s": 0.3, "min_nodes": 100, "fraction": 1.0})
+    v = make_validator(reporter={"interval_s": 0.2, "max_backoff_s": REPORTER_MAX_BACKOFF_S}, systemic={"window_s": 0.3, "min_nodes": 100, "fraction": 1.0})
     sub, data = honest.build()
     ok_key, bad_key = _post(v, data), _post(v, cheater.build(cheat="inflate_reward")[1])
     ok, bad = v.wait_reported(ok_key), v.wait_reported(bad_key)
