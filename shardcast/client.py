@@ -38,7 +38,14 @@ from protocol.errors import RelayError
 from protocol.identity import checksum
 from shardcast.bans import DEFAULT_BAN_S, BanList
 from shardcast.delta import apply_delta
-from shardcast.errors import DeltaBaseError, DeltaError, ManifestError, RelayConfigError, StorageError
+from shardcast.errors import (
+    DeltaBaseError,
+    DeltaError,
+    ManifestError,
+    RelayConfigError,
+    SourceTimeoutError,
+    StorageError,
+)
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard
 from shardcast.transfer import Downloader, fetch_index, new_session, verified_manifest
@@ -54,6 +61,13 @@ JOURNAL = ".journal"
 _LEGACY_STAGED_MANIFEST = "manifest.json"  # where clients before the dot-names kept STAGED_MANIFEST
 _FOLLOW_BACKOFF_START_S = 0.5
 _FOLLOW_BACKOFF_MAX_S = 30.0
+HEDGE_S = 1.0
+"""A manifest request unanswered this long: the next relay holding the version is asked beside it."""
+INDEX_GRACE_S = 2.0
+"""Once one source has given its version index, how long the others are waited for (at least)."""
+PROBE_S = 30.0
+"""How often a pull asks a hung source for its index again (it is skipped in between)."""
+"""Once one source has given its version index, how long the others are waited for (at least)."""
 
 
 @dataclass
@@ -248,18 +262,54 @@ class Client:
     # -- finding a version -------------------------------------------------------------------------
 
     async def latest_available(self, session: aiohttp.ClientSession) -> dict[str, int | None]:
-        """Each source's newest version (None where unreachable or banned)."""
+        """Each source's newest version (None where unreachable, banned, hung or too slow).
+
+        Every source not banned is asked at once. Once one has given a version, the others get
+        `INDEX_GRACE_S` (or 4x the first answer's time, if longer): a live source that has not answered by
+        then is counted as timed out (hung), so a relay that accepts and stays silent costs one pull
+        seconds, not the index timeout. A hung source is asked again at most every `PROBE_S` (and always
+        by `wait_for_version`'s long-poll): a probe that answers within the same grace clears it; one that
+        does not is dropped, not counted again.
+        """
+        board = self.board
+
         async def one(url: str) -> int | None:
-            if self.board.sources[url].banned:  # never asked again, not even where to look
-                return None
             try:
-                return (await fetch_index(session, url)).latest
+                latest = (await fetch_index(session, url)).latest
             except RelayError as exc:
                 log.info("index of %s: %s", url, exc)
-                self.board.failure(self.board.sources[url])
+                board.failure(board.sources[url], timed_out=isinstance(exc, SourceTimeoutError))
                 return None
-        results = await asyncio.gather(*(one(u) for u in self.sources))
-        return dict(zip(self.sources, results, strict=True))
+            board.answered(board.sources[url])
+            return latest
+
+        now = time.monotonic()
+        asked = [u for u, src in ((u, board.sources[u]) for u in self.sources)
+                 if not src.banned and (not src.hung or now - src.probed_at >= PROBE_S)]  # banned: never asked again
+        for u in asked:
+            board.sources[u].probed_at = now
+        tasks = {u: asyncio.ensure_future(one(u)) for u in asked}
+        waited = {tasks[s.url] for s in board.live() if s.url in tasks}
+        started, first = time.monotonic(), None
+        pending = set(tasks.values())
+        try:
+            while pending:
+                grace = None if first is None else max(INDEX_GRACE_S, 4 * (first - started)) - (time.monotonic() - first)
+                if grace is not None and grace <= 0:
+                    break
+                done, pending = await asyncio.wait(pending, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+                if first is None and any(t.result() is not None for t in done):
+                    first = time.monotonic()
+        finally:
+            for url, task in tasks.items():
+                if not task.done():
+                    task.cancel()
+                    if task in waited:  # a live source that let the others answer first by far: hung
+                        board.failure(board.sources[url], timed_out=True)
+                        log.info("index of %s: no answer %.1f s after the first source's", url,
+                                 time.monotonic() - (first or started))
+        return {u: (tasks[u].result() if u in tasks and tasks[u].done() and not tasks[u].cancelled() else None)
+                for u in self.sources}
 
     async def wait_for_version(self, after: int, timeout: float) -> int | None:
         """Long-poll every source until one advertises a version newer than `after` (None on timeout).
@@ -278,8 +328,10 @@ class Client:
                     done, pending = await asyncio.wait(pending, timeout=deadline - time.monotonic(),
                                                        return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
-                        if task.exception() is None and (task.result().latest or -1) > floors[tasks[task]]:
-                            return task.result().latest
+                        if task.exception() is None:
+                            self.board.answered(self.board.sources[tasks[task]])
+                            if (task.result().latest or -1) > floors[tasks[task]]:
+                                return task.result().latest
             finally:
                 for task in pending:
                     task.cancel()
@@ -349,16 +401,13 @@ class Client:
             for candidate in candidates:
                 if version is None and installed is not None and candidate < installed:
                     break  # never go backwards on `latest`
-                holders = [u for u, v in latest.items() if v is not None and v >= candidate
-                           and not self.board.sources[u].banned]
-                holders.sort(key=lambda u: -self.board.sources[u].score())
-                for url in holders:
-                    signed = await self._verified_manifest(session, url, candidate, run_id=run_id,
-                                                           min_version=installed if version is None else None)
-                    if signed is not None:
-                        if version is None:
-                            self._note_unbacked(latest, candidate)
-                        return signed, holders
+                holders = self.board.order([u for u, v in latest.items() if v is not None and v >= candidate])
+                signed = await self._hedged_manifest(session, holders, candidate, run_id=run_id,
+                                                     min_version=installed if version is None else None)
+                if signed is not None:
+                    if version is None:
+                        self._note_unbacked(latest, candidate)
+                    return signed, holders
             if time.monotonic() >= deadline:
                 if version is None and installed is not None:
                     self._note_unbacked(latest, installed)
@@ -366,6 +415,32 @@ class Client:
                 what = f"version {version}" if version is not None else "any version"
                 raise RelayError(f"no source holds a verifiable {what}: {self.board.summary()}")
             await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    async def _hedged_manifest(self, session: aiohttp.ClientSession, holders: list[str], version: int, *,
+                               run_id: str | None, min_version: int | None) -> SignedManifest | None:
+        """`version`'s verified manifest from the first of `holders` (best first) to give one: the next holder
+        is asked too when the ones asked so far have all failed, or `HEDGE_S` after the last was asked (a
+        slow or hung relay does not hold the pull); the first manifest that verifies wins, the rest are
+        cancelled. None when no holder gave one."""
+        queue = list(holders)
+        running: set[asyncio.Task[SignedManifest | None]] = set()
+        try:
+            while queue or running:
+                if queue and not running:
+                    running.add(asyncio.ensure_future(self._verified_manifest(
+                        session, queue.pop(0), version, run_id=run_id, min_version=min_version)))
+                done, running = await asyncio.wait(running, timeout=HEDGE_S if queue else None,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.result() is not None:
+                        return task.result()
+                if not done and queue:  # the hedge: the next holder, beside the slow one
+                    running.add(asyncio.ensure_future(self._verified_manifest(
+                        session, queue.pop(0), version, run_id=run_id, min_version=min_version)))
+        finally:
+            for task in running:
+                task.cancel()
+        return None
 
     def _note_unbacked(self, latest: dict[str, int | None], resolved: int) -> None:
         """Remember, per source, an announced version newer than the newest one that could be verified."""

@@ -41,6 +41,13 @@ class SourceError(RelayError):
     code = "source"
 
 
+class SourceTimeoutError(SourceError):
+    """A relay accepted the request (or the connection) and then said nothing within the time allowed: hung,
+    not refusing. The client skips it until it answers again (`SourceBoard.timed_out`)."""
+
+    code = "source_timeout"
+
+
 class PublishError(RelayError):
     """A checkpoint could not be sharded, hashed or written into the origin's store."""
 
