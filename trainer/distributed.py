@@ -76,12 +76,12 @@ class RankZeroSource(RolloutSource):
         self.device = device
 
     def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
-                   fill_timeout_s: float | None = None) -> Batch:
+                   fill_timeout_s: float | None = None, expected: int | None = None) -> Batch:
         box: list[object] = [None]
         if self.inner is not None:
             try:
                 box[0] = self.inner.next_batch(step, n_groups, async_level, min_groups=min_groups,
-                                               fill_timeout_s=fill_timeout_s)
+                                               fill_timeout_s=fill_timeout_s, expected=expected)
             except Exception as exc:
                 # PrimeErrors are plain message exceptions (they pickle); anything else goes as its repr.
                 box[0] = exc if isinstance(exc, PrimeError) else RuntimeError(f"rank 0: {exc!r}")

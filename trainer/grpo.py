@@ -20,7 +20,7 @@ from trainer.loss import LossConfig, group_advantages, grpo_token_loss, token_we
 from trainer.metrics import MetricsSink
 from trainer.packing import PackedRows, pack, token_logprobs
 from trainer.publish import PublishHook, publish_timing
-from trainer.source import RolloutSource
+from trainer.source import ExpectedGroups, RolloutSource
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ class Trainer(TrainLoop):
         self.cfg = cfg
         self.source: RolloutSource = source
         self.work_ledger = WorkLedger(cfg.work_ledger) if cfg.work_ledger is not None else None
+        self.expected = ExpectedGroups()
+        """How many groups the next step takes at once (after a step cut short: a dead node is not waited for again)."""
         self.loss_cfg = LossConfig(
             epsilon_low=cfg.loss.epsilon_low,
             epsilon_high=cfg.loss.epsilon_high,
@@ -63,8 +65,10 @@ class Trainer(TrainLoop):
         step = self.step
         batch = self.source.next_batch(step, cfg.batch.groups_per_step, cfg.batch.async_level,
                                        min_groups=cfg.batch.min_groups_per_step,
-                                       fill_timeout_s=cfg.batch.fill_timeout_s)
+                                       fill_timeout_s=cfg.batch.fill_timeout_s, expected=self.expected.value)
         t_batch = time.monotonic()
+        if cfg.batch.fill_timeout_s is not None:  # a run that allows short steps (the local source never waits)
+            self.expected.update(len(batch.groups), cfg.batch.groups_per_step)
         samples = batch.samples
         rewards = [s.reward for s in samples]
         gids = [s.group_id for s in samples]
@@ -123,6 +127,7 @@ class Trainer(TrainLoop):
             "samples_per_s": len(samples) / dt if dt > 0 else 0.0,
             "step_time_s": dt,
             "batch_wait_s": t_batch - t0,
+            "groups": len(batch.groups),
             "train_time_s": train_dt,
             "useful_tokens": useful,
             "processed_tokens": processed,

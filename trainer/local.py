@@ -63,7 +63,7 @@ class LocalSource(RolloutSource):
         self.policy = model
 
     def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
-                   fill_timeout_s: float | None = None) -> Batch:  # generates its groups: never waits
+                   fill_timeout_s: float | None = None, expected: int | None = None) -> Batch:  # never waits
         t0 = time.monotonic()
         tok = self.loaded.tokenizer
         tasks = self.env.sample(derive_seed("tasks", self.task_seed, step) % (2**63), n_groups)

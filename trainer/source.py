@@ -8,6 +8,11 @@ A step waits a bounded time (issue 26 item 2): it takes `n_groups` as soon as th
 `fill_timeout_s` has passed it trains on what it has if that is at least `min_groups`, so a node that died
 or left cannot stall training (its share of the step is simply missing). Below `min_groups` it keeps
 waiting, up to the source's `wait_timeout_s` (then `DataStarvedError`).
+
+The wait adapts to what arrives (issue 39 item 3): after a step cut short by the fill deadline, the trainer
+passes what that step got as `expected`, and the next steps take that many as soon as they are there instead
+of waiting out the deadline again for a share that is not coming (`ExpectedGroups`, docs/protocol/run.md).
+A step that finds all `n_groups` (the node came back, or the rest arrived while it trained) sets it back.
 """
 
 from __future__ import annotations
@@ -86,15 +91,23 @@ class Fill:
     min_groups: int
     fill_deadline: float
     """time.monotonic() after which `min_groups` are enough (inf: wait for all `n_groups`)."""
+    expected: int | None = None
+    """Enough at once (between `min_groups` and `n_groups`): what the last short step got, see `ExpectedGroups`."""
 
     @classmethod
-    def start(cls, n_groups: int, min_groups: int | None, fill_timeout_s: float | None) -> Fill:
+    def start(cls, n_groups: int, min_groups: int | None, fill_timeout_s: float | None,
+              expected: int | None = None) -> Fill:
         low = n_groups if min_groups is None else max(1, min(min_groups, n_groups))
         deadline = float("inf") if fill_timeout_s is None else time.monotonic() + fill_timeout_s
-        return cls(n_groups, low, deadline)
+        if expected is not None and fill_timeout_s is not None:  # only a run that allows short steps adapts
+            expected = max(low, min(expected, n_groups))
+        else:
+            expected = None
+        return cls(n_groups, low, deadline, expected)
 
     def done(self, have: int) -> bool:
-        return have >= self.n_groups or (have >= self.min_groups and time.monotonic() >= self.fill_deadline)
+        return (have >= self.n_groups or (self.expected is not None and have >= self.expected)
+                or (have >= self.min_groups and time.monotonic() >= self.fill_deadline))
 
     def wake_in(self, have: int) -> float:
         """Seconds until `done` could turn true without new groups (inf if only new groups help)."""
@@ -103,16 +116,34 @@ class Fill:
         return max(0.0, self.fill_deadline - time.monotonic())
 
 
+class ExpectedGroups:
+    """How many groups the next step takes at once, learned from the last step (see the module docstring):
+    None (all `n_groups`) until a step is cut short by the fill deadline, then what that step got, until a
+    step gets all `n_groups` again."""
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+
+    def update(self, got: int, n_groups: int) -> None:
+        before, self.value = self.value, (None if got >= n_groups else got)
+        if self.value != before:
+            if self.value is None:
+                log.info("a step got all %d groups: the next ones wait for all of them again", n_groups)
+            else:
+                log.warning("a step got %d of %d groups: the next ones take %d as soon as they are there "
+                            "(a node's share is missing)", got, n_groups, got)
+
+
 class RolloutSource(ABC):
     """Supplies groups for step n; its position is checkpointed so a resumed run sees the same data."""
 
     @abstractmethod
     def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
-                   fill_timeout_s: float | None = None) -> Batch:
+                   fill_timeout_s: float | None = None, expected: int | None = None) -> Batch:
         """`n_groups` groups, all inside the async window of `step` (the local source returns fewer
         when some could not be graded; `counts.ungradable` says how many samples that dropped). Sources
         that wait for the network return as few as `min_groups` (default: all `n_groups`) once they have
-        waited `fill_timeout_s` (default: no such bound), see `Fill`."""
+        waited `fill_timeout_s` (default: no such bound), or `expected` at once, see `Fill`."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -180,9 +211,9 @@ class DirectorySource(RolloutSource):
         return rejected
 
     def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
-                   fill_timeout_s: float | None = None) -> Batch:
+                   fill_timeout_s: float | None = None, expected: int | None = None) -> Batch:
         batch = Batch(groups=[])
-        fill = Fill.start(n_groups, min_groups, fill_timeout_s)
+        fill = Fill.start(n_groups, min_groups, fill_timeout_s, expected)
         deadline = time.monotonic() + self.wait_timeout_s
         while True:
             batch.counts.rejected_files += self._scan()

@@ -216,12 +216,12 @@ class ValidatorFeedSource(RolloutSource):
     # -- RolloutSource ----------------------------------------------------------------------------
 
     def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
-                   fill_timeout_s: float | None = None) -> Batch:
+                   fill_timeout_s: float | None = None, expected: int | None = None) -> Batch:
         batch = Batch(groups=[])
         popped: list[_Queued] = []
         fresh: dict[str, int] = {}  # fingerprints first trained by this batch (kept only if it is returned)
         dropped = 0  # groups identical to trained ones
-        fill = Fill.start(n_groups, min_groups, fill_timeout_s)
+        fill = Fill.start(n_groups, min_groups, fill_timeout_s, expected)
         deadline = time.monotonic() + self.wait_timeout_s
         try:
             while True:

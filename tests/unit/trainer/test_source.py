@@ -16,7 +16,7 @@ from tests.unit.trainer.conftest import tiny_llama
 from tests.unit.trainer.rollout_factory import make_group
 from trainer.config import TrainerConfig
 from trainer.grpo import Trainer
-from trainer.source import DataStarvedError, DirectorySource, window_verdict
+from trainer.source import DataStarvedError, DirectorySource, Fill, window_verdict
 
 
 def _groups(versions: list[int], size: int = 2, seed: int = 0) -> list[Sample]:
@@ -135,3 +135,40 @@ def test_directory_step_trains_on_what_arrived_after_the_fill_timeout(tmp_path: 
     assert [g[0].policy_version for g in batch.groups] == [3, 3] and batch.counts.stale == 2
     with pytest.raises(DataStarvedError):
         src.next_batch(step=3, n_groups=4, async_level=1, min_groups=1, fill_timeout_s=0.05)
+
+
+def test_after_a_short_step_the_next_takes_what_the_last_one_got_without_waiting_out_the_deadline(
+        tmp_path: Path) -> None:
+    """Issue 39 item 3: a dead node's share is not waited for again. With a fill deadline far away, a step that
+    has 3 of 4 groups waits (here: starves after `wait_timeout_s`); told the last step got 3, it takes them."""
+    write_rollouts(tmp_path / "a.parquet", _groups([3, 3, 3]))
+    src = DirectorySource(tmp_path, poll_interval_s=0.01, wait_timeout_s=0.5)
+    state = src.state_dict()
+    with pytest.raises(DataStarvedError):
+        src.next_batch(step=3, n_groups=4, async_level=1, min_groups=2, fill_timeout_s=3600)
+    src.load_state_dict(state)
+    batch = src.next_batch(step=3, n_groups=4, async_level=1, min_groups=2, fill_timeout_s=3600, expected=3)
+    assert len(batch.groups) == 3
+    # `expected` never goes below `min_groups`, and a run without a fill deadline (no short steps) ignores it
+    assert Fill.start(4, 2, 3600, expected=1).expected == 2 and Fill.start(4, 2, None, expected=3).expected is None
+
+
+def test_the_trainer_learns_the_expected_groups_from_a_short_step_and_forgets_them_after_a_full_one(
+        tmp_path: Path) -> None:
+    rng = random.Random(5)
+    (tmp_path / "r").mkdir()
+    write_rollouts(tmp_path / "r" / "0.parquet", [s for n in range(3) for s in make_group(rng, f"a{n}", 0, 4, 64)])
+    cfg = TrainerConfig.model_validate({
+        "max_steps": 2, "progress": False,
+        "batch": {"groups_per_step": 4, "seq_len": 32, "async_level": 1, "fill_timeout_s": 0.2,
+                  "min_groups_per_step": 2},
+        "data": {"type": "directory", "path": str(tmp_path / "r"), "wait_timeout_s": 60},
+        "checkpoint": {"dir": str(tmp_path / "ck")},
+    })
+    trainer = Trainer(cfg, tiny_llama(), DirectorySource(tmp_path / "r", wait_timeout_s=60), torch.device("cpu"))
+    assert trainer.expected.value is None
+    assert trainer.train_step().metrics["groups"] == 3  # cut short by the fill deadline: a share is missing
+    assert trainer.expected.value == 3
+    write_rollouts(tmp_path / "r" / "1.parquet", [s for n in range(4) for s in make_group(rng, f"b{n}", 1, 4, 64)])
+    assert trainer.train_step().metrics["groups"] == 4  # all there at once: the full count is expected again
+    assert trainer.expected.value is None
