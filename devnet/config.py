@@ -50,7 +50,8 @@ class TrainerSettings(Section):
     """Step n trains on work of policy versions n - async_level .. n (also the run's window)."""
     fill_timeout_s: float = Field(20.0, gt=0.0)
     """A step that has waited this long for its groups trains on the fresh ones it has (at least
-    `min_groups_per_step`): a node that died or left costs each step this wait, it does not stall training."""
+    `min_groups_per_step`): a node that died or left costs one step this wait, it does not stall training (the
+    next steps take as many groups as that one got at once; docs/protocol/README.md)."""
     min_groups_per_step: int | None = Field(None, ge=1)
     """Fewest groups a step trains on after `fill_timeout_s`; default one submission (`run.tasks_per_batch`)."""
     threads: int = Field(1, ge=1)
@@ -88,7 +89,7 @@ class RunSettings(Section):
     the step's demand and no more, so the trainer trains on fresh work instead of a growing backlog of stale
     work (learning per sample then matches local mode). More gives slack when nodes die, at the price of
     staleness and of accepted work the trainer drops as stale; with the default a dead node's share of each step
-    is missing, and the step trains on the rest after `trainer.fill_timeout_s`."""
+    is missing: one step trains on the rest after `trainer.fill_timeout_s`, the next ones without that wait."""
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     """Sampling temperature of the nodes' seeded sampler (the run's rules, checked by the validators' replay); the
     trainer's `loss.temperature` is the same."""
