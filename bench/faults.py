@@ -15,6 +15,11 @@ sends SIGKILL to the process group of:
     node       node-0, in the middle of a batch (between two signed assignments); the restarted node
                resends what it signed and was not yet decided
 
+then stops (SIGSTOP, for a window, then SIGCONT) node-0 (`dead_node`: its share of each step is missing),
+relay-0 (`hung_relay`: it accepts and answers nothing) and validator-0 (`hung_validator`: nodes fail over),
+reporting each window's steps per minute against the window just before (`dead_node_ratio`,
+`hung_relay_ratio`, `hung_validator_ratio`; goals 0.6, 0.8, 0.6; issue 39 item 5),
+
 then rolls the chain back `REORG_DEPTH` (32) blocks under the running network (`evm_snapshot`, work
 recorded and a version published meanwhile, `anvil_mine` to the depth, `evm_revert`): deeper than any
 confirmation count, so every chain writer must notice its transactions are gone, send them again under its
@@ -47,6 +52,7 @@ the faults), so a recovery can be read as "n ordinary intervals".
     python -m bench.faults --smoke --json out.json   # the four kills with the least watching and settling
                                                      # (a devnet still takes a minute or more to come up)
     python -m bench.faults --quick --only reorg      # the 32-block rollback alone
+    python -m bench.faults --quick --only dead_node hung_relay hung_validator --nodes 3   # the three rates
 """
 
 from __future__ import annotations
@@ -68,7 +74,12 @@ from bench import harness
 from bench.harness import ROOT
 
 ROLES = ("relay", "validator", "trainer", "node")
-FAULTS = (*ROLES, "reorg")
+DEGRADED = {"dead_node": "node-0", "hung_relay": "relay-0", "hung_validator": "validator-0"}
+"""Rate faults: the role's process group is stopped (SIGSTOP: it accepts connections and answers nothing, and
+a stopped node submits nothing, as a dead one) for a window, and the steps per minute in that window are
+divided by those of the window just before (`<fault>_ratio`); then SIGCONT."""
+GOALS = {"dead_node": 0.6, "hung_relay": 0.8, "hung_validator": 0.6}
+FAULTS = (*ROLES, "reorg", *DEGRADED)
 REORG_DEPTH = 32
 AUDIT_S = 300
 """One `prime-devnet audit` run's limit (seconds; it takes a few on an idle box, minutes on a very busy one)."""
@@ -336,6 +347,33 @@ def fault_node(net: Devnet, timeout: float, rng: random.Random) -> dict[str, Any
             "how": "restarted by the devnet; it resends what it signed and was not decided, then works on"}
 
 
+def steps_per_minute(net: Devnet, seconds: float) -> tuple[float, int]:
+    """(steps per minute, steps) trained in the next `seconds`."""
+    s0, t0 = net.steps(), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        net.alive_or_raise("watching the step rate")
+        time.sleep(0.5)
+    steps = net.steps() - s0
+    return 60.0 * steps / (time.monotonic() - t0), steps
+
+
+def fault_degraded(net: Devnet, kind: str, window: float) -> dict[str, Any]:
+    """One rate fault (`DEGRADED`): the rate in `window` s before, the role stopped for `window` s, the ratio."""
+    name = DEGRADED[kind]
+    before, steps_before = steps_per_minute(net, window)
+    pid = int(net.entry(name)["pid"])
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        during, steps_during = steps_per_minute(net, window)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    ratio = round(during / before, 3) if before else None
+    return {"fault": kind, "stopped": name, "window_s": window, "steps_before": steps_before,
+            "steps_during": steps_during, "steps_per_min_before": round(before, 2),
+            "steps_per_min_during": round(during, 2), "ratio": ratio, "goal": GOALS[kind],
+            "met": ratio is not None and ratio >= GOALS[kind]}
+
+
 def recorded_on_chain(net: Devnet) -> int:
     """Work keys recorded on the canonical chain and not invalidated."""
     events = net.pool.events(net.start_block, names={"WorkRecorded", "WorkInvalidated"})
@@ -420,10 +458,20 @@ def run(nodes: int, quick: bool, state_root: Path, seed: int = 0, extra: list[st
         res["cadence"] = cadence(net, 5 if smoke else 20 if quick else 60)
         plan = {"relay": lambda: fault_relay(net, timeout), "validator": lambda: fault_validator(net, timeout),
                 "trainer": lambda: fault_trainer(net, timeout, rng), "node": lambda: fault_node(net, timeout, rng)}
-        # the rollback is not in --smoke (the default tier runs that beside everything else): --only reorg, the slow
-        # tier (tests/e2e/test_deep_reorg.py) or a full run
+        # the rollback and the rate faults are not in --smoke (the default tier runs that beside everything else):
+        # --only reorg / dead_node / hung_relay / hung_validator, the slow tier (tests/e2e/test_deep_reorg.py) or
+        # a full run
         chosen = only or (ROLES if smoke else FAULTS)
-        for role in [r for r in chosen if r != "reorg"]:
+        for kind in [r for r in chosen if r in DEGRADED]:
+            window = 30 if smoke else 60 if quick else 120
+            print(f"faults: {DEGRADED[kind]} stopped for {window} s ({kind}) ...", flush=True)
+            r = fault_degraded(net, kind, window)
+            print(f"faults: {kind}: {r['steps_per_min_during']} steps/min against {r['steps_per_min_before']} "
+                  f"before: {r['ratio']}x (goal {r['goal']}x)", flush=True)
+            res.setdefault("degraded", []).append(r)
+            res[f"{kind}_ratio"] = r["ratio"]
+            time.sleep(2 if quick else 10)  # the stopped role catches up before the next fault
+        for role in [r for r in chosen if r in ROLES]:
             print(f"faults: kill -9 {role} ...", flush=True)
             r = plan[role]()
             print(f"faults: {r['killed']} ({r['while']}): {r['recovery_s']}", flush=True)
@@ -476,6 +524,9 @@ def report(res: dict[str, Any]) -> None:
         r = res["deep_reorg"]
         print(f"rollback of {r['depth_blocks']} blocks: resumed in {r['resume_s']} s ({r['recovery_s']}), audit "
               f"{'reconciled' if r['audit']['ok'] else 'MISMATCH'}")
+    for r in res.get("degraded", []):
+        print(f"{r['stopped']} stopped {r['window_s']:.0f} s ({r['fault']}): {r['steps_per_min_during']} steps/min "
+              f"against {r['steps_per_min_before']} just before = {r['ratio']}x (goal >= {r['goal']}x)")
     a = res.get("audit", {})
     print(f"audit after the faults: {'reconciled' if a.get('ok') else 'MISMATCH'}")
     for row in a.get("rows") or []:
