@@ -266,12 +266,14 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
         settings = engine_settings(cfg, model, run)
         weights = PolicyWeights(cfg.weights, model, run, history, lambda spec: build_engine(settings, spec),
                                 cfg.state_dir / "weights", poll_s=cfg.chain.poll_s,
-                                learned_relays=gossip.relay_urls if gossip is not None else None)
+                                learned_relays=gossip.relay_urls if gossip is not None else None,
+                                on_install=gossip.note_install if gossip is not None else None)
         pool = chain.client(node)
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as protection:
             worker = Worker(cfg, node, run, domain, weights, protection, ValidatorDirectory(
                 list(cfg.validators), http, validator_role(pool),
-                learned=gossip.validator_urls if gossip is not None else None, timeout_s=cfg.submit.probe_timeout_s),
+                learned=gossip.validator_urls if gossip is not None else None, timeout_s=cfg.submit.probe_timeout_s,
+                domain=domain),
                 is_active=lambda: bool(pool.is_active(node.address)))
             monitor = None
             if cfg.monitor.port is not None:
