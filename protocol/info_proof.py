@@ -105,10 +105,12 @@ class ProvenInfo:
     info: dict[str, Any]
 
 
-def read_info(http: httpx.Client, url: str, *, domain: str, timeout_s: float) -> ProvenInfo:
+def read_info(http: httpx.Client, url: str, *, domain: str | None, timeout_s: float) -> ProvenInfo:
     """`url`'s `/v1/info` with a fresh challenge, believed only when its proof is signed, for this challenge and
-    these bytes, by the address the body names. `SignatureError` for a missing or wrong proof, `ProtocolError` for a
-    malformed body, `httpx.HTTPError` (or `protocol.deadline.PeerTimeoutError`) when it does not answer in time."""
+    these bytes, by the address the body names, in `domain` (None: the domain the body names, for a caller that
+    learns the run from it and compares that domain with its own). `SignatureError` for a missing or wrong proof,
+    `ProtocolError` for a malformed body, `httpx.HTTPError` (or `protocol.deadline.PeerTimeoutError`) when it does
+    not answer in time."""
     challenge = new_challenge()
     r = bounded_request(http, "GET", url.rstrip("/") + "/v1/info", timeout_s, max_bytes=MAX_INFO_BYTES,
                         params={QUERY: "0x" + challenge.hex()})
@@ -117,6 +119,10 @@ def read_info(http: httpx.Client, url: str, *, domain: str, timeout_s: float) ->
     if not isinstance(info, dict) or not isinstance(info.get("validator"), str):
         raise ProtocolError("/v1/info is not an object naming its validator")
     claimed = checksum(info["validator"])
+    if domain is None:
+        if not isinstance(info.get("domain"), str):
+            raise ProtocolError("/v1/info names no domain")
+        domain = str(info["domain"])
     proved = check_info_proof(r.headers.get(HEADER), r.content, challenge=challenge, domain=domain)
     if proved != claimed:
         raise SignatureError(f"/v1/info names {claimed} but is proved by {proved}")

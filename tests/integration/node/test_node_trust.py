@@ -23,6 +23,7 @@ from bench.loopback import RUN, TINY
 from node import commands
 from node.protection import SlashingProtection
 from node.rollouts import build_submission
+from protocol import info_proof
 from protocol.envelope import Envelope, seal
 from protocol.identity import Identity
 from protocol.nonce import random_nonce
@@ -216,3 +217,40 @@ def test_the_node_believes_only_signed_verdicts_of_on_chain_validators(
             worker.wait_decided(180)
             assert [state(c)[0] for c in range(11)] == ["decided"] * 11
             assert worker.tally.accepted == 11
+
+
+def _other_run_info(real_url: str, signer: Identity | None) -> FastAPI:
+    """A URL serving another run's rules under the real validator's body: proved by `signer`'s own key (an
+    address without the validator role), or (None) not proved at all."""
+    app = FastAPI()
+
+    @app.get("/v1/info")
+    def info(request: Request) -> Response:
+        body = httpx.get(real_url + "/v1/info").json()
+        body["run"]["run_id"] = "other-run"
+        body["domain"] = body["domain"].rsplit("/", 1)[0] + "/other-run"
+        if signer is None:
+            return Response(json.dumps(body), media_type="application/json")
+        body["validator"] = signer.address
+        data = json.dumps(body).encode()
+        challenge = info_proof.parse_challenge(request.query_params.get("challenge"))
+        assert challenge is not None
+        return Response(data, media_type="application/json", headers={
+            info_proof.HEADER: info_proof.prove_info(signer, challenge, data, domain=body["domain"])})
+
+    return app
+
+
+def test_the_run_rules_come_only_from_a_proved_validator_of_the_pool(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    """Issue 35 item 8: a node reads the run's rules (and so its envelope domain) from the first configured
+    validator's `/v1/info`; a URL listed first that serves another run's rules, unproved or proved by a key
+    without the validator role, is ignored, and the rules come from the real validator."""
+    real = make_validator()
+    node = published.new_node()
+    for signer in (None, Identity.create()):
+        with serve_asgi(_other_run_info(real.url, signer)) as fake, httpx.Client(timeout=10) as http:
+            cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [fake, real.url])
+            chain = commands.open_chain(cfg)
+            run, _model, domain = commands.run_rules(cfg, chain, http, commands.validator_role(chain.client(node)))
+            assert run == RUN and domain == real.service.domain, signer
