@@ -119,8 +119,8 @@ class ValidatorDirectory:
 
     A URL's `/v1/info` names the address it claims to be, proved by that address's signature over a fresh
     challenge (`protocol.info_proof`: a URL copying another's info proves nothing); the claim counts only when
-    that address holds the validator role on chain (`is_validator`, the pool's `hasRole`), and only for the first URL that
-    makes it: a later claimant of an address already served is a stand-by, used once the first one stops
+    that address holds the validator role on chain (`is_validator`, the pool's `hasRole`), and only for the first
+    URL that makes it: a later claimant of an address already served is a stand-by, used once the first one stops
     answering or is dropped (`distrust`), which happens when it answers with a verdict that address did
     not sign. The
     run's validator set (`announced`, what rendezvous ranks) is the chain-checked addresses the
@@ -266,7 +266,8 @@ class Tally:
     resent: int = 0
     """Submissions sent again (the same envelope) because no verdict came by `submit.verdict_deadline_s`."""
     peer_errors: Counter[str] = field(default_factory=Counter)
-    """Validator answers not believed or not understood, by kind (unsigned or forged verdicts, odd statuses)."""
+    """Validator answers not believed or not understood, by kind (missing, forged or misdirected receipts, unsigned
+    or forged verdicts, odd statuses)."""
     version_started_at: dict[int, float] = field(default_factory=dict)
     """time.time() at which the first batch of each policy version began (the newest VERSIONS_KEPT
     versions): when a version reached this node, for the operator's propagation view."""
