@@ -13,6 +13,7 @@ Timing hook (for `bench/validator.py`): the `timer` attribute (a `protocol.timin
 seconds per stage: `intake.lookup` (submission hash, ledger lookups), `intake.parse` (envelope bytes),
 `intake.open` (body validation, canonical body, signature recovery, replay guard), `intake.gate` (admission),
 `intake.assignment`, `intake.cheap_checks` (run, version, manifest, tasks, schema), `intake.insert` (ledger row),
+`intake.receipt` (the signed receipt of a 200 or 202),
 and `verdict.seal` for the verdicts decided here.
 """
 
@@ -290,7 +291,7 @@ class Intake:
         """The answer for envelope bytes hashing to `sub_hash` that `row` holds: 202 while it waits to be checked,
         200 after, with our signed `Receipt` naming those bytes (a node counts work as delivered only with it)."""
         status = 202 if row.state == "received" else 200
-        with stage(self.timer, "verdict.seal"):
+        with stage(self.timer, "intake.receipt"):
             receipt = Receipt(run_id=self.cfg.run.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=row.node,
                               policy_version=row.policy_version, counter=row.counter, submission_hash=sub_hash,
                               state="decided" if row.outcome else "received")
