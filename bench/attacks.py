@@ -952,6 +952,46 @@ def forged_verdict(net: Any, trial: int) -> Trial:
                      note="" if detected else f"state {rec.state if rec else None}, counted {counted}")
 
 
+def relay_claims(net: Any, trial: int) -> Trial:
+    """Issue 35 item 8: eight staked keys announce relays holding version 2**63-1 (signed, admitted: they hold stake
+    on chain), after one honest relay that served the chain's newest version to this node. Detected when the node's
+    polled set (`node.gossip.polled_relays`: verified versions first, claims cut to the chain's version, random
+    slots drawn per trial) still holds the honest relay. What the node records as served is `note_install`'s (a
+    pull's hash-checked shards of a version whose manifest hash the chain has; test_node_relay_ranking); the trial
+    stands for it with the honest relay's entry."""
+    from discovery.admission import Admission, Trust
+    from discovery.board import AnnouncementBoard
+    from discovery.messages import RelayAnnounced, Topic
+    from node.config import RelaySettings
+    from node.gossip import polled_relays
+    from protocol.envelope import seal
+    from protocol.nonce import random_nonce
+
+    admission = Admission(domain=net.domain, trust=Trust(relay_signer=lambda a: bool(net.pools.admin.is_active(a))))
+    board = AnnouncementBoard()
+    honest = f"http://10.0.0.{trial % 250}:8600"
+
+    def announce(url: str, versions: tuple[int, ...]) -> None:
+        wire = seal(net.pools.new_node(), RelayAnnounced(peer_id=RELAY_PEER, http_url=url, versions=versions),
+                    domain=net.domain, nonce=random_nonce()).to_bytes()
+        board.offer(admission.admit(wire, topic=Topic.RELAYS))
+
+    announce(honest, (VERSION,))
+    for i in range(8):
+        announce(f"http://10.6.6.{i}:8600", (2**63 - 1,))
+    if len(board.relays()) != 9:
+        return Trial("error", f"{len(board.relays())} announcements admitted, 9 sent", False)
+    s = RelaySettings()
+    polled = polled_relays(board.relays(), s.polled, verified={honest: VERSION}, chain_version=VERSION,
+                           random_slots=s.random_slots, rng=random.Random(trial))
+    kept = honest in polled
+    return Trial("refused" if kept else "accepted", "honest relay polled" if kept else "displaced", kept,
+                 note=f"{len(polled)} polled, {sum(u.startswith('http://10.6.6.') for u in polled)} of them claimers")
+
+
+RELAY_PEER = "12D3KooWJeBihrd6fXLo9Z5ShnedY1ahcqVjAikAJZ1qQGpD4ohP"
+
+
 def cached_repeat(net: Any, trial: int) -> Trial:
     """Issue 23 item 5: a task a node draws again within a version answered from its cache (samples another
     assignment's seeds drew); the first assignment is honest and paid, the cached one must not be."""
@@ -1065,6 +1105,8 @@ ATTACKS = [
            relay_attack("rolled_back_manifest")),
     Attack("forged_verdict", "validator look-alike: unsigned/forged verdicts and receipts, copied info, to a node",
            "refused", forged_verdict),
+    Attack("relay_claims", "8 staked keys announce relays holding v2**63-1 (an honest relay served)", "refused",
+           relay_claims),
 ]
 
 
