@@ -870,16 +870,18 @@ def relay_attack(kind: str) -> Callable[[Any, int], Trial]:
 
 
 def forged_verdict(net: Any, trial: int) -> Trial:
-    """Issue 23 item 10, turned round: a server claiming the assigned validator's address (it holds the role on
-    chain) answers a real node work loop (`node.worker.Worker`) with an unsigned "accepted", a verdict signed by
-    another key, an unsigned slash, or an odd status, one per trial in turn. Detected when the node believes
-    none of it: the payload is kept to resend, the lie is counted, and the loop does not stop."""
+    """Issue 23 item 10 and issue 35 item 8, turned round: a server standing in for the assigned validator (a proxy
+    of its `/v1/info`, the challenge's proof included, so it holds the address) answers a real node work loop
+    (`node.worker.Worker`) with an unsigned "accepted", a verdict signed by another key, an unsigned slash, a bare
+    `202 {}`, a receipt signed by another key, or an odd status; or it copies the validator's `/v1/info` without
+    the proof. One kind per trial in turn. Detected when the node believes none of it: the payload is kept to
+    resend, the lie is counted (or the copied info refused as unproven), and the loop does not stop."""
     import json as json_
 
     import httpx
     from fastapi import FastAPI, Request, Response
 
-    from bench.loopback import serve_asgi
+    from bench.loopback import forward_info, serve_asgi
     from node.commands import validator_role
     from node.config import NodeConfig
     from node.errors import NodeStopped
@@ -888,16 +890,18 @@ def forged_verdict(net: Any, trial: int) -> Trial:
     from protocol.envelope import Envelope, seal
     from protocol.identity import Identity
     from protocol.nonce import random_nonce
-    from protocol.rollout import Outcome, Reason, Submission, Verdict, submission_hash
+    from protocol.rollout import Outcome, Reason, Receipt, Submission, Verdict, submission_hash
     from protocol.seeds import work_key
 
-    kind = ["unsigned_accept", "forged_accept", "unsigned_slash", "http_418"][trial % 4]
+    kind = ["unsigned_accept", "forged_accept", "unsigned_slash", "http_418", "bare_202", "forged_receipt",
+            "copied_info"][trial % 7]
     node = net.node()
     served, _ = net.assigned(node)
     app = FastAPI()
 
     async def info(request: Request) -> Response:
-        return Response(httpx.get(served.url + "/v1/info").content, media_type="application/json")
+        body, headers = forward_info(served.url, "" if kind == "copied_info" else request.url.query)
+        return Response(body, media_type="application/json", headers=headers)
 
     async def submissions(request: Request) -> Response:
         data = await request.body()
@@ -914,6 +918,15 @@ def forged_verdict(net: Any, trial: int) -> Trial:
             body.update(outcome="rejected_hard", reason="proof_mismatch")
         elif kind == "http_418":
             status, body = 418, {"error": "teapot"}
+        elif kind in ("bare_202", "copied_info"):
+            status, body = 202, {}
+        elif kind == "forged_receipt":
+            r = Receipt(run_id=sub.run_id, work_key=work_key(sub.run_id, sub.node, sub.policy_version, sub.counter,
+                                                             chain_id=net.chain_id, pool=net.pool),
+                        node=sub.node, policy_version=sub.policy_version, counter=sub.counter,
+                        submission_hash=submission_hash(data), state="received")
+            status, body = 202, {"state": "received", "receipt": seal(Identity.create(), r, domain=net.domain,
+                                                                      nonce=random_nonce()).to_bytes().decode()}
         return Response(json_.dumps(body), status_code=status, media_type="application/json")
 
     # plain Starlette routes: the handlers are local, so FastAPI could not resolve their (string) annotations
@@ -932,11 +945,51 @@ def forged_verdict(net: Any, trial: int) -> Trial:
             return Trial("accepted", kind, False, note=f"the node stopped: {exc}"[:120])
         rec = db.get(net.run.run_id, node.identity.address, sub.policy_version, sub.counter)
         kept = rec is not None and rec.state == "signed" and rec.payload is not None
-        counted = sum(worker.tally.peer_errors.values())
+        counted = sum(worker.tally.peer_errors.values()) + worker.validators.refused["unproven"]
         believed = worker.tally.accepted + sum(worker.tally.rejected.values())
         detected = kept and counted > 0 and believed == 0
         return Trial("refused" if detected else "accepted", kind, detected,
                      note="" if detected else f"state {rec.state if rec else None}, counted {counted}")
+
+
+def relay_claims(net: Any, trial: int) -> Trial:
+    """Issue 35 item 8: eight staked keys announce relays holding version 2**63-1 (signed, admitted: they hold stake
+    on chain), after one honest relay that served the chain's newest version to this node. Detected when the node's
+    polled set (`node.gossip.polled_relays`: verified versions first, claims cut to the chain's version, random
+    slots drawn per trial) still holds the honest relay. What the node records as served is `note_install`'s (a
+    pull's hash-checked shards of a version whose manifest hash the chain has; test_node_relay_ranking); the trial
+    stands for it with the honest relay's entry."""
+    from discovery.admission import Admission, Trust
+    from discovery.board import AnnouncementBoard
+    from discovery.messages import RelayAnnounced, Topic
+    from node.config import RelaySettings
+    from node.gossip import polled_relays
+    from protocol.envelope import seal
+    from protocol.nonce import random_nonce
+
+    admission = Admission(domain=net.domain, trust=Trust(relay_signer=lambda a: bool(net.pools.admin.is_active(a))))
+    board = AnnouncementBoard()
+    honest = f"http://10.0.0.{trial % 250}:8600"
+
+    def announce(url: str, versions: tuple[int, ...]) -> None:
+        wire = seal(net.pools.new_node(), RelayAnnounced(peer_id=RELAY_PEER, http_url=url, versions=versions),
+                    domain=net.domain, nonce=random_nonce()).to_bytes()
+        board.offer(admission.admit(wire, topic=Topic.RELAYS))
+
+    announce(honest, (VERSION,))
+    for i in range(8):
+        announce(f"http://10.6.6.{i}:8600", (2**63 - 1,))
+    if len(board.relays()) != 9:
+        return Trial("error", f"{len(board.relays())} announcements admitted, 9 sent", False)
+    s = RelaySettings()
+    polled = polled_relays(board.relays(), s.polled, verified={honest: VERSION}, chain_version=VERSION,
+                           random_slots=s.random_slots, rng=random.Random(trial))
+    kept = honest in polled
+    return Trial("refused" if kept else "accepted", "honest relay polled" if kept else "displaced", kept,
+                 note=f"{len(polled)} polled, {sum(u.startswith('http://10.6.6.') for u in polled)} of them claimers")
+
+
+RELAY_PEER = "12D3KooWJeBihrd6fXLo9Z5ShnedY1ahcqVjAikAJZ1qQGpD4ohP"
 
 
 def cached_repeat(net: Any, trial: int) -> Trial:
@@ -1050,8 +1103,10 @@ ATTACKS = [
     Attack("forged_manifest", "forged manifest (edited / other key)", "refused", relay_attack("forged_manifest")),
     Attack("rolled_back_manifest", "rolled-back manifest (v1's as v2 / v2 hidden)", "refused",
            relay_attack("rolled_back_manifest")),
-    Attack("forged_verdict", "validator look-alike: unsigned/forged verdicts, odd status, to a node", "refused",
-           forged_verdict),
+    Attack("forged_verdict", "validator look-alike: unsigned/forged verdicts and receipts, copied info, to a node",
+           "refused", forged_verdict),
+    Attack("relay_claims", "8 staked keys announce relays holding v2**63-1 (an honest relay served)", "refused",
+           relay_claims),
 ]
 
 

@@ -237,6 +237,17 @@ def serve_asgi(app: Any, timeout: float = 30.0) -> Iterator[str]:
         thread.join(timeout=timeout)
 
 
+def forward_info(real_url: str, query: str = "") -> tuple[bytes, dict[str, str]]:
+    """What a proxy in front of the validator at `real_url` answers to `GET /v1/info?<query>`: the real body and,
+    when the caller sent a challenge, the real validator's signed proof header (`protocol.info_proof`). Look-alike
+    validators in tests and attacks stand between a node and a real validator with it."""
+    from protocol.info_proof import HEADER
+
+    r = httpx.get(real_url.rstrip("/") + "/v1/info" + (f"?{query}" if query else ""), timeout=30.0)
+    proof = r.headers.get(HEADER)
+    return r.content, {} if proof is None else {HEADER: proof}
+
+
 def make_checkpoint(directory: Path, sizes: dict[str, int], seed: int = 0) -> Path:
     """A checkpoint directory with files of random bytes (deterministic from `seed`)."""
     rng = random.Random(seed)

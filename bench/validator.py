@@ -67,6 +67,7 @@ INTAKE_STAGES = {
     "intake.assignment": "assignment",
     "intake.cheap_checks": "run, version, manifest, tasks, schema",
     "intake.insert": "ledger insert (SQLite commit)",
+    "intake.receipt": "signed receipt of the answer",
 }
 CHECK_STAGES = {
     "check.ledger": "ledger claim + decide",

@@ -376,10 +376,11 @@ _PACKAGES = {"protocol", "models", "toploc", "shardcast", "contracts", "environm
 def _message_models() -> list[type[BaseModel]]:
     import discovery.messages  # noqa: F401 - registers the announcement bodies
     import protocol.appeal  # noqa: F401
+    import protocol.info_proof  # noqa: F401
     import protocol.rollout  # noqa: F401
     from protocol.envelope import Envelope, registered_bodies
 
-    modules = ["protocol.rollout", "protocol.appeal", "discovery.messages"]
+    modules = ["protocol.rollout", "protocol.info_proof", "protocol.appeal", "discovery.messages"]
 
     def place(body: type[BaseModel]) -> tuple[int, int]:
         rank = modules.index(body.__module__) if body.__module__ in modules else len(modules)

@@ -47,9 +47,9 @@ def appeal(cfg: NodeConfig) -> int:
     pool: PoolClient = chain.client(operator)
     results = []
     with httpx.Client(timeout=cfg.submit.timeout_s) as http:
-        run, _model, domain = run_rules(cfg, chain, http)
+        run, _model, domain = run_rules(cfg, chain, http, validator_role(pool))
         directory = ValidatorDirectory(list(cfg.validators), http, validator_role(pool),
-                                       timeout_s=cfg.submit.probe_timeout_s)
+                                       timeout_s=cfg.submit.probe_timeout_s, domain=domain)
         directory.refresh()
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as db:
             verdicts = db.hard_verdicts(run.run_id, node.address)

@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,27 +106,38 @@ def open_chain(cfg: NodeConfig) -> Chain:
 
 # -- the run, from the validators -------------------------------------------------------------------
 
-def run_rules(cfg: NodeConfig, chain: Chain, http: httpx.Client) -> tuple[RunSpec, ModelSpec, str]:
-    """(run spec, model spec, envelope domain): from config, checked against each reachable `/v1/info`."""
-    run, model, _ = _rules(cfg, chain, http)
+def run_rules(cfg: NodeConfig, chain: Chain, http: httpx.Client,
+              is_validator: Callable[[str], bool] | None = None) -> tuple[RunSpec, ModelSpec, str]:
+    """(run spec, model spec, envelope domain): from config, checked against each reachable `/v1/info` that is
+    proved by the address it names (and, with `is_validator`, one holding the validator role on chain)."""
+    run, model, _ = _rules(cfg, chain, http, is_validator)
     return run, model, submission_domain(chain.chain_id, chain.pool, run.run_id)
 
 
-def _rules(cfg: NodeConfig, chain: Chain | None, http: httpx.Client) -> tuple[RunSpec, ModelSpec, dict[str, Any]]:
-    """(run, model, the validators' check thresholds); the domain is compared when `chain` is given."""
+def _rules(cfg: NodeConfig, chain: Chain | None, http: httpx.Client,
+           is_validator: Callable[[str], bool] | None = None) -> tuple[RunSpec, ModelSpec, dict[str, Any]]:
+    """(run, model, the validators' check thresholds); the domain is compared when `chain` is given. A `/v1/info`
+    not proved by a signature of the address it names over our fresh challenge (`protocol.info_proof`), or, with
+    `is_validator`, named by an address without the validator role, is ignored: a look-alike URL cannot hand the
+    node another run's rules."""
     from pydantic import TypeAdapter
+
+    from protocol.info_proof import read_info
 
     run, model = cfg.run, cfg.model
     checks: dict[str, Any] = {}
     for url in cfg.validators:
         try:
-            r = http.get(url.rstrip("/") + "/v1/info")
-            r.raise_for_status()
-            info = r.json()
+            proven = read_info(http, url, domain=None, timeout_s=cfg.submit.probe_timeout_s)
+            info = proven.info
             their_run = RunSpec.model_validate(info["run"])
             their_model: ModelSpec = TypeAdapter(ModelSpec).validate_python(info["model"])
-        except Exception as exc:  # noqa: BLE001 - a down validator is not fatal here
-            logger.warning("validator %s: /v1/info unavailable (%s)", url, exc)
+        except Exception as exc:  # noqa: BLE001 - a down, garbled or unproved validator is not fatal here
+            logger.warning("validator %s: /v1/info unavailable or not proved (%s)", url, exc)
+            continue
+        if is_validator is not None and not is_validator(proven.address):
+            logger.warning("validator %s: /v1/info is %s's, which holds no validator role on chain: ignored", url,
+                           proven.address)
             continue
         if run is not None and run != their_run:
             raise ConfigError(f"the configured run differs from validator {url}'s: {their_run!r}")
@@ -140,7 +152,8 @@ def _rules(cfg: NodeConfig, chain: Chain | None, http: httpx.Client) -> tuple[Ru
                               f"relays (-1: none is the base model, the run started from a checkpoint); set "
                               f"weights.base_version = {their_base}")
         run, model = their_run, their_model
-        checks = info.get("checks") if isinstance(info.get("checks"), dict) else checks
+        their_checks = info.get("checks")
+        checks = their_checks if isinstance(their_checks, dict) else checks
         if chain is not None:
             domain = submission_domain(chain.chain_id, chain.pool, run.run_id)
             if info.get("domain") != domain:
@@ -254,7 +267,7 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
 
     # A validator that trickles its status line and headers is given up at the deadline too (protocol/deadline.py).
     with deadline_client(cfg.submit.timeout_s) as http:
-        run, model, domain = run_rules(cfg, chain, http)
+        run, model, domain = run_rules(cfg, chain, http, validator_role(chain.client(node)))
         history = PolicyHistory(chain.client(node), chain.start_block)
         gossip = None
         if cfg.discovery.active:  # libp2p is imported only when discovery is on
@@ -266,12 +279,14 @@ def work(cfg: NodeConfig, node: Identity, chain: Chain, *, stop: threading.Event
         settings = engine_settings(cfg, model, run)
         weights = PolicyWeights(cfg.weights, model, run, history, lambda spec: build_engine(settings, spec),
                                 cfg.state_dir / "weights", poll_s=cfg.chain.poll_s,
-                                learned_relays=gossip.relay_urls if gossip is not None else None)
+                                learned_relays=gossip.relay_urls if gossip is not None else None,
+                                on_install=gossip.note_install if gossip is not None else None)
         pool = chain.client(node)
         with SlashingProtection(cfg.state_dir / PROTECTION_DB) as protection:
             worker = Worker(cfg, node, run, domain, weights, protection, ValidatorDirectory(
                 list(cfg.validators), http, validator_role(pool),
-                learned=gossip.validator_urls if gossip is not None else None, timeout_s=cfg.submit.probe_timeout_s),
+                learned=gossip.validator_urls if gossip is not None else None, timeout_s=cfg.submit.probe_timeout_s,
+                domain=domain),
                 is_active=lambda: bool(pool.is_active(node.address)))
             monitor = None
             if cfg.monitor.port is not None:

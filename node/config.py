@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from discovery.config import DiscoveryConfig
 from protocol.config import KeySource, PrimeConfig, StaticWeights, WeightSource, parse_config
@@ -118,6 +118,28 @@ class SubmitSettings(Section):
     """How long to wait for the verdicts still pending when the node stops."""
     max_pending: int = Field(8, ge=1)
     """Submissions awaiting a verdict before the node waits instead of generating more."""
+    verdict_deadline_s: float = Field(120.0, gt=0.0)
+    """A submission a validator took (its signed receipt held) with no verdict this long after it was last sent is
+    sent again, the same signed bytes, to whoever holds its validator's role now: a validator that lost it, or sits
+    on it, cannot hold the work forever. A validator holding the bytes answers them as before (never a replay or a
+    second payload); one that refuses them as too old gets the same payload sealed afresh."""
+
+
+class RelaySettings(Section):
+    """Which relays learned over discovery the node polls for weights (configured `weights.relays` come on top)."""
+
+    polled: int = Field(8, ge=1, le=64)
+    """Learned relays polled at most, one per announcing key."""
+    random_slots: int = Field(2, ge=0, le=64)
+    """Of `polled`, slots drawn at random (anew every 5 minutes) among the other admitted relays, so a new
+    honest relay gets tried and can prove itself; the rest go to the relays that actually served verified versions
+    (the newest first), then to the newest claimed versions, each claim cut to the chain's newest version."""
+
+    @model_validator(mode="after")
+    def _slots(self) -> RelaySettings:
+        if self.random_slots > self.polled:
+            raise ValueError(f"random_slots ({self.random_slots}) cannot exceed polled ({self.polled})")
+        return self
 
 
 class MonitorSettings(Section):
@@ -181,6 +203,8 @@ class NodeConfig(PrimeConfig):
     discovery: DiscoveryConfig = DiscoveryConfig()
     """libp2p discovery (off unless enabled or bootstrap peers are given): learn the run's validators and
     relays from their announcements, on top of `validators` and `weights.relays`."""
+    relays: RelaySettings = RelaySettings()
+    """How learned relays are chosen: by versions they actually served (verified), with some slots random."""
     appeal: AppealSettings = AppealSettings()
     """`prime-node appeal`: which hard verdict to appeal."""
     log_format: Literal["text", "json"] = "text"

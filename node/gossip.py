@@ -6,16 +6,21 @@ run's trainer and only when the chain has the same manifest hash for that versio
 announcement only from the trainer, a validator or an active, staked node of the pool (stake at risk:
 a key made for free fills nothing; issue 23 item 12). Relays stay hints: whatever one serves is
 verified against the trainer's signature and the chain's hash before it is used, and the node polls at
-most `MAX_POLLED_RELAYS` learned relays, one per signer (the board keeps each signer's newest), those
-holding the newest versions first. Explicit URLs in the config keep working with discovery off; when
+most `relays.polled` learned relays, one per signer (the board keeps each signer's newest). What a relay
+claims to hold is cheap to say, so it ranks last (issue 35 item 8): first the relays that actually served
+shards of a version this node installed and found on chain (`note_install`), newest version first, then
+the claimed versions, each cut to the chain's newest; and `relays.random_slots` of the slots are drawn at
+random among the other admitted relays, so a new honest relay is tried and can prove itself. Explicit URLs in the config keep working with discovery off; when
 libp2p reaches no one, the validators' `GET /v1/announcements` is read instead (the same checks).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from discovery.admission import Trust
@@ -29,8 +34,10 @@ logger = logging.getLogger(__name__)
 
 ROLE_CACHE_S = 60.0
 FALLBACK_S = 30.0
-MAX_POLLED_RELAYS = 8
-"""Learned relays a node polls at most (configured ones come on top)."""
+REDRAW_S = 300.0
+"""How long the randomly drawn relay slots stay the same."""
+MAX_VERIFIED_RELAYS = 4096
+"""Relay URLs whose served versions a node remembers (the oldest are forgotten past it)."""
 
 
 class NodeGossip:
@@ -38,6 +45,10 @@ class NodeGossip:
 
     def __init__(self, cfg: NodeConfig, *, pool: Any, history: Any, domain: str, trainer: str | None) -> None:
         self.pool, self.history = pool, history
+        self.relay_settings = cfg.relays
+        self.verified: dict[str, int] = {}
+        """Relay URL -> the newest version it served shards of that this node installed and found on chain."""
+        self._salt = random.getrandbits(64)  # this process's own draws: no one can predict which relays it tries
         self._roles: dict[str, tuple[bool, float]] = {}
         self._staked: dict[str, tuple[bool, float]] = {}
         self._lock = threading.Lock()
@@ -111,18 +122,52 @@ class NodeGossip:
         return sorted({str(a.body.http_url).rstrip("/") for a in self.discovery.board.validators()})  # type: ignore[union-attr]
 
     def relay_urls(self) -> list[str]:
-        return polled_relays(self.discovery.board.relays())
+        chain_version = self.history.current()  # as of the last refresh: a cached read
+        with self._lock:
+            verified = dict(self.verified)
+        s = self.relay_settings
+        # the random slots are drawn anew every REDRAW_S, not per read: the follower rebuilds its client when the set
+        # changes, and a relay needs a while to serve a version and prove itself
+        rng = random.Random(f"{self._salt}:{int(time.time() // REDRAW_S)}")
+        return polled_relays(self.discovery.board.relays(), s.polled, verified=verified, chain_version=chain_version,
+                             random_slots=s.random_slots, rng=rng)
+
+    def note_install(self, result: Any) -> None:
+        """A pull installed `result.version` (a `shardcast.client.PullResult`): the relays that served verified
+        shards of it rank by it, once the chain records the same manifest hash for that version."""
+        if not result.served or self.history.manifest_hash(result.version) != result.manifest.content_hash():
+            return
+        with self._lock:
+            for url in result.served:
+                url = url.rstrip("/")
+                self.verified[url] = max(self.verified.get(url, -1), result.version)
+            while len(self.verified) > MAX_VERIFIED_RELAYS:
+                del self.verified[min(self.verified, key=self.verified.__getitem__)]
 
 
-def polled_relays(announcements: list[Any], limit: int = MAX_POLLED_RELAYS) -> list[str]:
-    """The learned relay URLs a node polls: one per signer (the board holds each signer's newest), those holding
-    the newest version first (then the most recently signed), at most `limit`, each URL once."""
-    ranked = sorted(announcements, key=lambda a: (max(a.body.versions, default=-1), a.sent_at), reverse=True)
-    urls: list[str] = []
-    for a in ranked:
+def polled_relays(announcements: list[Any], limit: int, *, verified: Mapping[str, int] | None = None,
+                  chain_version: int | None = None, random_slots: int = 0,
+                  rng: random.Random | None = None) -> list[str]:
+    """The learned relay URLs a node polls (sorted, each once, at most `limit`): one per signer (the board holds
+    each signer's newest), `limit - random_slots` of them by rank, the rest drawn at random from the others.
+
+    Rank: the newest version the relay actually served (`verified`: URL -> version, from `note_install`), then
+    its newest claimed version cut to `chain_version` (None: nothing on chain, so no claim counts), then the most
+    recently signed. A key announcing version 2**63-1 thus ranks like an honest relay that has not served yet, and
+    below every one that has."""
+    verified = verified or {}
+    ceiling = -1 if chain_version is None else chain_version
+
+    def rank(a: Any) -> tuple[int, int, float]:
         url = str(a.body.http_url).rstrip("/")
-        if url not in urls:
-            urls.append(url)
-        if len(urls) >= limit:
-            break
-    return sorted(urls)
+        return verified.get(url, -1), min(max(a.body.versions, default=-1), ceiling), a.sent_at
+
+    ranked: list[str] = []
+    for a in sorted(announcements, key=rank, reverse=True):
+        url = str(a.body.http_url).rstrip("/")
+        if url not in ranked:
+            ranked.append(url)
+    chosen = ranked[:max(0, limit - random_slots)]
+    rest = ranked[len(chosen):]
+    chosen += (rng or random.Random()).sample(rest, min(len(rest), limit - len(chosen)))
+    return sorted(chosen)

@@ -40,8 +40,11 @@ class _TallyCollector(Collector):
         yield rejected
         yield CounterMetricFamily("prime_node_submit_failures", "Validators that ran out of tries",
                                   value=t.submit_failures)
+        yield CounterMetricFamily("prime_node_resent", "Submissions sent again (the same envelope) for want of a "
+                                  "verdict by submit.verdict_deadline_s", value=t.resent)
         lies = CounterMetricFamily("prime_node_peer_errors", "Validator answers not believed or not understood "
-                                   "(unsigned or forged verdicts, odd statuses), by kind", labels=["kind"])
+                                   "(missing or forged receipts, unsigned or forged verdicts, odd statuses), by kind",
+                                   labels=["kind"])
         for kind, n in sorted(t.peer_errors.items()):
             lies.add_metric([kind], n)
         yield lies

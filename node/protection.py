@@ -247,6 +247,21 @@ class SlashingProtection:
                 (run_id, checksum(node), policy_version, counter)).fetchall()
         return {str(r[0]) for r in rows}
 
+    def last_sent(self, run_id: str, node: str, policy_version: int, counter: int) -> tuple[bytes, float] | None:
+        """The envelope last sent for one assignment still awaiting its verdict, and when it was (last) sent:
+        what a resend sends again, byte for byte."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT envelope, sent_at FROM sent WHERE run_id=? AND node=? AND policy_version=? AND counter=? "
+                "ORDER BY sent_at DESC LIMIT 1", (run_id, checksum(node), policy_version, counter)).fetchone()
+        return None if row is None else (str(row[0]).encode(), float(row[1]))
+
+    def resent(self, envelope: bytes) -> None:
+        """`envelope` was sent again now (its resend deadline starts over)."""
+        digest = "0x" + hashlib.sha256(envelope).hexdigest()
+        with self._lock:
+            self._db.execute("UPDATE sent SET sent_at=? WHERE submission_hash=?", (time.time(), digest))
+
     def hard_verdicts(self, run_id: str, node: str) -> list[HardVerdict]:
         """The hard verdicts kept for `node` in `run_id`, oldest first."""
         with self._lock:

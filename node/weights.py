@@ -29,6 +29,7 @@ from protocol.config import ShardcastWeights, WeightSource
 from protocol.errors import ChainError, PrimeError
 from protocol.model_spec import HFModelSpec, ModelSpec
 from protocol.run import RunSpec
+from shardcast.client import PullResult
 from shardcast.follower import Follower, VersionUnavailable
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ class PolicyWeights:
     def __init__(self, source: WeightSource, model: ModelSpec, run: RunSpec, history: PolicyHistory,
                  make_engine: Callable[[ModelSpec], InferenceEngine], weights_dir: Path, *,
                  progress: bool | None = None, poll_s: float = 2.0,
-                 learned_relays: Callable[[], list[str]] | None = None) -> None:
+                 learned_relays: Callable[[], list[str]] | None = None,
+                 on_install: Callable[[PullResult], None] | None = None) -> None:
         self.source = source
         self.model = model
         self.run = run
@@ -76,7 +78,7 @@ class PolicyWeights:
         if isinstance(source, ShardcastWeights):
             self.follower = Follower(source.relays, trainer=source.trainer, out_dir=weights_dir, run_id=run.run_id,
                                      keep=run.async_level + 2, progress=progress, wanted=self._wanted,
-                                     learned=learned_relays,
+                                     learned=learned_relays, on_install=on_install,
                                      poll_s=poll_s)
 
     def _wanted(self) -> int | None:

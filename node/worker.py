@@ -16,8 +16,13 @@ failover, polls for the old verdicts it holds go to the others and rarely to it 
 
 Nothing a validator says is believed because it answered (issue 23, item 10):
 
-- a URL counts as validator V only if V holds the validator role on chain (`is_validator`), and the
-  first URL that claims V keeps it until it is caught lying (a second claimant is only a stand-by);
+- a URL counts as validator V only if its `/v1/info` is proved by V's signature over our fresh challenge
+  (`protocol.info_proof`), V holds the validator role on chain (`is_validator`), and the first URL that
+  claims V keeps it until it is caught lying (a second claimant is only a stand-by);
+- a 200 or 202 counts as delivered only with V's signed `Receipt` for exactly the envelope bytes sent
+  (`verified_receipt`; issue 35 item 8: a bare `202 {}` made a node wait forever); without one the URL is
+  dropped for V and the work kept to resend, and work V took that has no verdict by
+  `submit.verdict_deadline_s` is resent, the same bytes (`resend_overdue`);
 - a verdict is acted on only as the `Verdict` envelope V signed, in this run's domain, about exactly
   the assignment and one of the envelopes this node sent (`verified_verdict`); an answer that claims
   an outcome without such a verdict is a lie: the URL is dropped for V and shunned for a while, the
@@ -59,11 +64,21 @@ from node.weights import PolicyWeights, Waiting
 from protocol import deadline
 from protocol.canonical import to_hex
 from protocol.envelope import Envelope, open_envelope, seal
-from protocol.errors import PrimeError, UngradableError
+from protocol.errors import PrimeError, SignatureError, UngradableError
 from protocol.identity import Identity, checksum
+from protocol.info_proof import read_info
 from protocol.nonce import random_nonce
 from protocol.replay import RereadRecords
-from protocol.rollout import Outcome, Reason, RunSpec, Submission, Verdict, submission_venue
+from protocol.rollout import (
+    Outcome,
+    Reason,
+    Receipt,
+    RunSpec,
+    Submission,
+    Verdict,
+    submission_hash,
+    submission_venue,
+)
 from protocol.seeds import validator_ranking, work_key
 from protocol.upload import upload_headers
 
@@ -102,9 +117,10 @@ SHUN_S = 300.0
 class ValidatorDirectory:
     """Validator URLs (configured, or learned over discovery) and the on-chain validator each one serves.
 
-    A URL's `/v1/info` names the address it claims to be; the claim counts only when that address holds
-    the validator role on chain (`is_validator`, the pool's `hasRole`), and only for the first URL that
-    makes it: a later claimant of an address already served is a stand-by, used once the first one stops
+    A URL's `/v1/info` names the address it claims to be, proved by that address's signature over a fresh
+    challenge (`protocol.info_proof`: a URL copying another's info proves nothing); the claim counts only when
+    that address holds the validator role on chain (`is_validator`, the pool's `hasRole`), and only for the first
+    URL that makes it: a later claimant of an address already served is a stand-by, used once the first one stops
     answering or is dropped (`distrust`), which happens when it answers with a verdict that address did
     not sign. The
     run's validator set (`announced`, what rendezvous ranks) is the chain-checked addresses the
@@ -124,8 +140,11 @@ class ValidatorDirectory:
     timeout_s: float = 5.0
     """Total deadline of one `/v1/info` read (a URL slower than this is not answering, this pass)."""
     refused: Counter[str] = field(default_factory=Counter)
-    """Claims not believed, by kind (`no_role`: the address holds no validator role; `taken`: another URL that
-    still answers holds it)."""
+    """Claims not believed, by kind (`unproven`: the answer carries no valid signature of the address it names over
+    our fresh challenge; `no_role`: the address holds no validator role; `taken`: another URL that still answers
+    holds it)."""
+    domain: str = ""
+    """The run's envelope domain: `/v1/info` proofs are signed in it (a `Worker` fills it in from its own)."""
 
     def _add_url(self, url: str) -> None:
         url = url.rstrip("/")
@@ -151,10 +170,17 @@ class ValidatorDirectory:
             if self.shunned.get(url, 0.0) > now:
                 continue
             try:
-                r = bounded_request(self.http, "GET", url + "/v1/info", self.timeout_s)
-                r.raise_for_status()
-                info = r.json()
-                address = checksum(str(info["validator"]))
+                proven = read_info(self.http, url, domain=self.domain, timeout_s=self.timeout_s)
+            except SignatureError as exc:  # answers, but cannot prove the address it names: speaks for no one
+                self.refused["unproven"] += 1
+                logger.warning("validator %s: /v1/info not proved by the address it names (%s): ignored", url,
+                               _short(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - a down or garbled validator is logged, not fatal
+                logger.warning("validator %s: /v1/info unavailable (%s)", url, _short(exc))
+                continue
+            try:
+                info, address = proven.info, proven.address
                 claimed = info.get("validators") or [address]
                 if not isinstance(claimed, list) or len(claimed) > MAX_VALIDATORS:
                     raise ValueError("'validators' is not a list of at most 64 addresses")
@@ -200,6 +226,8 @@ class ValidatorDirectory:
 
 MAX_VERDICT_BYTES = 64 << 10
 """A verdict envelope is a few hundred bytes; anything bigger is not one."""
+RECEIPT_AGE_S = 3600.0
+"""A receipt is made for the answer it travels in; one this old (by the validator's clock) is not believed."""
 VERDICT_AGE_S = 365 * 24 * 3600.0
 """A verdict is a record polled long after it was signed: its age is not the point (its work key is)."""
 
@@ -235,8 +263,11 @@ class Tally:
     last_batch_at: float | None = None
     """time.time() of the last batch generated."""
     submit_failures: int = 0
+    resent: int = 0
+    """Submissions sent again (the same envelope) because no verdict came by `submit.verdict_deadline_s`."""
     peer_errors: Counter[str] = field(default_factory=Counter)
-    """Validator answers not believed or not understood, by kind (unsigned or forged verdicts, odd statuses)."""
+    """Validator answers not believed or not understood, by kind (missing, forged or misdirected receipts, unsigned
+    or forged verdicts, odd statuses)."""
     version_started_at: dict[int, float] = field(default_factory=dict)
     """time.time() at which the first batch of each policy version began (the newest VERSIONS_KEPT
     versions): when a version reached this node, for the operator's propagation view."""
@@ -251,6 +282,8 @@ class Worker:
         self.cfg, self.identity, self.run, self.domain = cfg, identity, run, domain
         self.chain_id, self.pool = submission_venue(domain)  # bound into every work key and seed
         self.weights, self.protection, self.validators = weights, protection, validators
+        if not validators.domain:
+            validators.domain = domain
         self.is_active = is_active
         """The chain's word on whether this node is active (a validator's 403 is only checked against it)."""
         self.node = identity.address
@@ -291,6 +324,7 @@ class Worker:
         while not self.stopping and (self.cfg.max_batches is None or self.tally.batches < self.cfg.max_batches):
             if time.monotonic() - polled >= self.cfg.chain.poll_s:  # verdicts: not a round trip per batch
                 self.poll_pending()
+                self.resend_overdue()
                 polled = time.monotonic()
             if not self.resend_unsent():  # a validator is down: keep the work, make no more
                 unsent = sum(r.state == "signed" for r in self.protection.unfinished(self.run.run_id, self.node))
@@ -357,11 +391,36 @@ class Worker:
         deadline = time.monotonic() + timeout_s
         while self.pending() and time.monotonic() < deadline:
             self.poll_pending()
+            self.resend_overdue()
             if self.pending():
                 time.sleep(0.2)
 
     def pending(self) -> list[Any]:
         return [r for r in self.protection.unfinished(self.run.run_id, self.node) if r.state == "submitted"]
+
+    def resend_overdue(self, now: float | None = None) -> int:
+        """Send again, byte for byte, each submission a validator took (its receipt held) that has no verdict
+        `submit.verdict_deadline_s` after it was last sent: its validator lost it or sits on it, and whoever holds
+        the role now gets the same envelope (a validator holding it answers as before: no second row, no replay).
+        Returns how many were resent."""
+        now_s = time.time() if now is None else now
+        resent = 0
+        for rec in self.pending():
+            last = self.protection.last_sent(self.run.run_id, self.node, rec.policy_version, rec.counter)
+            sub = rec.submission()
+            if last is None or sub is None or now_s - last[1] < self.cfg.submit.verdict_deadline_s:
+                continue
+            data, sent_at = last
+            ranking = self._ranking(sub.policy_version)
+            if not ranking:
+                break
+            logger.warning("v%d #%d: no verdict %.0f s after it was sent; sending the same envelope again",
+                           sub.policy_version, sub.counter, now_s - sent_at)
+            self.protection.resent(data)
+            self.tally.resent += 1
+            resent += 1
+            self._deliver(sub, data, ranking, resealed=False)
+        return resent
 
     def resend_unsent(self) -> bool:
         """Resubmit recorded-but-unsent work (after a crash or a validator outage); False if some is left."""
@@ -389,6 +448,10 @@ class Worker:
             return {}
         data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
         self.protection.record_sent(sub, data)  # kept until its verdict: a hard one may be appealed with it
+        return self._deliver(sub, data, ranking, resealed=resealed)
+
+    def _deliver(self, sub: Submission, data: bytes, ranking: list[str], *, resealed: bool) -> dict[str, Any]:
+        """POST the sealed `data` of `sub` down `ranking` (see `submit`); the answer believed, or {} when kept."""
         now = time.monotonic()
         reachable = [a for a in ranking if self.validators.url_of(a) and self._down_until.get(a, 0.0) <= now]
         if not reachable:  # everyone is marked down: try them all again rather than wait for the marks
@@ -410,7 +473,7 @@ class Worker:
                                "; trying the next one" if address != reachable[-1] else "; the work is kept and resent")
                 continue
             self._mark_up(address)
-            answer = self._handle(sub, address, url, status, body, resealed=resealed)
+            answer = self._handle(sub, address, url, status, body, sent=submission_hash(data), resealed=resealed)
             if answer is not None:
                 return answer
             # an answer not believed: back off from this validator, try the next; the work stays kept
@@ -469,11 +532,14 @@ class Worker:
             raise Transient(f"HTTP {r.status_code} with an unparseable body: {r.text[:80]!r}") from exc
         return r.status_code, body
 
-    def _handle(self, sub: Submission, validator: str, url: str, status: int, body: dict[str, Any], *,
+    def _handle(self, sub: Submission, validator: str, url: str, status: int, body: dict[str, Any], *, sent: bytes,
                 resealed: bool = False) -> dict[str, Any] | None:
-        """Act on one validator's answer; None when it is not believed (the caller backs off and fails over)."""
+        """Act on one validator's answer to the envelope hashing to `sent`; None when it is not believed (the caller
+        backs off and fails over)."""
         where = f"v{sub.policy_version} #{sub.counter} at validator {validator} ({url})"
         if status in (200, 202):
+            if not self.verified_receipt(sub, body, validator, url, sent):
+                return None  # not delivered: kept as signed, resent to whoever holds the role next
             if body.get("outcome") or body.get("verdict"):  # a claimed verdict: believed only as signed
                 verdict = self.verified_verdict(sub.policy_version, sub.counter, body, validator, url)
                 if verdict is None:
@@ -496,6 +562,8 @@ class Worker:
             return body
         if status == 409 and error == "replay" and not resealed:  # our random nonce collided: seal again, once
             return self.submit(sub, resealed=True)
+        if status == 400 and error == "expired" and not resealed:  # a resend too old for a validator new to it
+            return self.submit(sub, resealed=True)  # the same payload, sealed afresh (never a second payload)
         if status == 409 and error == "counter_out_of_order":
             return self._out_of_order(sub, validator, where, body)
         if status == 409 and error == "duplicate_work":
@@ -574,6 +642,34 @@ class Worker:
                         break
                     self._apply(verdict, str(body["verdict"]), str(body.get("detail") or ""))
                 break
+
+    def verified_receipt(self, sub: Submission, body: dict[str, Any], validator: str, url: str, sent: bytes) -> bool:
+        """Whether `body` carries `validator`'s signed `Receipt`, in this run's domain, for exactly the envelope this
+        node just sent (`sent`, its SHA-256) for `sub`'s assignment. Else False, with the URL distrusted for
+        `validator` and the answer counted in `Tally.peer_errors` (`unsigned_receipt`, `forged_receipt`,
+        `misdirected_receipt`): a 200 or 202 without it is not a delivery (docs/protocol/wire-format.md,
+        "Receipts")."""
+        text = body.get("receipt")
+        why, kind = "a 200/202 without a signed receipt", "unsigned_receipt"
+        if isinstance(text, str):
+            try:
+                env = Envelope.from_bytes(text.encode(), max_bytes=MAX_VERDICT_BYTES)
+                opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(),
+                                       expected_signer=validator, body_types=[Receipt], max_age_s=RECEIPT_AGE_S)
+            except PrimeError as exc:
+                why, kind = f"receipt refused: {exc}", "forged_receipt"
+            else:
+                assert isinstance(opened, Receipt)
+                key = work_key(self.run.run_id, self.node, sub.policy_version, sub.counter, chain_id=self.chain_id,
+                               pool=self.pool)
+                if (opened.run_id, opened.node, opened.policy_version, opened.counter, bytes(opened.work_key),
+                        bytes(opened.submission_hash)) == (self.run.run_id, self.node, sub.policy_version,
+                                                           sub.counter, key, sent):
+                    return True
+                why, kind = "a receipt for other bytes or other work", "misdirected_receipt"
+        self.tally.peer_errors[kind] += 1
+        self.validators.distrust(validator, url, why)
+        return False
 
     def verified_verdict(self, version: int, counter: int, body: dict[str, Any], validator: str,
                          url: str) -> Verdict | None:

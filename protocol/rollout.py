@@ -162,6 +162,28 @@ class Verdict(Body):
     """For a hard verdict: SHA-256 of the stored evidence (what goes on chain)."""
 
 
+class Receipt(Body):
+    """A validator's signed word that it holds one submission envelope (every 200 or 202 answer to a POST carries
+    one). A node counts work as delivered only with it: an answer without it, or signed by another key, or about
+    other bytes, is no delivery, and the work is resent (docs/protocol/wire-format.md, "Receipts"). It cannot be
+    moved to other work: it names the exact envelope (whose random nonce makes it unique) by its hash, and the
+    envelope's domain binds chain, pool and run."""
+
+    kind = "receipt"
+    version = 1
+
+    run_id: str = Field(min_length=1, max_length=128)
+    work_key: HexBytes
+    """`protocol.seeds.work_key` of the assignment the envelope is for."""
+    node: Address
+    policy_version: int = Field(ge=0, lt=2**63)
+    counter: int = Field(ge=0, lt=2**63)
+    submission_hash: Hash32
+    """SHA-256 of the envelope bytes this answer is about (the bytes of the request it answers)."""
+    state: Literal["received", "decided"]
+    """`received`: held, to be checked (a verdict follows); `decided`: its verdict is in the same answer."""
+
+
 def submission_hash(envelope_bytes: bytes) -> bytes:
     """The identity of one submission envelope (its canonical bytes are its only encoding)."""
     return hashlib.sha256(envelope_bytes).digest()

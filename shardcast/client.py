@@ -86,13 +86,16 @@ class PullResult:
     """Transfers cut short and continued with a Range request."""
     hash_failures: int = 0
     """Shards whose bytes did not match the manifest (their sole source is banned)."""
+    served: dict[str, int] = field(default_factory=dict)
+    """Shards of this version each source served in this pull that matched the signed manifest's hashes (sources that
+    served none are absent): which relays actually delivered the version, whatever they announce."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "version": self.version, "path": str(self.path), "fetched_shards": self.fetched_shards,
             "reused_shards": self.reused_shards, "bytes_fetched": self.bytes_fetched,
             "seconds": round(self.seconds, 3), "sources": self.sources,
-            "range_resumes": self.range_resumes, "hash_failures": self.hash_failures,
+            "range_resumes": self.range_resumes, "hash_failures": self.hash_failures, "served": self.served,
         }
 
 
@@ -516,6 +519,7 @@ class Client:
                 board = SourceBoard(holders)
                 for url in holders:  # carry scores and bans over from manifest resolution
                     board.sources[url] = self.board.sources[url]
+                ok_before = {url: board.sources[url].ok for url in holders}
                 bar = self._progress_bar(manifest, todo)
                 downloader = Downloader(
                     board, manifest, staged, concurrency=self.concurrency,
@@ -540,8 +544,10 @@ class Client:
         log.info("installed v%d in %.2f s (%d shards fetched, %d reused)", manifest.version, seconds,
                  downloader.stats.shards_fetched, len(done))
         stats = downloader.stats
+        served = {url: board.sources[url].ok - ok_before[url] for url in holders
+                  if board.sources[url].ok > ok_before[url]}
         return PullResult(manifest.version, final, manifest, stats.shards_fetched, len(done), stats.bytes_fetched,
-                          seconds, self.board.summary(), stats.range_resumes, stats.hash_failures)
+                          seconds, self.board.summary(), stats.range_resumes, stats.hash_failures, served)
 
     async def _download_unless_superseded(
         self, session: aiohttp.ClientSession, downloader: Downloader, todo: list[int], manifest: Manifest

@@ -1,6 +1,7 @@
 """Loopback helpers shared by test tiers (importable from any test: `tests/` is on sys.path via its
-conftest): a free TCP port, a wait for an HTTP endpoint to answer and an ASGI app served in a thread (these
-three are `bench.loopback`'s, which the benchmarks use too), a server that hangs, and a TCP proxy process."""
+conftest): a free TCP port, a wait for an HTTP endpoint to answer, an ASGI app served in a thread and a look-alike's
+proxied `/v1/info` (these four are `bench.loopback`'s, which the benchmarks use too), a server that hangs, and a TCP
+proxy process."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from bench.loopback import free_port, serve_asgi, wait_http
+from bench.loopback import forward_info, free_port, serve_asgi, wait_http
 
-__all__ = ["ProxyProcess", "free_port", "hung_server", "serve_asgi", "wait_http"]
+__all__ = ["ProxyProcess", "forward_info", "free_port", "hung_server", "serve_asgi", "wait_http"]
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import json
 import logging
 import math
 import os
@@ -23,8 +24,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from protocol import info_proof
 from protocol.config import ShardcastWeights
 from protocol.envelope import seal
+from protocol.errors import ProtocolError
 from protocol.identity import checksum
 from protocol.nonce import random_nonce
 from protocol.rollout import FeedEntry, FeedPage, feed_item_hash
@@ -103,7 +106,7 @@ def build_app(service: Service) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if announcer is not None:
             await asyncio.to_thread(announcer.start)
-        info_snapshot.append(await asyncio.to_thread(info_now))
+        info_snapshot.append(await asyncio.to_thread(info_bytes))
         refresher = asyncio.create_task(refresh_info())
         try:
             yield
@@ -250,23 +253,37 @@ def build_app(service: Service) -> FastAPI:
                 "peer_id": announcer.discovery.peer_id, "addrs": announcer.discovery.addrs, "url": announcer.url},
         }
 
-    info_snapshot: list[dict[str, Any]] = []  # swapped whole by `refresh_info`; the route reads it, no lock or thread
+    # the rendered body, swapped whole by `refresh_info`; the route reads it, no lock or thread
+    info_snapshot: list[bytes] = []
+
+    def info_bytes() -> bytes:
+        return json.dumps(info_now(), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
     async def refresh_info() -> None:
         while True:
             try:
-                info_snapshot[0] = await asyncio.to_thread(info_now)
+                info_snapshot[0] = await asyncio.to_thread(info_bytes)
             except Exception:  # noqa: BLE001 - the last snapshot stays; the next round tries again
                 log.exception("refreshing /v1/info failed")
             await asyncio.sleep(INFO_REFRESH_S)
 
     @app.get("/v1/info", summary="Run, versions this validator can check, thresholds, async level (a snapshot at most "
-                                 f"{INFO_REFRESH_S} s old)")
-    async def info() -> Response:
+                                 f"{INFO_REFRESH_S} s old); with `?challenge=0x<64 hex>`, the header "
+                                 f"`{info_proof.HEADER}` signs the challenge and the body's SHA-256")
+    async def info(challenge: str | None = Query(None, max_length=66)) -> Response:
         if not info_snapshot:
             return JSONResponse({"error": "starting", "detail": "no snapshot yet"}, status_code=503,
                                 headers={"Retry-After": "1"})
-        return JSONResponse(info_snapshot[0])
+        body = info_snapshot[0]
+        try:
+            nonce = info_proof.parse_challenge(challenge)
+        except ProtocolError as exc:
+            return JSONResponse({"error": exc.code, "detail": str(exc)}, status_code=400)
+        # one signature in the event loop (~0.25 ms), no thread or lock: the caller's fresh challenge proves this
+        # answer is ours now (docs/protocol/wire-format.md, "Info proof")
+        headers = {} if nonce is None else {
+            info_proof.HEADER: info_proof.prove_info(service.identity, nonce, body, domain=service.domain)}
+        return Response(body, media_type="application/json", headers=headers)
 
     @app.get("/v1/announcements", summary="The signed discovery announcements this validator believes (a JSON list)")
     def announcements() -> Response:

@@ -6,12 +6,14 @@ rate and quota, room in the backlog: `Admission`, `open_envelope`'s admission ho
 consumed, so a refused node can resend the same envelope), then who checks it (`validator.assignment`: this
 validator, a version on chain), the cheap checks (run, version window, manifest, counter, tasks, schema and
 limits) and counter order. A failure there is decided at once; a pass is a `received` ledger row for the
-checker (`validator.checker`).
+checker (`validator.checker`). Every 200 or 202 carries our signed `Receipt` naming the bytes it answers: the same
+bytes sent again (a node's resend) get the same answer and a receipt, never a second row or a refusal.
 
 Timing hook (for `bench/validator.py`): the `timer` attribute (a `protocol.timing.StageTimer`) gets exclusive
 seconds per stage: `intake.lookup` (submission hash, ledger lookups), `intake.parse` (envelope bytes),
 `intake.open` (body validation, canonical body, signature recovery, replay guard), `intake.gate` (admission),
 `intake.assignment`, `intake.cheap_checks` (run, version, manifest, tasks, schema), `intake.insert` (ledger row),
+`intake.receipt` (the signed receipt of a 200 or 202),
 and `verdict.seal` for the verdicts decided here.
 """
 
@@ -24,9 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from protocol.envelope import Envelope, NonceGuard, open_envelope
+from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
 from protocol.errors import OversizeError, PrimeError, ProtocolError, ReplayError, SignatureError
-from protocol.rollout import Outcome, Reason, Submission, submission_hash
+from protocol.nonce import random_nonce
+from protocol.rollout import Outcome, Reason, Receipt, Submission, submission_hash
 from protocol.timing import StageTimer, stage
 from validator.assignment import Assignment
 from validator.chainview import CATCHUP_S, ChainView
@@ -218,8 +221,8 @@ class Intake:
         with stage(timer, "intake.lookup"):
             sub_hash = submission_hash(data)
             known = self.ledger.by_hash(_hex(sub_hash))
-        if known is not None:  # the same bytes again: the same answer, never a second row
-            return Answer(200 if known.state != "received" else 202, row_status(known))
+        if known is not None:  # the same bytes again (a resend): the same answer, never a second row or a strike
+            return self._taken(known, sub_hash)
         envelope: Envelope | None = None
 
         def admit(signer: str) -> None:
@@ -274,15 +277,27 @@ class Intake:
             if inserted:
                 row = self.ledger.get(key)
                 assert row is not None
-                return Answer(202 if decision is None else 200, row_status(row))
+                return self._taken(row, sub_hash)
             existing = self.ledger.get(key)  # a concurrent request took the work key first
             assert existing is not None
         if not existing.envelope:  # pruned: its window passed, so nothing of it can change any more
             return Answer(409, {"error": "duplicate_work", "detail": "this assignment was already submitted",
                                 **row_status(existing)})
         if stored_submission(existing) == body:  # the same payload sealed again (a retry): the same answer
-            return Answer(200 if existing.state != "received" else 202, row_status(existing))
+            return self._taken(existing, sub_hash)
         return self._equivocation(existing, body, data)
+
+    def _taken(self, row: Row, sub_hash: bytes) -> Answer:
+        """The answer for envelope bytes hashing to `sub_hash` that `row` holds: 202 while it waits to be checked,
+        200 after, with our signed `Receipt` naming those bytes (a node counts work as delivered only with it)."""
+        status = 202 if row.state == "received" else 200
+        with stage(self.timer, "intake.receipt"):
+            receipt = Receipt(run_id=self.cfg.run.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=row.node,
+                              policy_version=row.policy_version, counter=row.counter, submission_hash=sub_hash,
+                              state="decided" if row.outcome else "received")
+            # a random nonce: a receipt is a record (the node keys it by the envelope's hash), no counter to persist
+            sealed = seal(self.verdicts.identity, receipt, domain=self.domain, nonce=random_nonce())
+        return Answer(status, {**row_status(row), "receipt": sealed.to_bytes().decode()})
 
     def _refuse(self, status: int, exc: PrimeError, sender: str | None) -> Answer:
         self.stats.count(f"refused_{exc.code}")

@@ -7,7 +7,7 @@ assigned one is down. A validator whose URL is unknown here is taken to be up (n
 never answers (a stopped process), or trickles bytes, fails its probe at `timeout_s` (a total deadline) and
 counts as down like a dead one.
 
-A probe asks `/v1/info` (the peer's address) and then its intake: `POST /v1/intake/probe` with this validator's
+A probe asks `/v1/info` (the peer's address, proved by its signature over a fresh challenge) and then its intake: `POST /v1/intake/probe` with this validator's
 signed upload header and an empty body takes a slot of the same pool a staked node's submission takes, so a
 peer whose intake is full or whose backlog has no room (503), however well its `/v1/info` answers, counts as
 down too, and its nodes' work comes here.
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from protocol.deadline import bounded_request, deadline_client
 from protocol.identity import Identity, checksum
+from protocol.info_proof import read_info
 from protocol.upload import upload_headers
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,9 @@ class PeerWatch:
         for peer in self.peers:
             now = time.monotonic()
             try:
-                r = bounded_request(self._http, "GET", peer.url + "/v1/info", self.timeout_s)
-                r.raise_for_status()
-                address = checksum(str(r.json()["validator"]))
+                # proved by the address's signature over our fresh challenge: a URL that copies a peer's info
+                # cannot stand in for it (protocol.info_proof)
+                address = read_info(self._http, peer.url, domain=self.domain, timeout_s=self.timeout_s).address
                 with self._lock:
                     peer.address = address  # known by its info: a peer whose intake is full from the start is down
                 headers = upload_headers(self.identity, b"", domain=self.domain, validator=address, path=PROBE_PATH)

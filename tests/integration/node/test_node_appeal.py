@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from chainfixtures import OPERATOR, SETTINGS, TREASURY, VALIDATOR2, Pools
-from netfixtures import serve_asgi
+from fastapi import FastAPI, Request, Response
+from netfixtures import forward_info, serve_asgi
 
 from bench.loopback import RUN, TINY
 from contracts.pool import EscrowStatus, NodeStatus, WorkStatus
@@ -37,15 +38,14 @@ def _config(tmp_path: Path, deployment_file: Path, rpc_url: str, validators: lis
 
 
 def _unsigned_appeal_desk(real_url: str) -> Any:
-    """A validator look-alike: the real one's /v1/info, and an unsigned "overturned" for every appeal."""
-    import httpx
-    from fastapi import FastAPI
-
+    """A validator look-alike: a proxy of the real one's /v1/info (it holds its address), and an unsigned
+    "overturned" for every appeal."""
     app = FastAPI()
 
     @app.get("/v1/info")
-    def info() -> dict[str, Any]:
-        return dict(httpx.get(real_url + "/v1/info").json())
+    def info(request: Request) -> Response:
+        body, headers = forward_info(real_url, request.url.query)
+        return Response(body, media_type="application/json", headers=headers)
 
     @app.post("/v1/appeals")
     def appeals() -> dict[str, Any]:

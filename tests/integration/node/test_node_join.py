@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from chainfixtures import OPERATOR, SETTINGS, Pools
+from netfixtures import forward_info
 
 from bench.loopback import RUN, TINY
 from contracts.pool import NodeStatus, WorkStatus
@@ -187,7 +188,7 @@ def test_clear_one_line_errors(published: Pools, deployment_file: Path, operator
 @pytest.mark.parametrize("misbehaviour", ["garbage", "hang", "error"])
 def test_a_validator_that_answers_garbage_hangs_or_fails_does_not_crash_the_node(
         published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path, misbehaviour: str) -> None:
-    """A server that announces the real validator's /v1/info but answers submissions badly."""
+    """A server that proxies the real validator's /v1/info but answers submissions badly."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     import httpx
@@ -195,16 +196,20 @@ def test_a_validator_that_answers_garbage_hangs_or_fails_does_not_crash_the_node
     from node.protection import SlashingProtection
 
     served = make_validator()
-    info = httpx.get(served.url + "/v1/info").content
 
     class Bad(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
             pass
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path, _, query = self.path.partition("?")
+            # a proxy of the real /v1/info (the challenge's proof included): it holds the validator's address
+            info, headers = forward_info(served.url, query) if path == "/v1/info" else (b"\x00garbage", {})
             self.send_response(200)
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(info if self.path == "/v1/info" else b"\x00garbage")
+            self.wfile.write(info)
 
         def do_POST(self) -> None:  # noqa: N802
             self.rfile.read(int(self.headers.get("content-length", "0")))

@@ -178,6 +178,10 @@ def test_client_handles_relays_serving_bad_shard_bytes(tmp_path: Path, trainer: 
                 result = await client.pull()
                 assert same_tree(tmp_path / "out" / "current", ckpt)
                 assert fake.hits.get("/v/1/shards/{i}", 0) >= 1
+                # what each source served that matched the signed hashes (a node ranks relays by it, issue 35
+                # item 8): the liar nothing, whatever it answered; every fetched shard is someone's
+                assert fake.url not in result.served and result.served.get(origin.url, 0) >= 1, result.served
+                assert sum(result.served.values()) == result.fetched_shards
                 # Lying gets a ban; a cut connection only a failure (and a Range resume elsewhere).
                 assert result.sources[fake.url]["banned"] is (kind != "truncated_then_close")
                 if kind == "truncated_then_close":

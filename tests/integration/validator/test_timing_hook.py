@@ -10,7 +10,7 @@ from protocol.timing import StageTimer
 pytestmark = pytest.mark.timeout(240)
 
 INTAKE = {"intake.lookup", "intake.parse", "intake.open", "intake.gate", "intake.assignment",
-          "intake.cheap_checks", "intake.insert"}
+          "intake.cheap_checks", "intake.insert", "intake.receipt"}
 CHECK = {"check.ledger", "check.parse", "check.tasks", "check.rewards", "check.measure", "check.verdict",
          "verdict.seal", "measure.prefill", "measure.lm_head", "measure.toploc", "measure.sampling",
          "measure.termination", "measure.logprobs"}

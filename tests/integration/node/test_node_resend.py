@@ -1,0 +1,98 @@
+"""Work a validator took and never decided is sent again (issue 35 item 8): after `submit.verdict_deadline_s` with no
+verdict the node resends the very envelope it sent. A validator that holds those bytes answers them as before (its
+receipt, no second row, no replay or equivocation counted); one that lost them (here: the validator restarted on
+an empty state dir, the same key and URL) takes them in and decides them; one that refuses them as too old gets the
+same payload sealed afresh. Real validators and anvil on loopback."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from chainfixtures import Pools
+from test_node_join import make_worker, node_config
+
+from bench.loopback import RUN, TINY
+from node import commands
+from node.protection import SlashingProtection
+from node.rollouts import build_submission
+from protocol.canonical import to_hex
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_work_without_a_verdict_is_resent_as_the_same_bytes(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    first = make_validator("first")
+    port = int(first.url.rsplit(":", 1)[1])
+    node = published.new_node()
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [first.url], run=RUN, model=TINY,
+                      submit={"attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.2, "verdict_deadline_s": 2.0})
+    chain = commands.open_chain(cfg)
+    with httpx.Client(timeout=10) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+        worker = make_worker(cfg, node, chain, db, http, [first.url])
+        worker.validators.refresh()
+        policy = worker.weights.select()
+        sub = build_submission(policy.engine, RUN, node.address, policy.version, 0, policy.manifest_hash,
+                               chain_id=worker.chain_id, pool=worker.pool)
+        answer = worker.submit(sub)
+        assert answer.get("receipt"), answer
+        rec = db.get(RUN.run_id, node.address, policy.version, 0)
+        assert rec is not None and rec.state == "submitted"
+        sent = db.sent_hashes(RUN.run_id, node.address, policy.version, 0)
+        assert len(sent) == 1
+
+        # resent to the validator that holds it: the same answer and a receipt, nothing counted against the node
+        assert worker.resend_overdue(now=time.time() + 3600) == 1
+        assert db.sent_hashes(RUN.run_id, node.address, policy.version, 0) == sent  # the same bytes, not resealed
+        assert not worker.tally.peer_errors and worker.validators.url_of(first.service.identity.address) == first.url
+        summary = first.service.ledger.node_summary(node.address)
+        assert not summary["refused"] and not summary["verdicts"].get("rejected_hard"), summary
+        assert sum(n for k, n in first.service.ledger.counts().items() if k.startswith("state:")) == 1
+        assert not any(k.startswith("refused_") for k in first.service.core.stats.snapshot()), \
+            first.service.core.stats.snapshot()
+
+        # the validator is lost before the node heard its verdict, and comes back on the same URL with nothing
+        first.stop()
+        make_validator("second", port=port)
+        worker.wait_decided(120)
+        rec = db.get(RUN.run_id, node.address, policy.version, 0)
+        assert rec is not None and rec.state == "decided", rec
+        assert worker.tally.accepted == 1 and worker.tally.resent >= 2
+
+
+def test_a_resend_too_old_for_a_validator_new_to_it_is_sealed_afresh(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    max_age_s = 10.0
+    first = make_validator("first")
+    port = int(first.url.rsplit(":", 1)[1])
+    node = published.new_node()
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [first.url], run=RUN, model=TINY,
+                      submit={"attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.2, "verdict_deadline_s": 1.0})
+    chain = commands.open_chain(cfg)
+    with httpx.Client(timeout=10) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+        worker = make_worker(cfg, node, chain, db, http, [first.url])
+        worker.validators.refresh()
+        policy = worker.weights.select()
+        sub = build_submission(policy.engine, RUN, node.address, policy.version, 0, policy.manifest_hash,
+                               chain_id=worker.chain_id, pool=worker.pool)
+        assert worker.submit(sub).get("receipt")
+        sent = db.sent_hashes(RUN.run_id, node.address, policy.version, 0)
+        last = db.last_sent(RUN.run_id, node.address, policy.version, 0)
+        assert last is not None
+        first.stop()
+        while time.time() - last[1] <= max_age_s + 0.5:  # the envelope ages past what the new validator takes
+            time.sleep(0.1)
+        second = make_validator("second", port=port, max_age_s=max_age_s)
+        worker.wait_decided(120)
+        rec = db.get(RUN.run_id, node.address, policy.version, 0)
+        assert rec is not None and rec.state == "decided", rec
+        assert worker.tally.accepted == 1 and worker.tally.resent >= 1
+        # the validator holds the payload sealed afresh (not the expired bytes), and no refusal beyond the expiry
+        key = to_hex(published.work_key(RUN.run_id, node.address, policy.version, 0))
+        row = second.service.ledger.get(key)
+        assert row is not None and row.submission_hash not in sent and row.outcome == "accepted", row
+        assert second.service.ledger.node_summary(node.address)["verdicts"] == {"accepted": {"accepted": 1}}
