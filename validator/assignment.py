@@ -58,6 +58,7 @@ class Assignment:
         self.env: Environment = get_environment(run.env, run.env_version)
         """The run's environment: tasks come from it, and the checker grades with it."""
         self._holes_below = 0  # versions below this have had their skipped counters counted
+        self._frontier: dict[tuple[str, int], int] = {}  # (node, version) -> chain frontier last read (it only grows)
 
     def validators(self) -> list[str]:
         """The validators announced for the run (this one alone when none are configured)."""
@@ -92,11 +93,15 @@ class Assignment:
         """Counters in order, with a small bounded gap (docs/protocol/assignment.md, "Counters"): for (node,
         version) let m be the smallest counter this validator holds no row for, counting from 0 where it is the
         assigned (rendezvous-first) validator; `sub.counter` must be in [m, m + counter_gap]. A validator that took the
-        node over (the first one down) starts at the first counter it is sent, and is in order from there. So a
+        node over (the first one down) continues from what the pool knows, never from a counter the node picks: m
+        counts from `chain_frontier` (the smallest counter whose work key the chain has not seen). So a
         node cannot search counters for tasks it likes (the next one is fixed) nor hold back a batch that scored
         badly: until that counter arrives, nothing beyond the gap is taken at that version, and `count_holes`
         counts it against the node once the version is stale."""
-        base = 0 if self.first(sub.node, sub.policy_version) == self.me else None
+        if self.first(sub.node, sub.policy_version) == self.me:
+            base = 0
+        else:
+            base = self.chain_frontier(sub.node, sub.policy_version)
         expected = self.ledger.next_counter(sub.node, sub.policy_version, base=base)
         gap = self.counter_gap
         if expected is None or expected <= sub.counter <= expected + gap:
@@ -107,6 +112,17 @@ class Assignment:
         return CounterOutOfOrderError(
             f"counter {sub.counter} at v{sub.policy_version}: this validator takes counter {expected} next (at most "
             f"{gap} ahead); send the assignments in counter order", expected)
+
+    def chain_frontier(self, node: str, version: int) -> int:
+        """The smallest counter of (node, version) whose work key the pool has not seen (recorded or invalidated):
+        where a covering validator continues the node's sequence. Work the down peer took but has not reported
+        yet is not on chain, so the node may be told an earlier counter (soft, no row) until it is; that costs
+        the node a wait, never a counter of its choosing. `ChainError` if the chain cannot be read."""
+        counter = self._frontier.get((node, version), 0)
+        while self.chain.work_known(self.work_key(node, version, counter)):
+            counter += 1
+        self._frontier[(node, version)] = counter
+        return counter
 
     def count_holes(self) -> int:
         """Count, once per (node, version) that left the async window, the counters the node skipped here
