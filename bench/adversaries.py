@@ -73,7 +73,8 @@ class SimNode:
         gen_model = model or self.loaded
         draw_counter = counter + 1000 if cheat == "unassigned_task" else counter
         tasks = env.sample(task_seed(self.identity.address, version, draw_counter, run_id=run.run_id,
-                                     chain_id=chain_id, pool=pool), run.tasks_per_batch)
+                                     chain_id=chain_id, pool=pool, manifest_hash=self.manifest_hash),
+                           run.tasks_per_batch)
         tok = self.loaded.tokenizer
         prompts, seeds = [], []
         for task in tasks:
@@ -137,7 +138,7 @@ class SimNode:
         run, env = self.run, get_environment(self.run.env, self.run.env_version)
         chain_id, pool = submission_venue(self.domain)
         tasks = env.sample(task_seed(self.identity.address, version, counter, run_id=run.run_id, chain_id=chain_id,
-                                     pool=pool), run.tasks_per_batch)
+                                     pool=pool, manifest_hash=self.manifest_hash), run.tasks_per_batch)
         junk = SampleRollout(tokens=(5,), logprobs=(-1.0,), finish_reason="length", reward=0.0,
                              proofs=(bytes(258),))
         sub = Submission(run_id=run.run_id, node=self.identity.address, policy_version=version,
@@ -213,7 +214,7 @@ def skip_narrow_eos(loaded: LoadedModel, prompt: list[int], seed: int, params: S
 
 
 def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: float, *, domain: str,
-                    tries: int = 512) -> Identity:
+                    manifest_hash: bytes, tries: int = 512) -> Identity:
     """A fresh key whose assignment #0 at `version` in `domain`'s pool, generated honestly, ends a sample at an
     EOS before its last allowed token that won the seeded draw by more than `above` and at most
     `EOS_SKIP_TOLERANCE` (the EOS a `skip_eos` node replaces)."""
@@ -225,7 +226,8 @@ def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: floa
         keys = [Identity.create() for _ in range(32)]
         prompts, seeds, owners = [], [], []
         for key in keys:
-            for task in env.sample(task_seed(key.address, version, 0, **where), run.tasks_per_batch):
+            for task in env.sample(task_seed(key.address, version, 0, manifest_hash=manifest_hash, **where),
+                                   run.tasks_per_batch):
                 ids = render_prompt(loaded.tokenizer, task, tokenize=True)
                 ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
                 for i in range(run.samples_per_task):

@@ -622,10 +622,10 @@ def eos_skip(net: Any, trial: int) -> Trial:
     """Issue 23 item 9: a node replaces every EOS that won the seeded draw by at most the sampling margin and keeps
     generating (a key whose first assignment has such an EOS, found offline)."""
     from bench.adversaries import SimNode, narrow_eos_node
-    from bench.loopback import SETTINGS
+    from bench.loopback import MANIFEST_V0, SETTINGS
 
     drift = net.validators[0].service.cfg.checks.eos_tie_drift
-    identity = narrow_eos_node(net.loaded, net.run, VERSION, above=drift, domain=net.domain)
+    identity = narrow_eos_node(net.loaded, net.run, VERSION, above=drift, domain=net.domain, manifest_hash=MANIFEST_V0)
     net.pools.operator.register(identity, SETTINGS.min_stake)
     net.wait_active(identity.address)
     node = SimNode(identity, net.loaded, net.domain)

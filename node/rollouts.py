@@ -25,7 +25,8 @@ def build_submission(engine: InferenceEngine, run: RunSpec, node: str, version: 
     """The unsigned `Submission` of assignment (`node`, `version`, `counter`) in `run`, in the pool contract
     `pool` on chain `chain_id` (both are bound into the tasks and the sampling seeds)."""
     env = get_environment(run.env, run.env_version)
-    tasks = env.sample(task_seed(node, version, counter, run_id=run.run_id, chain_id=chain_id, pool=pool),
+    tasks = env.sample(task_seed(node, version, counter, run_id=run.run_id, chain_id=chain_id, pool=pool,
+                                 manifest_hash=manifest_hash),
                        run.tasks_per_batch)
     tok = engine.tokenizer
     requests = []

@@ -25,7 +25,8 @@ The derivations (fields in this order):
 
     work_key      = SHA-256("prime/work-key/v2"      0x00  uint chain_id, address pool, text run_id,
                                                            address node, uint policy_version, uint counter)
-    task_seed     = seed("prime/task-seed/v2"        0x00  the same six fields as the work key)
+    task_seed     = seed("prime/task-seed/v3"        0x00  the same six fields as the work key,
+                                                           digest manifest_hash of the version on chain)
     sampling_seed = seed("prime/sampling-seed/v2"    0x00  digest work_key, task_id, uint sample_index)
 
 with `task_id` a uint64 field for an int and a text field for a str. A seed is the first 8 digest
@@ -111,13 +112,15 @@ def work_key(run_id: str, node_address: str, policy_version: int, counter: int, 
 
 
 def task_seed(node_address: str, policy_version: int, counter: int, *, run_id: str, chain_id: int,
-              pool: str) -> int:
+              pool: str, manifest_hash: bytes) -> int:
     """The seed from which the environment builds the `counter`-th task batch of a node at a version.
 
-    Bound to the whole assignment (chain, pool, run): the same node, version and counter give an
-    unrelated seed in another run, pool or chain.
+    Bound to the whole assignment (chain, pool, run) and to the version's `manifest_hash` as the chain
+    records it (`publishPolicy(version, manifestHash)`): nobody knows it before the version is published,
+    so a key ground beforehand cannot predict its tasks there (docs/protocol/assignment.md, "Grinding").
     """
-    return _seed(b"prime/task-seed/v2", _assignment(chain_id, pool, run_id, node_address, policy_version, counter))
+    return _seed(b"prime/task-seed/v3", _assignment(chain_id, pool, run_id, node_address, policy_version, counter),
+                 _digest32(manifest_hash, "manifest_hash"))
 
 
 def sampling_seed(

@@ -65,7 +65,11 @@ class Assignment:
         return self._validators
 
     def tasks(self, node: str, version: int, counter: int) -> list[Task]:
-        seed = task_seed(node, version, counter, run_id=self.run.run_id, chain_id=self.chain_id, pool=self.pool)
+        manifest = self.chain.manifest_hash(version)
+        if manifest is None:
+            raise ProtocolError(f"v{version} is not published on chain: its tasks are not drawn yet")
+        seed = task_seed(node, version, counter, run_id=self.run.run_id, chain_id=self.chain_id, pool=self.pool,
+                         manifest_hash=manifest)
         return self.env.sample(seed, self.run.tasks_per_batch)
 
     def work_key(self, node: str, version: int, counter: int) -> bytes:
