@@ -316,11 +316,45 @@ def cheat(name: str, model: Callable[[Any, int], Any] | None = None, expect: set
 
 
 def stale(net: Any, trial: int) -> Trial:
+    """Stale work is refused at intake (410), no row, no transaction (issue 35 item 3; it used to be a soft row)."""
     node = net.node()
     _, data = node.build(version=1)
-    t = net.submit(node, data, version=1, expect_reasons={"stale_version"})
-    t.detected = t.detected and t.klass == "soft"
+    t = net.submit(node, data, version=1)
+    t.detected = t.klass == "refused" and t.reason == "stale_version"
     return t
+
+
+def stale_junk_flood(net: Any, trial: int) -> Trial:
+    """Issue 35 item 3: one staked key sends 24 stale submissions (a row and an `invalidateSoft` each, before) and
+    then junk at the current version as fast as it is answered. Detected when the key cost the validator at most
+    one ledger row (its first junk, slashed) and no transaction for its stale work, and an honest node sent
+    alongside is accepted."""
+    from contracts.pool import WorkStatus
+
+    attacker, honest = net.node(), net.node()
+    served, _ = net.assigned(attacker, 1)
+    stale_keys, statuses = [], Counter[str]()
+    with served.client() as c:
+        for k in range(24):
+            sub, data = attacker.build(version=1, counter=k, cheat="junk" if k % 2 else None)
+            stale_keys.append("0x" + net.pools.work_key(net.run.run_id, attacker.identity.address, 1, k).hex())
+            r = c.post("/v1/submissions", content=data)
+            statuses[f"{r.status_code} {r.json().get('error') or r.json().get('reason')}"] += 1
+    mine, _ = net.assigned(attacker)
+    with mine.client() as c:
+        for k in range(8):  # junk at v3: the first is a hard verdict, the rest wait behind it (429) or are refused
+            r = c.post("/v1/submissions", content=attacker.build(version=VERSION, counter=k, cheat="junk")[1])
+            statuses[f"{r.status_code} {r.json().get('error') or r.json().get('reason')}"] += 1
+            if r.status_code in (200, 202) and r.json().get("outcome") == "rejected_hard":
+                net.hard_keys.append((mine, r.json()["work_key"]))
+    honest_t = net.submit(honest, honest.build(version=VERSION)[1])
+    rows = sum(sum(n.values()) for v in net.validators
+               for n in v.service.ledger.node_summary(attacker.identity.address)["verdicts"].values())
+    untouched = all(net.pools.admin.get_work(k).status == WorkStatus.NONE for k in stale_keys)
+    ok = rows <= 1 and untouched and honest_t.klass == "accepted"
+    return Trial("refused" if ok else "error", "stale_version", ok,
+                 note=f"rows {rows}, stale keys untouched on chain {untouched}, honest {honest_t.klass}; "
+                      + ", ".join(f"{k} x{n}" for k, n in sorted(statuses.items())))
 
 
 def dup_same_payload(net: Any, trial: int) -> Trial:
@@ -566,6 +600,51 @@ def oversized(net: Any, trial: int) -> Trial:
     return Trial("refused", error, r.status_code == 413, note="chunked" if trial % 2 else "content-length")
 
 
+def slow_uploads(net: Any, trial: int) -> Trial:
+    """Issue 35 item 1: 16 slow uploads from no key (headers and one body byte, then nothing; from four source
+    addresses), 8 connections that never finish their headers and a fresh key's signed header, all held open at
+    the validator a staked node's work goes to, while that node submits honest work with its upload header (as
+    prime-node does). Detected when the honest work is accepted during the attack (16 slow uploads once held
+    every intake slot and the node got 503 on every try)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from protocol.identity import Identity
+    from protocol.upload import upload_headers
+
+    node = net.node()
+    served, _ = net.assigned(node)
+    u = urlparse(served.url)
+    me = served.service.identity.address
+
+    def connect(first: bytes, source: str = "127.0.0.1") -> socket.socket:
+        s = socket.create_connection((u.hostname, u.port), timeout=60, source_address=(source, 0))
+        s.sendall(first)
+        return s
+
+    post = b"POST /v1/submissions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n"
+    stranger = upload_headers(Identity.create(), b"{" + b" " * 1999, domain=net.domain, validator=me,
+                              path="/v1/submissions")
+    held = [connect(post + b"\r\n{", f"127.0.0.{2 + (trial + i) % 4}") for i in range(16)]
+    held += [connect(b"POST /v1/sub") for _ in range(8)]
+    held.append(connect(post + "".join(f"{k}: {v}\r\n" for k, v in stranger.items()).encode() + b"\r\n{"))
+    try:
+        _, data = node.build(version=VERSION)
+        with served.client() as c:
+            r = c.post("/v1/submissions", content=data, headers=upload_headers(
+                node.identity, data, domain=net.domain, validator=me, path="/v1/submissions"))
+        status, body = r.status_code, dict(r.json())
+    finally:
+        for s in held:
+            s.close()
+    if status not in (200, 202):
+        return Trial("refused", str(body.get("error")), False, note=f"HTTP {status} during the attack")
+    row = served.wait_decided(body["work_key"])
+    accepted = row["outcome"] == "accepted"
+    return Trial("accepted" if accepted else row["outcome"], row["reason"] or "honest work accepted", accepted,
+                 note="honest work accepted during 16 slow no-key uploads" if accepted else "")
+
+
 def sybil_shield(net: Any, trial: int) -> Trial:
     """Issue 23 item 1: 4 established honest nodes at one validator; 4 Sybil keys ground onto it send free junk
     (counters out of range, one-token samples) while a fifth proves a noised copy of the weights (TOPLOC just
@@ -592,12 +671,46 @@ def sybil_shield(net: Any, trial: int) -> Trial:
     return t
 
 
+def fresh_version_cheats(net: Any, trial: int) -> Trial:
+    """Issue 35 item 6: three keys with one accepted submission each (at v3) cheat first at v2, a version no
+    validator here holds accepted work of: a noised copy of the weights (TOPLOC just over the limits, the drift
+    band). The guard's trigger fires, its self-test has nothing known-good to re-check, and it fails closed (it
+    used to fail open: all three softened). Detected when all three are hard."""
+    from bench.adversaries import SimNode, perturbed
+    from bench.loopback import SETTINGS
+    from protocol.identity import Identity
+
+    fresh = 2
+    served = net.validators[trial % 2]
+    keys: list[Any] = []
+    while len(keys) < 3:  # keys ground offline onto one validator at both versions, as Sybils would
+        node = SimNode(Identity.create(), net.loaded, net.domain)
+        if net.assigned(node, VERSION)[0] is served and net.assigned(node, fresh)[0] is served:
+            net.pools.operator.register(node.identity, SETTINGS.min_stake)
+            keys.append(node)
+    for n in keys:
+        net.wait_active(n.identity.address)
+    accepted = [net.post(served, n.build(version=VERSION, counter=0)[1])[1]["work_key"] for n in keys]
+    if not all(served.wait_decided(k)["outcome"] == "accepted" for k in accepted):
+        return Trial("error", "their honest history was not accepted", False)
+    time.sleep(GUARD["window_s"] + 0.2)  # that history now lies before the guard's window: they weigh
+    model = perturbed(net.loaded, 0.07 if net.spec_type == "tiny" else 0.02, 700 + trial)
+    trials = [net.outcome(served, *net.post(served, n.build(version=fresh, counter=0, cheat="other_weights",
+                                                              model=model)[1]), expect_reasons=PROOF)
+              for n in keys]
+    hard = all(t.klass == "hard" for t in trials)
+    worst = max(trials, key=lambda t: t.klass != "hard")
+    return Trial(worst.klass, worst.reason, hard and all(t.detected for t in trials), margins=worst.margins,
+                 note="classes " + ",".join(t.klass for t in trials))
+
+
 def appeal_band(net: Any, trial: int) -> Trial:
     """Issue 23 item 8: logprobs 0.51 off (just past the 0.5 intake tolerance), slashed, appealed on chain and to
     the other validator. Detected when the appeal is upheld (the stake stays slashed)."""
     from protocol.appeal import Appeal
     from protocol.envelope import seal
     from protocol.nonce import random_nonce
+    from protocol.upload import upload_headers
 
     node = net.node()
     _, data = node.build(version=VERSION, cheat="logprob_shift")
@@ -610,8 +723,10 @@ def appeal_band(net: Any, trial: int) -> Trial:
     net.pools.operator.appeal(key)
     body = Appeal(run_id=net.run.run_id, node=node.identity.address, work_key=bytes.fromhex(key[2:]),
                   verdict=row["verdict"], submission=data.decode())
+    appeal = seal(node.identity, body, domain=net.domain, nonce=random_nonce()).to_bytes()
     with other.client() as c:
-        r = c.post("/v1/appeals", content=seal(node.identity, body, domain=net.domain, nonce=random_nonce()).to_bytes())
+        r = c.post("/v1/appeals", content=appeal, headers=upload_headers(
+            node.identity, appeal, domain=net.domain, validator=other.service.identity.address, path="/v1/appeals"))
     answer = r.json()
     upheld = r.status_code == 200 and answer.get("outcome") == "upheld"
     return Trial("hard" if upheld else "accepted" if answer.get("outcome") == "overturned" else "error",
@@ -917,14 +1032,18 @@ ATTACKS = [
            dup_two_validators(True)),
     Attack("replay", "replayed envelope (same bytes)", "refused", replayed_envelope),
     Attack("forged_signature", "forged signature / altered signed body", "refused", forged_signature),
-    Attack("stale_version", "stale policy version", "soft", stale),
+    Attack("stale_version", "stale policy version", "refused", stale),
+    Attack("stale_junk_flood", "one staked key: stale + junk flood (rows, txs bounded)", "refused", stale_junk_flood),
     Attack("steered_logprobs", "logprobs steered 0.49 by advantage (trainer input)", "accepted", steered_logprobs),
     Attack("cached_repeat", "cached work paid twice (a repeated task's samples replayed)", "hard", cached_repeat),
     Attack("counter_grind", "counter grinding (liked tasks first / bad batch held back)", "refused", counter_grind),
     Attack("second_pool", "second-pool replay (same run id and weights)", "hard", second_pool),
     Attack("malformed_proofs", "malformed or crashing proofs", "hard", malformed_proofs),
     Attack("oversized", "oversized payload", "refused", oversized),
+    Attack("slow_uploads", "16 slow uploads from no key (honest work accepted)", "accepted", slow_uploads),
     Attack("sybil_shield", "Sybils (junk + noised prover) vs the correlation guard", "hard", sybil_shield),
+    Attack("fresh_version", "3 keys with history cheat first at a fresh version (guard)", "hard",
+           fresh_version_cheats),
     Attack("appeal_band", "appeal of logprobs 0.51 off (intake tolerance 0.5)", "hard", appeal_band),
     Attack("eos_skip", "skips every EOS that won within the margin", "hard", eos_skip, tiny_only=True),
     Attack("relay_flip", "relay flips bytes in a shard", "refused", relay_attack("relay_flip")),

@@ -19,6 +19,7 @@ from typing import Any
 
 import environments
 from bench import harness
+from environments import MultiTurnEnvironment
 from environments.math_verifier import MathVerifier
 from environments.mathematics import MathEnvironment
 from environments.programming import CodeEnvironment
@@ -49,6 +50,14 @@ def _reward_rate(env: environments.Environment, tasks: list[environments.Task]) 
     return len(tasks) / (time.perf_counter() - started)
 
 
+def _episode_rate(env: MultiTurnEnvironment, tasks: list[environments.Task]) -> float:
+    episodes = [(t, env.reference_episode(t, i)) for i, t in enumerate(tasks)]
+    started = time.perf_counter()
+    for i, (task, turns) in enumerate(episodes):
+        env.episode_reward(task, i, turns)
+    return len(tasks) / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = harness.parser(__doc__, smoke="every row once on 2 items (seconds; checks the bench, measures nothing)",
                             quick="fewer repetitions (~15 s)")
@@ -62,8 +71,12 @@ def main() -> None:
     for name in environments.names():
         env = environments.get(name)
         sample_rate = _rate(lambda env=env: env.sample(7, 16), max(2, n // 10)) * 16
-        reward_rate = _reward_rate(env, env.sample(8, n))
         rows.append({"what": f"{name}: sample", "per_s": sample_rate, "ratio": None})
+        if isinstance(env, MultiTurnEnvironment):
+            rate = _episode_rate(env, env.sample(8, n))
+            rows.append({"what": f"{name}: episode replay + reward", "per_s": rate, "ratio": None})
+            continue
+        reward_rate = _reward_rate(env, env.sample(8, n))
         rows.append({"what": f"{name}: reward (correct answers)", "per_s": reward_rate,
                      "ratio": reward_rate / anchor if name == "code" else None})
 

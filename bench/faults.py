@@ -15,7 +15,12 @@ sends SIGKILL to the process group of:
     node       node-0, in the middle of a batch (between two signed assignments); the restarted node
                resends what it signed and was not yet decided
 
-and reports, for each, the seconds from the kill to (restart = the devnet's restart; self = without it):
+then rolls the chain back `REORG_DEPTH` (32) blocks under the running network (`evm_snapshot`, work
+recorded and a version published meanwhile, `anvil_mine` to the depth, `evm_revert`): deeper than any
+confirmation count, so every chain writer must notice its transactions are gone, send them again under its
+own nonces and go on (issue 39 item 1),
+
+and reports, for each kill, the seconds from the kill to (restart = the devnet's restart; self = without it):
 
     relay      back (answers /health again), next version served (relay-0 holds a complete version newer
                than any at the kill); self: a node installs a version newer than any at the kill
@@ -23,6 +28,10 @@ and reports, for each, the seconds from the kill to (restart = the devnet's rest
     trainer    back (its metrics endpoint), next step trained (a new line in metrics.jsonl), next version
                on chain
     node       back (/health), next batch accepted for node-0
+
+For the rollback: `deep_reorg_resume_s`, the seconds from the revert until the trainer has trained a step,
+the chain shows the version it showed before the revert again and every work record the revert removed is
+recorded again; and `deep_reorg_audit_ok`, the audit right after (reported = on chain, no outbox stuck).
 
 After the last fault the network runs until every node has had work accepted since, then
 `prime-devnet audit --json` must reconcile (submitted = accepted + rejected + pending per validator,
@@ -35,8 +44,9 @@ the faults), so a recovery can be read as "n ordinary intervals".
 
     python -m bench.faults --json bench/measured/faults.json
     python -m bench.faults --quick          # shorter settling, the same four faults
-    python -m bench.faults --smoke --json out.json   # the four faults with the least watching and settling
+    python -m bench.faults --smoke --json out.json   # the four kills with the least watching and settling
                                                      # (a devnet still takes a minute or more to come up)
+    python -m bench.faults --quick --only reorg      # the 32-block rollback alone
 """
 
 from __future__ import annotations
@@ -58,6 +68,10 @@ from bench import harness
 from bench.harness import ROOT
 
 ROLES = ("relay", "validator", "trainer", "node")
+FAULTS = (*ROLES, "reorg")
+REORG_DEPTH = 32
+AUDIT_S = 300
+"""One `prime-devnet audit` run's limit (seconds; it takes a few on an idle box, minutes on a very busy one)."""
 
 
 class FaultError(RuntimeError):
@@ -82,6 +96,7 @@ class Devnet:
                                          start_new_session=True)
         self.layout: dict[str, Any] = {}
         self.pool: Any = None
+        self.start_block = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -101,14 +116,20 @@ class Devnet:
 
         dep = Deployment.load(self.layout["deployment"])
         self.pool = PoolClient(connect(self.layout["rpc_url"], timeout=5.0), dep.pool, dev_identity(0))  # reads only
+        self.start_block = int(dep.start_block)
 
     def alive_or_raise(self, what: str) -> None:
         if self.proc.poll() is not None:
             raise FaultError(f"prime-devnet up exited ({self.proc.returncode}) while {what}; see {self.log}")
 
     def audit(self) -> dict[str, Any]:
-        out = subprocess.run([sys.executable, "-m", "devnet.cli", "audit", "--state-dir", str(self.state), "--json"],
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120)
+        """`prime-devnet audit --json`; one that runs past AUDIT_S (a busy box) is a report that is not ok yet."""
+        try:
+            out = subprocess.run([sys.executable, "-m", "devnet.cli", "audit", "--state-dir", str(self.state),
+                                  "--json"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                 capture_output=True, timeout=AUDIT_S)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"audit ran past {AUDIT_S} s"}
         try:
             return dict(json.loads(out.stdout))
         except ValueError as exc:
@@ -315,6 +336,46 @@ def fault_node(net: Devnet, timeout: float, rng: random.Random) -> dict[str, Any
             "how": "restarted by the devnet; it resends what it signed and was not decided, then works on"}
 
 
+def recorded_on_chain(net: Devnet) -> int:
+    """Work keys recorded on the canonical chain and not invalidated."""
+    events = net.pool.events(net.start_block, names={"WorkRecorded", "WorkInvalidated"})
+    recorded = {bytes(e.args["workKey"]) for e in events if e.name == "WorkRecorded"}
+    return len(recorded - {bytes(e.args["workKey"]) for e in events if e.name == "WorkInvalidated"})
+
+
+def fault_deep_reorg(net: Devnet, timeout: float) -> dict[str, Any]:
+    """Roll the chain back `REORG_DEPTH` blocks, with work recorded and a version published in them."""
+    w3 = net.pool.tx.w3
+
+    def rpc(method: str, params: list[Any] | None = None) -> Any:
+        answer = w3.provider.make_request(method, params or [])
+        if answer.get("error"):
+            raise FaultError(f"{method}: {answer['error']}")
+        return answer.get("result")
+
+    recorded0, version0 = recorded_on_chain(net), net.chain_version() or 0
+    snapshot, head0 = rpc("evm_snapshot"), int(w3.eth.block_number)
+    wait_for("work recorded after the snapshot", lambda: recorded_on_chain(net) > recorded0, timeout, net)
+    wait_for("a version published after the snapshot", lambda: (net.chain_version() or 0) > version0, timeout, net)
+    depth = int(w3.eth.block_number) - head0
+    if depth < REORG_DEPTH:
+        rpc("anvil_mine", [hex(REORG_DEPTH - depth)])
+    recorded, version, steps = recorded_on_chain(net), net.chain_version() or 0, net.steps()
+    depth = int(w3.eth.block_number) - head0
+    t = time.monotonic()
+    if rpc("evm_revert", [snapshot]) is not True:
+        raise FaultError("evm_revert refused the snapshot")
+    removed = recorded - recorded0  # recorded in blocks after the snapshot: the revert removed them all
+    events = {
+        "training_resumed": lambda: net.steps() > steps,
+        "version_on_chain_again": lambda: (net.chain_version() or 0) >= version,
+        "work_recorded_again": lambda: recorded_on_chain(net) >= recorded,
+    }
+    at = Timer(net, t, events, timeout).at
+    return {"depth_blocks": depth, "records_removed": removed, "versions_removed": version - version0,
+            "recovery_s": at, "resume_s": max(at.values()), "audit": audit_until_settled(net, 120)}
+
+
 def signed_assignments(db: Path) -> int:
     """Assignments in a node's slashing-protection record (read-only; the node is dead)."""
     import sqlite3
@@ -359,12 +420,21 @@ def run(nodes: int, quick: bool, state_root: Path, seed: int = 0, extra: list[st
         res["cadence"] = cadence(net, 5 if smoke else 20 if quick else 60)
         plan = {"relay": lambda: fault_relay(net, timeout), "validator": lambda: fault_validator(net, timeout),
                 "trainer": lambda: fault_trainer(net, timeout, rng), "node": lambda: fault_node(net, timeout, rng)}
-        for role in only or ROLES:
+        # the rollback is not in --smoke (the default tier runs that beside everything else): --only reorg, the slow
+        # tier (tests/e2e/test_deep_reorg.py) or a full run
+        chosen = only or (ROLES if smoke else FAULTS)
+        for role in [r for r in chosen if r != "reorg"]:
             print(f"faults: kill -9 {role} ...", flush=True)
             r = plan[role]()
             print(f"faults: {r['killed']} ({r['while']}): {r['recovery_s']}", flush=True)
             res["faults"].append({"role": role, **r})
             time.sleep(1 if smoke else 2 if quick else 10)  # settle before the next fault
+        if "reorg" in chosen:
+            print(f"faults: rolling the chain back {REORG_DEPTH} blocks ...", flush=True)
+            r = fault_deep_reorg(net, timeout)
+            print(f"faults: rollback of {r['depth_blocks']} blocks ({r['records_removed']} records, "
+                  f"{r['versions_removed']} versions removed): {r['recovery_s']}", flush=True)
+            res.update(deep_reorg=r, deep_reorg_resume_s=r["resume_s"], deep_reorg_audit_ok=r["audit"]["ok"])
         # every node has work accepted after the last fault, then the audit
         marks = {n["address"]: net.accepted(node=n["address"]) for n in net.layout["nodes"]}
         wait_for("work accepted from every node after the faults", lambda: all(
@@ -378,10 +448,11 @@ def run(nodes: int, quick: bool, state_root: Path, seed: int = 0, extra: list[st
 
 def audit_until_settled(net: Devnet, timeout: float) -> dict[str, Any]:
     """The audit, retried while work is in flight (a row counted by one role and not yet by the next)."""
-    t0 = time.monotonic()
+    t0, ran_past = time.monotonic(), 0
     while True:
         report = net.audit()
-        if report.get("ok") or time.monotonic() - t0 > timeout:
+        ran_past += "error" in report  # a slow audit says nothing about the ledgers: up to 3 are retried anyway
+        if report.get("ok") or time.monotonic() - t0 > timeout and ("error" not in report or ran_past >= 3):
             return {"ok": bool(report.get("ok")), "after_s": round(time.monotonic() - t0, 1), "rows": report.get("rows")}
         time.sleep(3)
 
@@ -401,6 +472,10 @@ def report(res: dict[str, Any]) -> None:
     for f in res["faults"]:
         rec = ", ".join(f"{k} {v}" for k, v in f["recovery_s"].items())
         print(f"{f['killed']:<13}{f['while'][:33]:<34}{rec}")
+    if "deep_reorg" in res:
+        r = res["deep_reorg"]
+        print(f"rollback of {r['depth_blocks']} blocks: resumed in {r['resume_s']} s ({r['recovery_s']}), audit "
+              f"{'reconciled' if r['audit']['ok'] else 'MISMATCH'}")
     a = res.get("audit", {})
     print(f"audit after the faults: {'reconciled' if a.get('ok') else 'MISMATCH'}")
     for row in a.get("rows") or []:
@@ -411,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__, smoke="the four faults with a 5 s cadence watch and 1 s settling (checks the bench; "
                         "the devnet's start-up still takes a minute or more)", quick="shorter cadence watch and settling")
     ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--only", nargs="+", choices=ROLES, help="these faults only")
+    ap.add_argument("--only", nargs="+", choices=FAULTS, help="these faults only (reorg: the 32-block rollback)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--state-root", type=Path, help="keep the devnet's state and logs here (default: a temporary "
                     "directory, removed at the end)")

@@ -516,6 +516,10 @@ def devnet_run(work: Path, r: Recipe, nodes: int, validators: int = 2,
         try:
             rows = _wait(up, clock, r.steps, log, "prime-devnet up", each)
             wall = time.monotonic() - t0
+            deadline = time.monotonic() + 120  # `up` saves the layout once every node is healthy: on a busy box
+            while not layout and up.poll() is None and time.monotonic() < deadline:  # the trainer can be first
+                each(rows)
+                time.sleep(0.5)
             if layout:
                 extra["time"] = network_time(layout[0], rows, prop)
             out = subprocess.run([PY, "-m", "devnet.cli", "audit", "--state-dir", str(state), "--json"],

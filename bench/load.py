@@ -58,6 +58,12 @@ Bounded: a fixed number of requests and pulls, each phase with a deadline.
     python -m bench.load --quick --json bench/measured/load_quick.json
     python -m bench.load --quick --only flood                        # the flood alone (~2 min)
     python -m bench.load --smoke --json out.json   # every part at the smallest size (checks the bench, seconds)
+    python -m bench.load --only hostile --json bench/measured/load_hostile.json   # (d) below, 10 minutes
+
+(d) Hostile (issue 35, `bench/hostile.py`): honest nodes' work at a validator process alone (the baseline), then
+    beside 64 slow uploads from no key, 200 concurrent audit requests, 100 slow 16 MiB appeal uploads and 10
+    staked keys sending junk at their limits: `honest_acceptance`, `p99_over_baseline`, RSS and ledger growth.
+    Runs only when named (`--only hostile`) and in `--smoke`.
 """
 
 from __future__ import annotations
@@ -80,8 +86,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import harness
+from bench import harness, loopback
 from bench import validator_http as vhttp  # the validator as a process, RSS from /proc, oversize senders
+from bench.hostile import HostileLoad, hostile_load
+from bench.hostile import report as report_hostile
 
 MANIFEST = hashlib.sha256(b"load bench manifest v1").digest()
 HONEST_RETRY_STATUSES = {425, 429, 503}
@@ -165,11 +173,14 @@ def validator_config(state: Path, deployment: Path, rpc_url: str, spec: Validato
     return ValidatorConfig.model_validate({
         "state_dir": state, "run": run, "model": model, "threads": spec.threads,
         "chain": {"deployment": deployment, "rpc_url": rpc_url, "poll_s": 0.5},
-        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5},
+        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5, "max_backoff_s": loopback.REPORTER_MAX_BACKOFF_S},
         "max_age_s": 3600.0,  # honest work is built before the traffic starts
         "rate_per_node": spec.rate, "rate_burst": spec.burst,
         # the global bounds are part (c)'s subject; here 100+ connections at once are the point
         "flood": {"max_concurrent": 1024, "rate": 100_000.0, "burst": 100_000},
+        # a greedy sender's connections each get a slot: the per-node *rate* is this part's subject (the slots
+        # per signer are the hostile part's)
+        "gate": {"slots_per_node": max(2, spec.greedy_conns)},
     })
 
 
@@ -278,8 +289,26 @@ def plan_traffic(nodes: list[Any], honest: list[tuple[int, Any, int, bytes, str]
     return senders
 
 
-def _post(client: Any, host_port: tuple[str, int], item: Item) -> tuple[Any, str | None, dict[str, Any]]:
-    """(status, error code, answer body) of one request; a transport failure is `error:<Name>`."""
+_VALIDATORS: dict[str, tuple[str, str]] = {}
+"""base URL -> (validator address, envelope domain), read once from its /v1/info."""
+
+
+def _signed(client: Any, identity: Any, data: bytes) -> dict[str, str]:
+    """The sender's upload header for `data` (as prime-node sends it: the validator checks it before the body)."""
+    from protocol.upload import upload_headers
+
+    url = str(client.base_url)
+    if url not in _VALIDATORS:
+        info = client.get("/v1/info").json()
+        _VALIDATORS[url] = (str(info["validator"]), str(info["domain"]))
+    validator, domain = _VALIDATORS[url]
+    return upload_headers(identity, data, domain=domain, validator=validator, path="/v1/submissions")
+
+
+def _post(client: Any, host_port: tuple[str, int], item: Item,
+          identity: Any = None) -> tuple[Any, str | None, dict[str, Any]]:
+    """(status, error code, answer body) of one request, with `identity`'s upload header when given; a transport
+    failure is `error:<Name>`."""
     import httpx
 
     try:
@@ -287,7 +316,8 @@ def _post(client: Any, host_port: tuple[str, int], item: Item) -> tuple[Any, str
             kind = "oversize_declared" if item.kind == "oversize" else "oversize_chunked"
             return vhttp.send_junk(f"http://{host_port[0]}:{host_port[1]}")(client, (kind, item.payload)), \
                 "oversize", {}
-        r = client.post("/v1/submissions", content=item.payload)
+        headers = _signed(client, identity, item.payload) if identity is not None else None
+        r = client.post("/v1/submissions", content=item.payload, headers=headers)
     except (httpx.HTTPError, OSError) as exc:
         return f"error:{type(exc).__name__}", None, {}
     try:
@@ -307,7 +337,7 @@ def _send(url: str, sender: Sender, items: list[Item], deadline: float, lock: th
         for item in items:
             while time.monotonic() < deadline:
                 t0 = time.monotonic()
-                status, error, body = _post(client, (host, int(port)), item)
+                status, error, body = _post(client, (host, int(port)), item, sender.identity)
                 t1 = time.monotonic()
                 if item.work_key and status in (200, 202) and body.get("work_key") != item.work_key:
                     status = f"wrong-work-key:{status}"
@@ -559,7 +589,7 @@ def flood_config(state: Path, deployment: Path, rpc_url: str, spec: FloodLoad, u
     values: dict[str, Any] = {
         "state_dir": state, "run": run, "model": model, "threads": spec.threads,
         "chain": {"deployment": deployment, "rpc_url": rpc_url, "poll_s": 0.5},
-        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5}, "max_age_s": 3600.0,
+        "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5, "max_backoff_s": loopback.REPORTER_MAX_BACKOFF_S}, "max_age_s": 3600.0,
         "systemic": {"window_s": spec.slash_after_s, "min_nodes": 1_000_000, "fraction": 1.0},
     }
     if unheld:
@@ -583,7 +613,7 @@ def _flood_sender(url: str, node: Any, sub: Any, domain: str, deadline: float, l
             i += 1  # another counter: the assigned tasks differ from the ones in the payload (cheap, hard)
             data = seal(node, sub.model_copy(update={"counter": i}), domain=domain, nonce=random_nonce()).to_bytes()
             try:
-                r = c.post("/v1/submissions", content=data)
+                r = c.post("/v1/submissions", content=data, headers=_signed(c, node, data))
                 status: Any = r.status_code
             except httpx.HTTPError as exc:
                 status, r = f"error:{type(exc).__name__}", None
@@ -850,6 +880,8 @@ def report(res: dict[str, Any]) -> None:
               f"{v['rss_growth_after_first_10pct_mib']:+.1f} MiB; median of the first quarter "
               f"{v['rss_median_first_quarter_mib']:.0f}, of the last {v['rss_median_last_quarter_mib']:.0f})")
         print(f"unexpected answers: {v['unexpected_answers']}")
+    if res.get("hostile"):
+        report_hostile(res["hostile"])
     if r:
         print(f"\nrelay: {r['completed']}/{r['pulls']} pulls of {r['checkpoint']['bytes'] / (1 << 20):.1f} MiB "
               f"({r['checkpoint']['shards']} shards) complete, {r['verified_same']} byte-identical, in {r['wall_s']:.1f} s")
@@ -869,7 +901,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--honest", type=int, help="honest submissions (default 300; quick 100); at least --senders")
     ap.add_argument("--pulls", type=int, help="concurrent pulls (default 100; quick 20)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (validator and honest generation)")
-    ap.add_argument("--only", choices=["validator", "relay", "flood"], help="run one part")
+    ap.add_argument("--only", choices=["validator", "relay", "flood", "hostile"],
+                    help="run one part (hostile runs only when named, or in --smoke: `bench/hostile.py`)")
+    ap.add_argument("--hostile-s", type=float, help="attack time of the hostile part (default 600; quick 60)")
     ap.add_argument("--flood-s", type=float, help="flood time per configuration (default 60; quick 20)")
     args = ap.parse_args(argv)
     vspec = ValidatorLoad(senders=args.senders, threads=args.threads,
@@ -888,6 +922,12 @@ def main(argv: list[str] | None = None) -> int:
         rspec = RelayLoad(pulls=6, ckpt_vocab=512, ckpt_hidden=64, ckpt_layers=1, shard_mib=1, timeout_s=60)
         fspec = FloodLoad(keys=2, duration_s=args.flood_s or 3.0, slash_after_s=1.0, node_bytes_per_window=48 << 10,
                           max_backlog=2000, threads=args.threads)
+    hspec = HostileLoad(threads=args.threads, duration_s=args.hostile_s or (60.0 if args.quick else 600.0))
+    if args.quick:
+        hspec.baseline, hspec.attack = 10, 60
+    if args.smoke:
+        hspec = HostileLoad(honest_nodes=2, baseline=2, attack=2, duration_s=args.hostile_s or 3.0, slow_uploads=8,
+                            audits=10, appeals=4, staked=2, threads=args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     res: dict[str, Any] = {"info": harness.machine(args.threads), "quick": args.quick, "smoke": args.smoke,
                            "command": harness.command("load", argv)}
@@ -898,6 +938,8 @@ def main(argv: list[str] | None = None) -> int:
             res["relay"] = relay_load(rspec, Path(tmp) / "r")
         if args.only in (None, "flood"):
             res["flood"] = flood_load(fspec, Path(tmp) / "f")
+        if args.only == "hostile" or (args.only is None and args.smoke):
+            res["hostile"] = hostile_load(hspec, Path(tmp) / "h")
     res["info"]["load_average_end"] = list(os.getloadavg())
     report(res)
     harness.write_json(args.json, res)

@@ -48,6 +48,9 @@ SETTINGS = PoolSettings(
     appeal_window=150,
 )
 BUDGET = 1000 * TOKEN
+REPORTER_MAX_BACKOFF_S = 20.0
+"""`reporter.max_backoff_s` for validators of this pool: the default (300 s) would reach its 100 s invalidation
+window, and a validator refuses that at start (`validator.service.check_reach`)."""
 
 # PUBLIC anvil dev accounts by role (indices into the well-known test mnemonic).
 ADMIN, VALIDATOR, TRAINER, OPERATOR, OPERATOR2, STRANGER, ATTACKER_EOA, VALIDATOR2, TREASURY = 0, 1, 2, 3, 4, 5, 6, 7, 9
@@ -144,11 +147,13 @@ def serve(cfg: ValidatorConfig, identity: Identity, port: int = 0) -> Served:
     import uvicorn
 
     from validator.app import build_app
+    from validator.server import uvicorn_config
     from validator.service import Service
 
     service = Service(cfg, identity)
     service.start()
-    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(build_app(service), cfg.gate, host="127.0.0.1", port=port,
+                                           stats=service.core.stats))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -171,7 +176,8 @@ def validator_config(state_dir: Path, deployment_path: Path, rpc_url: str, **ove
         "state_dir": state_dir, "run": RUN, "model": TINY,
         "chain": {"deployment": deployment_path, "rpc_url": rpc_url, "poll_s": 0.2},
         "systemic": {"window_s": 0.5, "min_nodes": 3, "fraction": 0.5},
-        "reporter": {"interval_s": 0.2},
+        "reporter": {"interval_s": 0.2, "max_backoff_s": REPORTER_MAX_BACKOFF_S},
+        "audit_cache_s": 0.0,  # the tests read the audit right after the rows they check (a test sets it to test it)
         # the tiny model in fp32 everywhere: honest replay margins are 0.0, so a skipped near-tie EOS is a cheat
         "checks": {"eos_tie_drift": FP32_EOS_TIE_DRIFT},
     }

@@ -26,6 +26,13 @@ plain_http_s, raw_copy_s, ratios, rounds, cpu_s).
     python -m bench.shardcast --size-mib 1024 --rounds 3 --json bench/measured/shardcast.json
     python -m bench.shardcast --smoke --json out.json  # 8 MiB, 2 clients, no memory warm-up (seconds)
 
+`--delta` measures sparse delta versions instead (`run_delta`): a bf16 checkpoint of `--size-mib` in which
+`--delta-fraction` of the weights change between v1 and v2, published once whole and once as a delta (origin
+-> relays -> clients that hold v1, in one process), and reports `delta_bytes_over_full` and
+`full_time_over_delta_time` (from publish until every client holds v2, verified).
+
+    python -m bench.shardcast --delta --smoke --json out.json
+
 `--smoke` runs every system once at the smallest size so a default-tier test keeps the bench from rotting;
 it runs the reference (the anchor) only if its venv bench/.venvs/shardcast-ref already exists, says so
 when it skips it, and exits 1 if a system that ran failed.
@@ -33,6 +40,7 @@ when it skips it, and exits 1 if a system that ran failed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -581,9 +589,14 @@ def main() -> int:
     parser.add_argument("--cold", action="store_true",
                         help="skip the memory warm-up before each system (see warm_memory: on a VM with free-page "
                              "reporting each system then pays for whatever memory the one before it gave back)")
+    parser.add_argument("--delta", action="store_true", help="measure delta versions against full ones (run_delta)")
+    parser.add_argument("--delta-fraction", type=float, default=0.02,
+                        help="--delta: share of the weights that change between versions (default 0.02)")
     args = parser.parse_args()
     if args.smoke:
         args.clients, args.cold, args.rounds = 2, True, 1
+    if args.delta:
+        return run_delta(args)
     CLIENTS = args.clients
     WARM = not args.cold
     size_mib = args.size_mib or (8 if args.smoke else 256 if args.quick else 1024)
@@ -672,6 +685,95 @@ def main() -> int:
     print("ratios:", json.dumps(report["ratios"]))
     harness.write_json(args.json, report)
     return 1 if args.smoke and notes else 0  # a smoke run is a check: a system that failed fails it
+
+
+def _bf16_weights(path: Path, elements: int, seed: int, base: Path | None = None, fraction: float = 0.0) -> None:
+    """A safetensors file of bf16 bit patterns; with `base`, that file with `fraction` of its elements changed."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(seed)
+    if base is None:
+        tensors = {f"layer{i}": rng.integers(0x3C00, 0x3D00, size=elements // 4, dtype=np.uint16) for i in range(4)}
+    else:
+        tensors = load_file(str(base))
+        for tensor in tensors.values():
+            idx = rng.choice(tensor.size, size=int(tensor.size * fraction), replace=False)
+            tensor[idx] = tensor[idx] + 1
+    save_file(tensors, str(path))
+
+
+def run_delta(args: argparse.Namespace) -> int:
+    """Full against delta for the same v2, through origin -> relays -> clients holding v1, in one process."""
+    import asyncio
+
+    from protocol.identity import Identity
+    from shardcast import Client, Origin, Relay
+    from shardcast.manifest import SignedManifest
+    from shardcast.publisher import DeltaBase, publish_blocking
+
+    size_mib = args.size_mib or (4 if args.smoke else 64 if args.quick else 256)
+    shard = (args.shard_mib or (1 if args.smoke else 4)) * MiB
+    clients = args.clients
+    scratch = Path(args.workdir or tempfile.mkdtemp(prefix="shardcast-delta-"))
+    trainer = Identity.create()
+    results: dict[str, float] = {}
+    sizes: dict[str, tuple[int, int]] = {}
+    try:
+        v1, v2 = scratch / "v1", scratch / "v2"
+        for d in (v1, v2):
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "config.json").write_text("{}")
+        _bf16_weights(v1 / "model.safetensors", size_mib * MiB // 2, seed=1)
+        _bf16_weights(v2 / "model.safetensors", 0, seed=2, base=v1 / "model.safetensors", fraction=args.delta_fraction)
+
+        async def one(mode: str) -> float:
+            store = scratch / f"origin-{mode}"
+            first = publish_blocking(v1, store, identity=trainer, run_id="bench", version=1, shard_size=shard,
+                                     dtype="bfloat16")
+            async with Origin(store, run_id="bench", shard_size=shard, watch_interval_s=0.05) as origin:
+                relays = [Relay([origin.url], trainer=trainer.address, store_root=scratch / f"relay-{mode}-{i}",
+                                poll_wait_s=5) for i in range(RELAYS)]
+                for relay in relays:
+                    await relay.start()
+                try:
+                    pulls = [Client([r.url for r in relays], trainer=trainer.address, out_dir=scratch / f"c-{mode}-{i}",
+                                    progress=False, wait_s=60) for i in range(clients)]
+                    await asyncio.gather(*(c.pull(1) for c in pulls))  # everyone holds v1 before the clock
+                    t0 = time.monotonic()
+                    signed = await asyncio.to_thread(
+                        publish_blocking, v2, store, identity=trainer, run_id="bench", version=2, shard_size=shard,
+                        dtype="bfloat16", base=DeltaBase(v1, first.manifest) if mode == "delta" else None)
+                    await asyncio.gather(*(c.pull(2) for c in pulls))
+                    seconds = time.monotonic() - t0
+                finally:
+                    for relay in relays:
+                        await relay.stop()
+            sizes[mode] = (signed.manifest.total_bytes, signed.manifest.full_bytes)
+            for i in range(clients):
+                got = SignedManifest.parse((scratch / f"c-{mode}-{i}" / "manifests" / "2.json").read_bytes()).manifest
+                assert got.weights_hash() == signed.manifest.weights_hash()
+                assert (scratch / f"c-{mode}-{i}" / "v2" / "model.safetensors").read_bytes() == \
+                    (v2 / "model.safetensors").read_bytes()
+            return seconds
+
+        for mode in ("full", "delta"):
+            results[mode] = asyncio.run(asyncio.wait_for(one(mode), 600))
+            print(f"  {mode}: {results[mode]:.2f} s, {sizes[mode][0]} bytes travel per version", flush=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    report = {
+        "delta_bytes_over_full": round(sizes["delta"][0] / sizes["full"][0], 4),
+        "full_time_over_delta_time": round(results["full"] / results["delta"], 2),
+        "full_s": round(results["full"], 3), "delta_s": round(results["delta"], 3),
+        "changed_fraction": args.delta_fraction, "size_mib": size_mib, "shard_bytes": shard, "relays": RELAYS,
+        "clients": clients, "weights": "synthetic bf16 (not SmolLM2 RL checkpoints)",
+        "machine": harness.machine(), "smoke": args.smoke,
+    }
+    print("delta:", json.dumps({k: report[k] for k in ("delta_bytes_over_full", "full_time_over_delta_time")}))
+    harness.write_json(args.json, report)
+    return 0
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ def serve_main(config: Path, port_file: Path, loops: bool) -> int:
 
     from validator.app import build_app
     from validator.config import ValidatorConfig
+    from validator.server import uvicorn_config
     from validator.service import Service
 
     logging.basicConfig(level=logging.WARNING)
@@ -60,7 +61,8 @@ def serve_main(config: Path, port_file: Path, loops: bool) -> int:
     service = Service(cfg)
     if loops:
         service.start()
-    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(build_app(service), cfg.gate, host="127.0.0.1", port=0,
+                                           stats=service.core.stats))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     thread = threading.Thread(target=server.run, daemon=True)

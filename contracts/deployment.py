@@ -14,6 +14,10 @@ from contracts.transactor import Transactor
 from protocol.errors import ChainError
 from protocol.identity import checksum
 
+MAX_APPEAL_WINDOW = 100 * 365 * 24 * 3600
+"""The longest `appeal_window` the pool's constructor takes (`ComputePool.MAX_APPEAL_WINDOW`): its appeal
+deadlines are uint40 pool times."""
+
 logger = logging.getLogger(__name__)
 
 DEPLOYMENT_VERSION = 1
@@ -37,7 +41,7 @@ class PoolSettings(BaseModel):
     slash_penalty: int = Field(default=10**18, ge=0)
     """Stake taken on a hard invalidation, capped at the node's stake: held in escrow for `appeal_window`,
     then paid to the treasury (or back to the node if its appeal wins)."""
-    appeal_window: int = Field(default=3 * 24 * 3600, ge=0, lt=2**40)
+    appeal_window: int = Field(default=3 * 24 * 3600, ge=0, le=MAX_APPEAL_WINDOW)
     """Seconds after a hard invalidation during which the node may appeal it (pool clock)."""
 
 

@@ -321,10 +321,32 @@ class PoolClient(ContractClient):
         return self._send("invalidateHard", fn,
                           done=lambda: self.get_work(work_key).status is WorkStatus.HARD_INVALIDATED)
 
+    def invalidate_hard_batch(self, items: list[tuple[str, bytes | str, int, bytes | str]]) -> Receipt:
+        """invalidateHardBatch: [(node, work_key, reason_code, evidence_hash), ...] in one transaction, each slashed
+        as by `invalidate_hard`. Idempotent: keys already hard-invalidated are skipped with a `WorkSkipped` event.
+        Any other failure reverts the whole batch."""
+        nodes = [_address(node) for node, _, _, _ in items]
+        keys = [_key32(key) for _, key, _, _ in items]
+        codes = [code for _, _, code, _ in items]
+        evidence = [_key32(e) for _, _, _, e in items]
+        return self._send("invalidateHardBatch", self._f("invalidateHardBatch", nodes, keys, codes, evidence),
+                          done=lambda: all(self.get_work(k).status is WorkStatus.HARD_INVALIDATED for k in keys))
+
     def invalidate_soft(self, node: str, work_key: bytes | str, reason_code: int) -> Receipt:
         """invalidateSoft: remove `node`'s recorded work, or consume a key never recorded; no slash."""
         fn = self._f("invalidateSoft", _address(node), _key32(work_key), reason_code)
         return self._send("invalidateSoft", fn, done=lambda: self.get_work(work_key).invalidated)
+
+    def invalidate_soft_batch(self, items: list[tuple[str, bytes | str, int]]) -> Receipt:
+        """invalidateSoftBatch: [(node, work_key, reason_code), ...] in one transaction, no slash. Idempotent: keys
+        already invalidated (earlier or in this batch) are skipped with a `WorkSkipped` event, so a batch whose
+        outcome is unknown can be sent again. Any other failure reverts the whole batch (the reasons of
+        `invalidate_soft`)."""
+        nodes = [_address(node) for node, _, _ in items]
+        keys = [_key32(key) for _, key, _ in items]
+        codes = [code for _, _, code in items]
+        return self._send("invalidateSoftBatch", self._f("invalidateSoftBatch", nodes, keys, codes),
+                          done=lambda: all(self.get_work(k).invalidated for k in keys))
 
     # -- appeals --------------------------------------------------------------------------
 

@@ -5,8 +5,11 @@ Every failure leaves as `ChainError`, classified once here (`chain_error`); a co
 reason (custom error name, require string or panic code) in `ChainError.reason`. Only connection-level RPC
 failures are retried; a revert or a rejected transaction is never retried. A transaction that was sent is
 watched until it lands: dropped, it is sent again (same nonce while that is free, so two copies can never
-both land); stuck, it is replaced with higher fees; rolled back, it is sent again (`Transactor.reconcile`). The original web3/requests
-exception stays attached as `__cause__`.
+both land); stuck, it is replaced with higher fees; rolled back, it is sent again (`Transactor.reconcile`),
+whatever the depth of the rollback: every transaction is written to a journal (`contracts.journal`, durable in
+the role's state) before it is sent and kept after it lands. A nonce gap (the chain's nonce below one of ours
+that waits in the pool, with nothing of ours to fill it) is filled. The original web3/requests exception stays
+attached as `__cause__`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -33,6 +37,7 @@ from web3.exceptions import (
 from web3.providers.rpc import HTTPProvider
 
 from contracts.artifacts import decode_revert
+from contracts.journal import Journal
 from protocol.errors import ChainError
 from protocol.identity import Identity
 
@@ -42,11 +47,14 @@ T = TypeVar("T")
 
 GAS_MARGIN = 1.2  # estimates can be a little low when state shifts between estimate and inclusion
 GAS_BUMP = 1.25  # a replacement offers this much more (nodes want at least +10% to replace a pending tx)
-JOURNAL_LIMIT = 256  # landed transactions watched for a rollback at most (the oldest leave first)
+JOURNAL_LIMIT = 1024  # landed transactions watched for a rollback, whatever its depth (the oldest leave first)
+FILLER_GAS = 21_000  # a plain transfer: what fills a nonce gap
 
 # What web3.py and its transport raise for a failed or malformed RPC exchange (web3 also raises plain
 # ValueError from eth_utils/hexbytes on odd responses). Anything else is a bug here and stays uncaught.
 RPC_FAILURES: tuple[type[Exception], ...] = (Web3Exception, requests.RequestException, ValueError)
+# A node without eth_feeHistory, or an answer without base fees.
+FEE_HISTORY_FAILURES: tuple[type[Exception], ...] = (*RPC_FAILURES, KeyError, IndexError)
 # Encoding arguments for the ABI: eth_utils raises TypeError for a wrong argument count.
 ENCODING_FAILURES: tuple[type[Exception], ...] = (*RPC_FAILURES, TypeError)
 
@@ -113,6 +121,7 @@ class _Sent:
     what: str
     tx: dict[str, Any]
     done: Callable[[], bool] | None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
     raw: bytes = b""
     hashes: list[HexBytes] = field(default_factory=list)
     sent_at: float = 0.0
@@ -120,6 +129,31 @@ class _Sent:
     block_number: int | None = None
     block_hash: bytes | None = None
     mined: HexBytes | None = None
+    reverted: bool = False
+    relanding: bool = False
+    """Rolled back and not landed again yet: checked every round, whatever the blocks of the others."""
+
+    @property
+    def nonce(self) -> int:
+        return int(self.tx["nonce"])
+
+    def record(self) -> dict[str, Any]:
+        """What the journal keeps of it (`contracts.journal`)."""
+        return {"what": self.what, "tx": self.tx, "raw": "0x" + self.raw.hex(),
+                "hashes": [h.to_0x_hex() for h in self.hashes], "block_number": self.block_number,
+                "block_hash": None if self.block_hash is None else "0x" + self.block_hash.hex(),
+                "mined": None if self.mined is None else self.mined.to_0x_hex()}
+
+    @classmethod
+    def from_record(cls, entry_id: str, record: dict[str, Any]) -> _Sent:
+        """A journalled transaction of an earlier process (its `done()` did not survive it)."""
+        block_hash = record.get("block_hash")
+        mined = record.get("mined")
+        return cls(what=str(record["what"]), tx=dict(record["tx"]), done=None, id=entry_id,
+                   raw=bytes.fromhex(str(record["raw"])[2:]), hashes=[HexBytes(h) for h in record["hashes"]],
+                   block_number=record.get("block_number"),
+                   block_hash=None if block_hash is None else bytes.fromhex(block_hash[2:]),
+                   mined=None if mined is None else HexBytes(mined))
 
 
 class Transactor:
@@ -136,12 +170,15 @@ class Transactor:
         priority_fee_wei: int | None = None,
         resend_after_s: float = 30.0,
         probe_s: float = 1.0,
-        confirmations: int = 12,
+        keep: int = JOURNAL_LIMIT,
+        journal: Journal | None = None,
     ) -> None:
         """`receipt_timeout`: how long one send may wait for its receipt, resends included. `resend_after_s`: a
         transaction pending this long is replaced with higher fees. `probe_s`: how often a waiting send asks
-        whether its transaction is still in the pool. `confirmations`: blocks after which a landed transaction
-        is final (0: never watched for a rollback)."""
+        whether its transaction is still in the pool (and whether a nonce gap below it holds it up). `keep`:
+        landed transactions watched for a rollback, whatever its depth (0: none). `journal`: where sent
+        transactions are kept (`contracts.journal.FileJournal` in the role's state survives a restart; default:
+        memory); transactions an earlier process left there are taken up by `reconcile()`."""
         self.w3 = w3
         self.identity = identity
         self.retries = retries
@@ -149,16 +186,31 @@ class Transactor:
         self.receipt_timeout = receipt_timeout
         self.priority_fee_wei = priority_fee_wei
         self._lock = threading.Lock()
-        self._next_nonce: int | None = None
         self._chain_id: int | None = None
         self.resend_after_s = resend_after_s
         self.probe_s = probe_s
-        self.confirmations = confirmations
+        self.keep = keep
         self.resent = 0
         """Transactions sent again so far (dropped, stuck or rolled back)."""
+        self.filled = 0
+        """Nonce gaps filled so far (nonces below ours that nothing of ours held; see `_fill_gap`)."""
+        self.store = journal if journal is not None else Journal()
         self._journal: list[_Sent] = []
+        """Landed transactions watched for a rollback (the newest `keep`)."""
+        self._orphans: list[_Sent] = []
+        """Sent, never seen landed, and nobody waits for them (an earlier process's, or a send that timed out)."""
+        self._flying: dict[int, _Sent] = {}
+        """Nonce -> our transaction a send (or a resend) is waiting for now."""
+        self._reserved: set[int] = set()
+        """Nonces handed out whose transaction is not signed yet."""
         self._journal_lock = threading.Lock()
         self._reconciling = threading.Lock()
+        for entry_id, record in sorted(self.store.load().items(), key=lambda kv: int(kv[1]["tx"]["nonce"])):
+            sent = _Sent.from_record(entry_id, record)
+            (self._journal if sent.block_number is not None else self._orphans).append(sent)
+        if self._journal or self._orphans:
+            logger.info("transaction journal: %d landed transactions to watch, %d sent by an earlier process not "
+                        "seen landed", len(self._journal), len(self._orphans))
 
     @property
     def address(self) -> str:
@@ -197,25 +249,49 @@ class Transactor:
         return self._chain_id
 
     def resync_nonce(self) -> None:
-        """Forget the cached nonce (after a chain reset or a transaction sent elsewhere from this key) and, after a
-        reset, the journal of landed transactions (a new chain is not a rollback to repair)."""
-        with self._lock:
-            self._next_nonce = None
+        """After a chain reset (a new chain, not a rollback to repair): forget the journal. Nonces need no
+        resync: each comes from the chain's pending count, above only what a send of ours is waiting for."""
         with self._journal_lock:
+            dropped = [s.id for s in self._journal + self._orphans]
             self._journal.clear()
+            self._orphans.clear()
+        self.store.drop(dropped)
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
         """A read-only contract call; reverts become ChainError with the reason."""
         return self.rpc(what, fn)
 
+    # -- the journal ----------------------------------------------------------------------
+
+    def _save(self, sent: _Sent) -> None:
+        self.store.save(sent.id, sent.record())
+
+    def _forget(self, sents: list[_Sent]) -> None:
+        self.store.drop([s.id for s in sents])
+
+    def _fly(self, sent: _Sent) -> None:
+        with self._lock:
+            self._flying[sent.nonce] = sent
+
+    def _land(self, sent: _Sent) -> None:
+        with self._lock:
+            if self._flying.get(sent.nonce) is sent:
+                del self._flying[sent.nonce]
+
+    def _held(self) -> set[int]:
+        """Nonces a send of ours is using now (caller holds `_lock`)."""
+        return set(self._flying) | self._reserved
+
     # -- sending --------------------------------------------------------------------------
 
     def _allocate_nonce(self) -> int:
-        """The next nonce of this key (caller holds `_lock`): the node's pending count, or our own count when
-        it is ahead (transactions we sent that the node has not shown yet)."""
+        """The next nonce of this key (caller holds `_lock`): the node's pending count, or above every nonce a
+        send of ours is using (sent, maybe not shown by the node yet). Nothing else is remembered: after a
+        rollback deeper than anything watched, the next nonce is the chain's again, not one above a gap."""
         pending = int(self.rpc("nonce", lambda: self.w3.eth.get_transaction_count(self.identity.account.address, "pending")))
-        nonce = pending if self._next_nonce is None else max(pending, self._next_nonce)
-        self._next_nonce = nonce + 1
+        held = self._held()
+        nonce = max(pending, max(held) + 1) if held else pending
+        self._reserved.add(nonce)
         return nonce
 
     def send(self, what: str, tx: dict[str, Any], gas: int | None = None, *,
@@ -225,45 +301,79 @@ class Transactor:
         While it waits it watches the transaction: dropped from the pool (no receipt, not pending) it is sent
         again under the same nonce, or a fresh one when that nonce was used by another transaction (then ours
         can never land, so the action cannot happen twice); pending longer than `resend_after_s` it is replaced
-        under the same nonce with fees raised by `GAS_BUMP`. `done()` reads whether the action is on chain
-        already: a resend that reverts counts as success when it says so (the contract's own keys make a
-        replay revert harmlessly). Gives up after `receipt_timeout` with a ChainError (reason "timeout").
-        A landed transaction is kept in the journal until `confirmations` blocks bury it; `reconcile()` (run
-        before every send) sends again one whose block left the canonical chain (a reorg or a revert).
+        under the same nonce with fees raised by `GAS_BUMP`, or, when a nonce gap below it is what holds it up,
+        the gap is filled.
+        `done()` reads whether the action is on chain already: a resent copy that reverts counts as success when
+        it says so (the contract's own keys make a replay revert harmlessly). Gives up after `receipt_timeout`
+        with a ChainError (reason "timeout"); the transaction stays in the journal for `reconcile()`.
+        A landed transaction stays in the journal (the newest `keep`); `reconcile()` (run before every send)
+        sends again one whose block left the canonical chain (a reorg or a revert of any depth).
         """
         self.reconcile()
         with self._lock:
             tx = dict(tx)
             tx["from"] = self.address
             tx["chainId"] = self.chain_id()
-            tx["nonce"] = self._allocate_nonce()
+            tx["nonce"] = nonce = self._allocate_nonce()
+        try:
+            if gas is None:
+                try:
+                    estimate = int(self._retrying(what, lambda: self.w3.eth.estimate_gas(tx)))  # type: ignore[arg-type]
+                except RPC_FAILURES as exc:
+                    raise chain_error(exc, what) from exc
+                gas = int(estimate * GAS_MARGIN)
+            tx["gas"] = gas
+            self._fill_fees(tx)
+            sent = _Sent(what, tx, done)
+            self._fly(sent)
             try:
-                if gas is None:
-                    try:
-                        estimate = int(self._retrying(what, lambda: self.w3.eth.estimate_gas(tx)))  # type: ignore[arg-type]
-                    except RPC_FAILURES as exc:
-                        raise chain_error(exc, what) from exc
-                    gas = int(estimate * GAS_MARGIN)
-                tx["gas"] = gas
-                self._fill_fees(tx)
-                sent = _Sent(what, tx, done)
                 self._sign_and_send(sent)
-            except BaseException:
-                self._next_nonce = None  # the nonce was not used: ask the node again next time
+            except BaseException as exc:
+                self._land(sent)
+                if isinstance(exc, ChainError) and exc.reason != "rejected":
+                    self._orphan(sent)  # the outcome is unknown (the node may hold it): reconcile() finds out
+                else:
+                    self._forget([sent])
                 raise
-        return self._settle(sent)
+        finally:
+            with self._lock:
+                self._reserved.discard(nonce)
+        try:
+            return self._settle(sent)
+        except ChainError:
+            self._orphan(sent)
+            raise
+
+    def _orphan(self, sent: _Sent) -> None:
+        """Nobody waits for `sent` any more (its send gave up): `reconcile()` learns whether it landed after all."""
+        if sent.reverted:
+            return
+        with self._journal_lock:
+            if sent not in self._orphans and sent not in self._journal:
+                self._orphans.append(sent)
 
     def _sign_and_send(self, sent: _Sent) -> None:
+        """Sign `sent` as it stands and send it; journalled before it leaves (a kill between the two leaves a
+        record of a transaction that may be out)."""
         signed = self.identity.account.sign_transaction(sent.tx)
         tx_hash = HexBytes(signed.hash)
         sent.raw = bytes(signed.raw_transaction)
-        self._send_raw(sent.what, sent.raw, tx_hash)
         if tx_hash not in sent.hashes:
             sent.hashes.append(tx_hash)
+        self._save(sent)
+        self._send_raw(sent.what, sent.raw, tx_hash)
         sent.sent_at = time.monotonic()
 
     def _settle(self, sent: _Sent) -> Receipt:
-        """Wait for `sent` to land, resending it when it is dropped or stuck; the checked Receipt."""
+        """Wait for `sent` to land, resending it when it is dropped or stuck and filling a nonce gap below it;
+        the checked Receipt."""
+        self._fly(sent)
+        try:
+            return self._wait(sent)
+        finally:
+            self._land(sent)
+
+    def _wait(self, sent: _Sent) -> Receipt:
         deadline = time.monotonic() + self.receipt_timeout
         poll = 0.05
         last_probe = time.monotonic()
@@ -282,8 +392,12 @@ class Transactor:
                     if self._receipt_of(sent) is None:  # mined between the two lookups otherwise
                         self._revive(sent, "dropped from the pool")
                         deadline = max(deadline, time.monotonic() + min(self.receipt_timeout, 10 * self.probe_s))
-                elif now - sent.sent_at >= self.resend_after_s:
-                    self._replace(sent)
+                elif now - sent.sent_at >= self.resend_after_s:  # stuck: held up by a gap, or priced too low
+                    if self._fill_gap(sent):
+                        deadline = max(deadline, time.monotonic() + min(self.receipt_timeout, 10 * self.probe_s))
+                        sent.sent_at = time.monotonic()
+                    else:
+                        self._replace(sent)
             time.sleep(poll)
             poll = min(poll * 1.5, self.probe_s)
 
@@ -307,27 +421,88 @@ class Transactor:
         """How many of this key's transactions the chain has mined (the next nonce it will accept)."""
         return int(self.rpc("nonce", lambda: self.w3.eth.get_transaction_count(self.identity.account.address, "latest")))
 
+    def _fill_gap(self, sent: _Sent) -> bool:
+        """`sent` waits in the pool above the chain's nonce: every nonce in between that no send of ours is using
+        (a transaction of ours lost with a rollback deeper than the journal, or sent by another process of this
+        key and lost) holds it up for good. Fill each with a plain transfer to ourselves, so ours land under
+        their own nonces (never twice). True when it filled one."""
+        chain = self._chain_nonce()
+        if chain >= sent.nonce:
+            return False
+        self.reconcile()  # nonces of ours a rollback removed are sent again, not filled (unless that runs now)
+        chain = self._chain_nonce()
+        with self._journal_lock:
+            known = {s.nonce for s in self._journal + self._orphans}
+        with self._lock:
+            holes = [n for n in range(chain, sent.nonce) if n not in self._held() and n not in known]
+            self._reserved.update(holes)
+        if not holes:
+            return False
+        logger.warning("%s: tx %s (nonce %d) waits behind a nonce gap (the chain is at %d; nothing of ours holds "
+                       "%s): filling it", sent.what, sent.hashes[-1].to_0x_hex(), sent.nonce, chain, holes)
+        fillers = []
+        try:
+            for n in holes:
+                filler = _Sent("nonce gap filler", {"from": self.address, "to": self.address, "value": 0,
+                                                    "chainId": self.chain_id(), "nonce": n, "gas": FILLER_GAS}, None)
+                self._fill_fees(filler.tx)
+                self._fly(filler)
+                try:
+                    self._sign_and_send(filler)
+                except ChainError as exc:  # the pool holds a transaction at that nonce (another process's): no gap
+                    self._land(filler)
+                    self._forget([filler])
+                    logger.warning("nonce %d not filled: %s", n, exc)
+                    break
+                fillers.append(filler)
+                self.filled += 1
+        finally:
+            with self._lock:
+                self._reserved.difference_update(holes)
+        for filler in fillers:
+            try:
+                self._settle(filler)
+            except ChainError as exc:  # the next probe looks again
+                self._orphan(filler)
+                logger.warning("nonce gap filler %d: %s", filler.nonce, exc)
+        return bool(fillers)
+
     def _revive(self, sent: _Sent, why: str) -> None:
         """`sent` is gone (dropped, or its block rolled back): send it again, under its nonce while that is
         still free (so it and the lost copy can never both land), else under a fresh one."""
         sent.resends += 1
         self.resent += 1
-        nonce = int(sent.tx["nonce"])
+        nonce = sent.nonce
         if self._chain_nonce() <= nonce:
             logger.warning("%s: tx %s %s: sending it again (nonce %d, resend %d)", sent.what,
                            sent.hashes[-1].to_0x_hex(), why, nonce, sent.resends)
             try:
-                self._send_raw(sent.what, sent.raw, sent.hashes[-1])
-                sent.sent_at = time.monotonic()
+                if int(sent.tx["maxFeePerGas"]) < self._next_base_fee():  # it could not land now: raise its fees
+                    self._refee(sent)
+                    self._sign_and_send(sent)
+                else:
+                    self._send_raw(sent.what, sent.raw, sent.hashes[-1])
+                    sent.sent_at = time.monotonic()
                 return
             except ChainError as exc:
                 if exc.reason != "rejected" or self._chain_nonce() <= nonce:
                     raise
+        self._land(sent)
         with self._lock:
-            sent.tx["nonce"] = self._allocate_nonce()
+            sent.tx["nonce"] = fresh = self._allocate_nonce()
+            self._flying[fresh] = sent
+            self._reserved.discard(fresh)
         logger.warning("%s: tx %s %s and its nonce %d is used: sending it again with nonce %d (resend %d)",
-                       sent.what, sent.hashes[-1].to_0x_hex(), why, nonce, sent.tx["nonce"], sent.resends)
+                       sent.what, sent.hashes[-1].to_0x_hex(), why, nonce, fresh, sent.resends)
+        self._refee(sent)
         self._sign_and_send(sent)
+
+    def _refee(self, sent: _Sent) -> None:
+        """Fees of `sent` at least what a fresh transaction would offer now."""
+        fresh: dict[str, Any] = {}
+        self._fill_fees(fresh)
+        sent.tx["maxPriorityFeePerGas"] = max(int(sent.tx["maxPriorityFeePerGas"]), int(fresh["maxPriorityFeePerGas"]))
+        sent.tx["maxFeePerGas"] = max(int(sent.tx["maxFeePerGas"]), int(fresh["maxFeePerGas"]))
 
     def _replace(self, sent: _Sent) -> None:
         """`sent` has been pending `resend_after_s`: replace it (same nonce) with fees raised by GAS_BUMP, and at
@@ -351,8 +526,10 @@ class Transactor:
             sent.sent_at = time.monotonic()
 
     def _landed(self, sent: _Sent, receipt: Any) -> Receipt:
-        """Check a mined receipt; journal it until it is final."""
+        """Check a mined receipt; journal it, watched for a rollback while it is among the newest `keep`."""
         if receipt["status"] != 1:
+            sent.reverted = True
+            self._forget([sent])  # it used its nonce; sending it again is the caller's decision
             failure = self._failure(sent.what, sent.tx, receipt)
             if sent.resends and sent.done is not None and self._done(sent):
                 logger.info("%s: the resent tx reverted (%s) and the chain already shows the action: done",
@@ -360,13 +537,21 @@ class Transactor:
                 return Receipt(tx_hash=receipt["transactionHash"].to_0x_hex(), block_number=int(receipt["blockNumber"]),
                                gas_used=int(receipt["gasUsed"]), logs=[], replayed=True)
             raise failure
+        sent.relanding = False
         sent.block_number = int(receipt["blockNumber"])
         sent.block_hash = bytes(receipt["blockHash"])
         sent.mined = HexBytes(receipt["transactionHash"])
-        if self.confirmations > 0:
+        if self.keep > 0:
+            self._save(sent)
             with self._journal_lock:
-                self._journal.append(sent)
-                del self._journal[: max(0, len(self._journal) - JOURNAL_LIMIT)]
+                if sent not in self._journal:
+                    self._journal.append(sent)
+                self._journal.sort(key=lambda s: s.nonce)
+                old = self._journal[: max(0, len(self._journal) - self.keep)]
+                del self._journal[: len(old)]
+            self._forget(old)
+        else:
+            self._forget([sent])
         return Receipt(
             tx_hash=sent.mined.to_0x_hex(),
             block_number=sent.block_number,
@@ -383,15 +568,36 @@ class Transactor:
             return False
 
     def reconcile(self) -> int:
-        """Check the journal of landed transactions not yet `confirmations` blocks deep: one whose block left
-        the canonical chain (a reorg, a revert) is sent again (see `_revive`) and awaited. Returns how many
-        were sent again. Final ones leave the journal."""
+        """Check the journal: a landed transaction whose block left the canonical chain (a reorg, a revert, of
+        any depth) is sent again (see `_revive`), in nonce order, and awaited; one nobody waits for any more
+        (an earlier process's, or a send that timed out) is journalled as landed when it did land, and
+        forgotten when it is gone (its nonce is the chain's to give again). Returns how many were sent again."""
         if not self._reconciling.acquire(blocking=False):
             return 0  # another thread of ours is at it (two would send the same lost transaction twice)
         try:
+            self._adopt_orphans()
             return self._reconcile()
         finally:
             self._reconciling.release()
+
+    def _adopt_orphans(self) -> None:
+        with self._journal_lock:
+            orphans = list(self._orphans)
+        for sent in orphans:
+            receipt = self._receipt_of(sent)
+            if receipt is None and self._in_pool(sent):
+                continue  # still on its way: looked at again next time
+            with self._journal_lock:
+                self._orphans.remove(sent)
+            if receipt is None:
+                logger.warning("%s: tx %s (nonce %d) of an earlier send is gone; its nonce is free again",
+                               sent.what, sent.hashes[-1].to_0x_hex(), sent.nonce)
+                self._forget([sent])
+                continue
+            try:
+                self._landed(sent, receipt)
+            except ChainError as exc:
+                logger.warning("%s: tx %s of an earlier send reverted: %s", sent.what, sent.hashes[-1].to_0x_hex(), exc)
 
     def _reconcile(self) -> int:
         with self._journal_lock:
@@ -399,34 +605,63 @@ class Transactor:
         if not journal:
             return 0
         head = int(self.rpc("block number", lambda: self.w3.eth.block_number))
-        lost: list[_Sent] = []
+        lost = [s for s in journal if s.relanding]
         # A chain reorganises a suffix: once a journalled block is canonical, every lower one is too.
-        for sent in sorted(journal, key=lambda s: s.block_number or 0, reverse=True):
+        for sent in sorted([s for s in journal if not s.relanding], key=lambda s: s.block_number or 0, reverse=True):
             if self._canonical(sent, head):
                 break
             lost.append(sent)
-        final = [s for s in journal if s not in lost and head - (s.block_number or 0) + 1 >= self.confirmations]
+        if not lost:
+            return 0
         with self._journal_lock:
-            self._journal = [s for s in self._journal if s not in final and s not in lost]
-        resent = 0
-        for sent in sorted(lost, key=lambda s: int(s.tx["nonce"])):
-            logger.warning("%s: tx %s was mined in block %s, which is no longer on the chain: sending it again",
-                           sent.what, sent.mined.to_0x_hex() if sent.mined else "?", sent.block_number)
-            resent += 1
+            self._journal = [s for s in self._journal if s not in lost]
+        with self._lock:  # their nonces are ours to send again: no other send of ours may take them meanwhile
+            self._flying.update({s.nonce: s for s in lost})
+        lost.sort(key=lambda s: s.nonce)
+        logger.warning("%d of our landed transactions (nonces %d..%d, blocks %s..%s) are no longer on the chain "
+                       "(a rollback): sending them again", len(lost), lost[0].nonce, lost[-1].nonce,
+                       min(s.block_number or 0 for s in lost), max(s.block_number or 0 for s in lost))
+        waiting: list[_Sent] = []
+        for sent in lost:  # all out first, in nonce order, then awaited: one block can take them all
             try:
                 receipt = self._receipt_of(sent)  # re-mined by the chain itself (a reorg puts it back in the pool)
                 if receipt is not None:
+                    self._land(sent)
                     self._landed(sent, receipt)
-                else:
-                    if not self._in_pool(sent):
-                        self._revive(sent, "rolled back")
-                    self._settle(sent)
-            except ChainError as exc:
-                if sent.done is not None and self._done(sent):
-                    logger.info("%s: the chain already shows the action (%s): done", sent.what, exc)
                     continue
-                logger.error("%s: the rolled-back transaction could not be landed again: %s", sent.what, exc)
-        return resent
+                # its journal record keeps the lost block until it lands again (a restart retries it)
+                if not self._in_pool(sent):
+                    self._revive(sent, "rolled back")
+                waiting.append(sent)
+            except ChainError as exc:
+                self._land(sent)
+                self._given_up(sent, exc)
+        for sent in waiting:
+            try:
+                self._settle(sent)
+            except ChainError as exc:
+                self._given_up(sent, exc)
+        return len(lost)
+
+    def _given_up(self, sent: _Sent, exc: ChainError) -> None:
+        """A rolled-back transaction did not land again: the next round tries again after a failure of the RPC
+        or a timeout; after a revert or a refusal it is given up (logged)."""
+        if sent.done is not None and self._done(sent):
+            logger.info("%s: the chain already shows the action (%s): done", sent.what, exc)
+            self._forget([sent])
+            return
+        if exc.reason in {"timeout", "unreachable", "http"}:
+            logger.warning("%s: the rolled-back transaction has not landed again yet (%s); trying again next round",
+                           sent.what, exc)
+            sent.relanding = True
+            with self._journal_lock:
+                if sent in self._orphans:
+                    self._orphans.remove(sent)
+                if sent not in self._journal:
+                    self._journal.append(sent)
+            return
+        logger.error("%s: the rolled-back transaction could not be landed again: %s", sent.what, exc)
+        self._forget([sent])
 
     def _canonical(self, sent: _Sent, head: int) -> bool:
         if sent.block_number is None or sent.block_number > head:
@@ -434,9 +669,20 @@ class Transactor:
         block = self.rpc("block", lambda: self.w3.eth.get_block(sent.block_number))  # type: ignore[arg-type]
         return bytes(block["hash"]) == sent.block_hash
 
-    def _fill_fees(self, tx: dict[str, Any]) -> None:
+    def _next_base_fee(self) -> int:
+        """The base fee of the next block (the one a transaction sent now can enter): the last entry of
+        `eth_feeHistory`. The latest block's is not it: under anvil's automine, a transaction priced from a
+        block whose successor costs more is never mined, so no block follows and nothing else lands either."""
+        try:
+            history = self._retrying("fee history", lambda: self.w3.eth.fee_history(1, "latest"))
+            return int(history["baseFeePerGas"][-1])
+        except FEE_HISTORY_FAILURES as exc:  # a node without eth_feeHistory: the latest block's
+            logger.debug("fee history unavailable (%s): pricing from the latest block", exc)
         block = self.rpc("latest block", lambda: self.w3.eth.get_block("latest"))
-        base_fee = int(block.get("baseFeePerGas", 0) or 0)
+        return int(block.get("baseFeePerGas", 0) or 0)
+
+    def _fill_fees(self, tx: dict[str, Any]) -> None:
+        base_fee = self._next_base_fee()
         if self.priority_fee_wei is not None:
             tip = self.priority_fee_wei
         else:
@@ -453,7 +699,6 @@ class Transactor:
             if "already known" in message or "already imported" in message:
                 return
             if "nonce too low" in message:
-                self._next_nonce = None
                 if self._transaction_exists(tx_hash):
                     return
             raise ChainError(f"{what}: transaction rejected: {exc}", reason="rejected") from exc

@@ -20,7 +20,10 @@ Checks (each one row of the table; any failing row makes the exit status 1):
    is trained in some step, dropped by the trainer's async window (stale, counted) or as a duplicate of a
    group already trained, or still queued (held by the trainer, or past its cursor in that validator's
    feed); the trainer trained nothing no validator accepted or restored;
-4. work recorded on chain (and not invalidated since) = accepted work the validators reported;
+4. work recorded on chain (and not invalidated since) = accepted work the validators reported; and per
+   validator, its outbox drains: no accepted work (that can land) decided more than `OUTBOX_STALL_S` before the
+   read is still off chain (an outbox that has not moved past a row for that long is stuck: the reporter
+   cannot land anything, as after a nonce wedge);
 5. rewards reserved on chain = recorded units x rate - claimed, and = the validators' accepted units x rate
    (work restored by an overturned appeal counts with its restored reward: no validator lists it as accepted);
 6. every slash has evidence: each hard invalidation carries a non-zero evidence hash that a validator
@@ -32,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sqlite3
+import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +51,9 @@ from protocol.work_ledger import read_work_ledger
 log = logging.getLogger(__name__)
 
 ZERO32 = "0x" + "00" * 32
+OUTBOX_STALL_S = 600.0
+"""Longest an accepted row may wait off chain before the audit calls the validator's outbox stuck: twice the
+reporter's longest backoff (`reporter.max_backoff_s`, 300 s by default) while the RPC fails."""
 
 
 @dataclass
@@ -79,6 +86,9 @@ class Inputs:
     """The nodes' records read again after the validators (default: `nodes`)."""
     chain_events_after: list[dict[str, Any]] | None = None
     """The pool's events up to a block read after the validators (default: `chain_events`)."""
+    read_at: float | None = None
+    """Unix time the validators were read (default: when `reconcile` runs); an accepted row's `decided_at` is
+    compared with it."""
 
 
 def _key(v: Any) -> str:
@@ -87,7 +97,7 @@ def _key(v: Any) -> str:
     return str(v).lower()
 
 
-def reconcile(inp: Inputs) -> list[Row]:
+def reconcile(inp: Inputs, outbox_stall_s: float = OUTBOX_STALL_S) -> list[Row]:
     """The checks of the module docstring. A live network keeps moving while it is read, so each bound is
     taken from the side of the read that makes it exact: what was on chain (or posted by a node) before the
     validators were read must be in their ledgers; what they had reported (or received) must be on chain
@@ -206,6 +216,18 @@ def reconcile(inp: Inputs) -> list[Row]:
     outbox = len(set(accepted) - on_chain)
     if outbox:
         rows.append(Row("accepted work not yet on chain (validators' outbox)", "-", outbox, True))
+    read_at = time.time() if inp.read_at is None else inp.read_at
+    for name, rep in sorted(inp.validators.items()):
+        if rep.get("counts") is None:
+            continue
+        waiting = [read_at - float(a["decided_at"]) for a in rep.get("accepted", [])
+                   if a.get("decided_at") is not None and not a.get("unreportable")
+                   and a["work_key"].lower() not in on_chain_after]
+        stuck = sorted(w for w in waiting if w > outbox_stall_s)
+        rows.append(Row(f"{name}: outbox drains (accepted work off chain at most {outbox_stall_s:.0f} s)", 0,
+                        len(stuck), not stuck,
+                        f"{len(stuck)} accepted rows off chain for over {outbox_stall_s:.0f} s (oldest {stuck[-1]:.0f} s): "
+                        f"its outbox has not shrunk past them; the reporter lands nothing" if stuck else ""))
 
     # 5. rewards
     rate = inp.reward_per_unit
@@ -287,6 +309,7 @@ def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
         reserved = int(functions.rewardsReserved().call(block_identifier=before))
         rate = int(functions.rewardPerUnit().call(block_identifier=before))
         validators: dict[str, dict[str, Any]] = {}
+        read_at = time.time()
         for v in layout.validators:
             try:
                 r = http.get(v["url"] + "/v1/audit")
@@ -311,7 +334,7 @@ def gather(layout: Layout, timeout_s: float = 10.0) -> Inputs:
                         break
     return Inputs(validators=validators, trainer_steps=trainer_steps, nodes=nodes, chain_events=events,
                   rewards_reserved=reserved, reward_per_unit=rate, evidence=evidence,
-                  nodes_after=nodes_after, chain_events_after=events_after)
+                  nodes_after=nodes_after, chain_events_after=events_after, read_at=read_at)
 
 
 def audit(layout: Layout) -> dict[str, Any]:

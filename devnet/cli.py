@@ -141,9 +141,12 @@ def status(argv: list[str]) -> int:
             snap = observer.snapshot()
         finally:
             observer.close()
+    from devnet.published import published_lines, published_versions
+
+    published = published_versions(args.state_dir / "origin")
     if args.json:
         print(json.dumps({"running": running, "supervisor": sup, "processes": [e.__dict__ for e in entries],
-                          "snapshot": snap}, indent=1, default=str))
+                          "snapshot": snap, "published": published}, indent=1, default=str))
         return 0
     print(f"devnet in {args.state_dir}: {'running' if running else 'not running'} (supervisor pid {sup})")
     print(f"{'name':<13} {'role':<10} {'pid':>7} {'port':>6}  {'state':<8} log")
@@ -154,6 +157,7 @@ def status(argv: list[str]) -> int:
         print(summary_line(snap))
         if snap.get("dashboard"):
             print(f"dashboard: {snap['dashboard']}")
+    print("\n".join(published_lines(published)))
     return 0
 
 

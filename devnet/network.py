@@ -290,6 +290,7 @@ class Network:
                 "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 0.5},
                 "key": {"key_env": "PRIME_DEVNET_VALIDATOR_KEY"},
                 "reporter": {"interval_s": 1.0},
+                "audit_cache_s": 0.0,  # `prime-devnet audit` reconciles with fresh reads; a local network's operator
                 "discovery": {"listen": self.listen(f"validator-{i}")} if self.hosts else None,
             })
             validators.append(self.table.start(

@@ -7,20 +7,33 @@
     score = env.reward(tasks[0], completion_text)   # float in [0, 1], pure; UngradableError when
                                                     # grading itself failed (never record it as 0)
 
-See environments/README.md for each environment, its grading rule and the sandbox limits.
+Multi-turn environments (`MultiTurnEnvironment`: calc-arith, alphabet-sort, wordle) play an episode
+with `start`/`step`/`replay`; `ChatRenderer` turns their messages into token spans appended after the
+model's own tokens. See environments/README.md for each environment, its grading rule and the
+sandbox limits.
 """
 
 from protocol.errors import UngradableError
 
 from .base import Environment
 from .chat import render_prompt
+from .episode import EnvReply, Episode, EpisodeState, MultiTurnEnvironment, episode_rng
 from .length import LengthReward
 from .registry import get, names, register, versions
+from .renderer import (
+    ChatRenderer,
+    RenderedEpisode,
+    TemplateUnstableError,
+    check_prefix_stable,
+    reference_tokens,
+    render_episode,
+)
 from .sandbox import SandboxLimits, SandboxResult, SandboxUnavailableError, run_sandboxed
 from .task import HiddenTest, Message, Task, make_task, task_digest_ok
 
 __all__ = [
-    "Environment", "HiddenTest", "LengthReward", "Message", "SandboxLimits", "SandboxResult",
-    "SandboxUnavailableError", "Task", "UngradableError", "get", "make_task", "names", "register",
-    "render_prompt", "run_sandboxed", "task_digest_ok", "versions",
+    "ChatRenderer", "EnvReply", "Environment", "Episode", "EpisodeState", "HiddenTest", "LengthReward", "Message",
+    "MultiTurnEnvironment", "RenderedEpisode", "SandboxLimits", "SandboxResult", "SandboxUnavailableError", "Task",
+    "TemplateUnstableError", "UngradableError", "check_prefix_stable", "episode_rng", "get", "make_task", "names",
+    "reference_tokens", "register", "render_episode", "render_prompt", "run_sandboxed", "task_digest_ok", "versions",
 ]

@@ -8,13 +8,16 @@ from collections.abc import Callable
 
 from protocol.errors import TaskEnvironmentError
 
+from .alphabet_sort import AlphabetSort
 from .arithmetic import Arithmetic
 from .base import Environment
+from .calculator import CalcArith
 from .length import MODES, LengthReward
 from .lowercase import Lowercase
 from .mathematics import MathEnvironment
 from .programming import CodeEnvironment
 from .reverse_text import ReverseText
+from .wordle import Wordle
 
 _FACTORIES: dict[str, dict[str, Callable[[], Environment]]] = {}
 _INSTANCES: dict[tuple[str, str], Environment] = {}
@@ -39,7 +42,8 @@ def unregister(name: str, version: str) -> None:
         _INSTANCES.pop((name, version), None)
 
 
-for _cls in (ReverseText, Arithmetic, MathEnvironment, CodeEnvironment, Lowercase):
+for _cls in (ReverseText, Arithmetic, MathEnvironment, CodeEnvironment, Lowercase, CalcArith, AlphabetSort,
+             Wordle):
     register(_cls.name, _cls.version, _cls)
 
 

@@ -32,6 +32,7 @@ from protocol.envelope import seal
 from protocol.errors import ChainError
 from protocol.identity import Identity
 from protocol.nonce import random_nonce
+from protocol.upload import upload_headers
 
 logger = logging.getLogger("prime-node")
 _DECIDED = ("overturned", "upheld")
@@ -111,8 +112,9 @@ def appeal_one(v: HardVerdict, *, pool: Any, node: Identity, domain: str, direct
         url = directory.by_address[address]
         data = seal(node, body, domain=domain, nonce=random_nonce()).to_bytes()
         try:
-            r = directory.http.post(f"{url}/v1/appeals", content=data,
-                                    headers={"content-type": "application/octet-stream"})
+            r = directory.http.post(f"{url}/v1/appeals", content=data, headers={
+                "content-type": "application/octet-stream",  # the appellant's upload header: checked before the body
+                **upload_headers(node, data, domain=domain, validator=address, path="/v1/appeals")})
             answer = r.json()
         except (httpx.HTTPError, ValueError) as exc:
             errors[url] = f"{type(exc).__name__}: {exc}"

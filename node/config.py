@@ -76,7 +76,9 @@ class VllmEngineSettings(Section):
     max_num_seqs: int = Field(64, ge=1)
     """Most sequences vLLM batches at once (continuous batching)."""
     max_model_len: int | None = Field(None, ge=16)
-    """Longest prompt + completion vLLM plans its KV cache for (default: the model's limit, at most 4096)."""
+    """Longest prompt + completion vLLM plans its KV cache for (default: the model's limit, at most 4096). It must
+    hold the run's longest prompt plus `max_new_tokens`: pre-flight checks that, and a batch that does not fit is
+    refused (a completion cut short would be rejected as malformed)."""
     max_num_batched_tokens: int | None = Field(None, ge=16)
     """Tokens per engine step (default vLLM's); a small value splits long prompts into chunked prefills."""
     kv_cache_gib: float = Field(1.0, gt=0.0)
@@ -108,7 +110,8 @@ class SubmitSettings(Section):
     """Cap of one backoff."""
     timeout_s: float = Field(30.0, gt=0.0)
     """Total deadline of one submission to a validator (connect to last byte). A validator that misses it is
-    hung: not retried, marked down for `max_backoff_s`, and the work goes to the next validator."""
+    hung: not retried, marked down for `max_backoff_s` (doubling each time in a row it hangs, up to 10 minutes,
+    until it answers), and the work goes to the next validator."""
     probe_timeout_s: float = Field(5.0, gt=0.0)
     """Total deadline of a validator's `/v1/info` and of one verdict poll (cheap reads)."""
     decide_timeout_s: float = Field(300.0, gt=0.0)

@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from node.config import CpuEngineSettings, EngineSettings, VllmEngineSettings
-from node.inference import Completion, InferenceEngine, Request
+from node.inference import Completion, InferenceEngine, Request, check_context
 from protocol.errors import ConfigError
 from protocol.model_spec import ModelSpec
 from protocol.run import RunSpec
@@ -44,10 +44,15 @@ class ModelsEngine(InferenceEngine):
     def tokenizer(self) -> Any:
         return self.loaded.tokenizer
 
+    @property
+    def context_limit(self) -> int:
+        return self.loaded.max_context
+
     def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
         from models.sampling import SamplingParams
         from toploc.validation import prove
 
+        check_context(requests, run, self.context_limit)
         params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
         gens = self._engine.generate([r.prompt for r in requests], params, [r.seed for r in requests],
                                      run.max_new_tokens)

@@ -10,6 +10,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from protocol.errors import ModelError
 from protocol.run import RunSpec
 
 
@@ -43,5 +44,25 @@ class InferenceEngine(abc.ABC):
     def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
         """One completion per request, sampled with `run`'s sampler settings and each request's seed."""
 
+    @property
+    def context_limit(self) -> int | None:
+        """The longest sequence (prompt + completion) this engine can run, or None where it has no limit of its
+        own: a completion cut short by the context would end in `length` before `max_new_tokens`, which the
+        validator rejects as malformed (a hard verdict), so prompts that do not fit are refused first."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional: most engines hold nothing outside this process
         """Release what the engine holds outside Python objects (vLLM's engine process)."""
+
+
+def check_context(requests: list[Request], run: RunSpec, limit: int | None) -> None:
+    """Refuse (`ModelError`, nothing generated) a batch with a prompt whose completion of `run.max_new_tokens`
+    would not fit in `limit` tokens: the engine would stop it early, and an early `length` is a hard verdict."""
+    if limit is None or not requests:
+        return
+    longest = max(len(r.prompt) for r in requests)
+    if longest + run.max_new_tokens > limit:
+        raise ModelError(f"a prompt of {longest} tokens + max_new_tokens {run.max_new_tokens} = "
+                         f"{longest + run.max_new_tokens} exceeds the engine's context of {limit} tokens: nothing "
+                         f"generated (a completion cut short would be rejected); raise `engine.max_model_len` "
+                         f"(vLLM) or use a model with a longer context")

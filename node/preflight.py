@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 _MANIFEST = b"\x00" * 31 + b"\x01"  # not checked here: pre-flight measures the computation only
 _CHAIN_ID, _POOL = 0, "0x" + "00" * 20  # a preflight is no pool's work: any fixed venue gives real seeds
+CONTEXT_TASKS = 512
+"""Tasks whose prompts are rendered to find the longest one the engine's context must hold."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,15 @@ def run_preflight(engine: InferenceEngine, model: ModelSpec, run: RunSpec, check
     node = Identity.create().address  # seeds only: nothing is signed
     env = get_environment(run.env, run.env_version)
     report = PreflightReport()
+    limit = engine.context_limit
+    if limit is not None:
+        context = context_check(engine, env, run, limit)
+        if not context.ok:  # the engine refuses such a batch: nothing to generate or measure
+            report.checks = [context]
+            report.problems.append(f"a prompt of {int(context.worst) - run.max_new_tokens} tokens + max_new_tokens "
+                                   f"{run.max_new_tokens} does not fit the engine's context of {limit}: raise "
+                                   f"`engine.max_model_len` (vLLM)")
+            return report
     started = time.monotonic()
     subs = [build_submission(engine, run, node, 1, counter, _MANIFEST, chain_id=_CHAIN_ID, pool=_POOL)
             for counter in range(batches)]
@@ -145,6 +156,19 @@ def run_preflight(engine: InferenceEngine, model: ModelSpec, run: RunSpec, check
         Check("logprob error", worst["logprob"], logprob_tolerance),
         Check("reward error", max(reward_errors, default=0.0), reward_tolerance),
     ]
+    if limit is not None:
+        report.checks.insert(0, context)
     if thresholds.max_sampling_mismatches == 0:  # then one position past the tolerance already fails
         report.checks.insert(3, Check("sampling margin", worst["sampling"], thresholds.sampling_margin_tolerance))
     return report
+
+
+def context_check(engine: InferenceEngine, env: Any, run: RunSpec, limit: int, tasks: int = CONTEXT_TASKS) -> Check:
+    """The longest prompt of `tasks` tasks drawn from the run's environment, plus `max_new_tokens`, against the
+    engine's context: a vLLM `max_model_len` below it would cut honest completions short (a hard verdict)."""
+    longest, seed = 0, 0
+    while tasks > 0:
+        batch = env.sample(seed, min(tasks, run.tasks_per_batch))
+        longest = max([longest, *(len(prompt_ids(engine.tokenizer, task)) for task in batch)])
+        tasks, seed = tasks - len(batch), seed + 1
+    return Check("longest prompt + max_new_tokens", longest + run.max_new_tokens, limit)

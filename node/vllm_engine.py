@@ -50,7 +50,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from models.sampling import SamplingParams as ProtocolParams
 from models.sampling import sample, seed_tensor
-from node.inference import Completion, InferenceEngine, Request
+from node.inference import Completion, InferenceEngine, Request, check_context
 from protocol.errors import ModelError
 from protocol.model_spec import HFModelSpec, ModelSpec, SmolLM2Spec, TinyModelSpec
 from protocol.run import RunSpec
@@ -131,9 +131,10 @@ class _WorkerState:
     def collect(self, keys: list[str], with_hidden: bool) -> dict[str, dict[str, Any]]:
         from toploc.validation import prove
 
+        traces = self.discard(keys)  # all popped first: a gap in one request leaves no other behind
         out: dict[str, dict[str, Any]] = {}
         for key in keys:
-            trace = self.traces.pop(key, _Trace())
+            trace = traces.get(key, _Trace())
             n = len(trace.tokens)
             if sorted(trace.tokens) != list(range(n)):
                 raise RuntimeError(f"prime: request {key} has steps {sorted(trace.tokens)}, not 0..{n - 1}")
@@ -145,6 +146,11 @@ class _WorkerState:
                 item["hidden"] = hidden.float().cpu().tolist()
             out[key] = item
         return out
+
+    def discard(self, keys: list[str]) -> dict[str, _Trace]:
+        """Take the traces of `keys` out of the worker (a batch collected, or one whose generate raised: its
+        hidden rows would otherwise stay in memory for the life of the engine)."""
+        return {key: trace for key in keys if (trace := self.traces.pop(key, None)) is not None}
 
 
 _STATE = _WorkerState()
@@ -213,6 +219,9 @@ class PrimeWorkerExtension:
 
     def prime_collect(self, keys: list[str], with_hidden: bool = False) -> dict[str, dict[str, Any]]:
         return _STATE.collect(keys, with_hidden)
+
+    def prime_discard(self, keys: list[str]) -> int:
+        return len(_STATE.discard(keys))
 
     def prime_stats(self) -> dict[str, int]:
         return {"resumed": _STATE.resumed, "pending": len(_STATE.traces)}
@@ -288,6 +297,8 @@ class _Runtime:
         self.weights = self.base.path
         self.epoch = 0
         self._keys = itertools.count()
+        self.max_len = settings.max_model_len or min(self.base.max_context or 4096, 4096)
+        """vLLM's `max_model_len`: the longest prompt + completion this runtime runs."""
         self.llm = self._start(self.weights)
         self.swaps: list[float] = []
         """Seconds each weight swap took (reload in the worker, or a restart)."""
@@ -303,7 +314,7 @@ class _Runtime:
             env["CUDA_VISIBLE_DEVICES"] = s.device.split(":", 1)[1]
         else:
             raise ModelError(f"the vLLM engine runs on `cpu` or `cuda:N`, not {s.device!r}")
-        max_len = s.max_model_len or min(self.base.max_context or 4096, 4096)
+        max_len = self.max_len
         kwargs: dict[str, Any] = dict(
             model=str(path), dtype=s.dtype, seed=0, skip_tokenizer_init=True, generation_config="vllm",
             enable_prefix_caching=True, max_model_len=max_len, max_num_seqs=s.max_num_seqs,
@@ -364,8 +375,13 @@ class _Runtime:
                                  extra_args={EXTRA: {"key": k, "seed": str(r.seed), "temperature": run.temperature,
                                                      "top_k": run.top_k, "top_p": run.top_p}})
                   for k, r in zip(keys, requests, strict=True)]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        collected: dict[str, dict[str, Any]] = self.llm.collective_rpc("prime_collect", args=(keys, with_hidden))[0]
+        try:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            collected: dict[str, dict[str, Any]] = self.llm.collective_rpc("prime_collect",
+                                                                           args=(keys, with_hidden))[0]
+        except BaseException:
+            self._discard(keys)
+            raise
         completions = []
         for key, out in zip(keys, outputs, strict=True):
             got, mine = list(out.outputs[0].token_ids), collected[key]
@@ -378,6 +394,19 @@ class _Runtime:
             completions.append(Completion(tokens=got, logprobs=[float(x) for x in mine["logprobs"]],
                                           finish_reason=finish, proofs=[bytes(p) for p in mine["proofs"]]))
         return completions, collected, keys
+
+    def _discard(self, keys: list[str]) -> None:
+        """Free the worker's traces of a batch that failed (best effort: the engine may be what failed)."""
+        try:
+            n = self.llm.collective_rpc("prime_discard", args=(keys,))[0]
+        except Exception as exc:  # noqa: BLE001 - a dead engine holds nothing worth freeing
+            logger.warning("vLLM: could not free the traces of a failed batch (%s: %s)", type(exc).__name__, exc)
+        else:
+            logger.info("vLLM: freed the traces of %d request(s) of a failed batch", n)
+
+    def pending_traces(self) -> int:
+        """Requests whose traces the worker still holds (0 between batches)."""
+        return int(self.llm.collective_rpc("prime_stats")[0]["pending"])
 
     def preemptions(self) -> int:
         """Requests that vLLM preempted and resumed so far (seen by the sampler)."""
@@ -450,6 +479,10 @@ class VllmEngine(InferenceEngine):
     def tokenizer(self) -> Any:
         return self.runtime.base.tokenizer
 
+    @property
+    def context_limit(self) -> int:
+        return self.runtime.max_len
+
     def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
         return self.generate_traced(requests, run)[0]
 
@@ -458,6 +491,7 @@ class VllmEngine(InferenceEngine):
         """`generate`, plus what the worker recorded per request (with `with_hidden`: the hidden rows; tests)."""
         if not requests:
             return [], []
+        check_context(requests, run, self.context_limit)
         with self.runtime.lock:
             self.runtime.use(self.weights)
             completions, collected, keys = self.runtime.generate(requests, run, with_hidden=with_hidden)

@@ -11,6 +11,8 @@ later, and no new work is generated until it is out. A validator that does not a
 (it accepts connections and hangs, or trickles bytes: every request has a total deadline, not only a
 per-read one) is not retried: it is marked down at once and the work goes to the next validator in the
 ranking (issue 26 item 3), and its `/v1/info` and verdict reads are bounded by `submit.probe_timeout_s`.
+Its back-off doubles each time in a row it hangs (up to `DOWN_MAX_S`) and starts over when it answers: after
+failover, polls for the old verdicts it holds go to the others and rarely to it (issue 39 item 4).
 
 Nothing a validator says is believed because it answered (issue 23, item 10):
 
@@ -63,6 +65,7 @@ from protocol.nonce import random_nonce
 from protocol.replay import RereadRecords
 from protocol.rollout import Outcome, Reason, RunSpec, Submission, Verdict, submission_venue
 from protocol.seeds import validator_ranking, work_key
+from protocol.upload import upload_headers
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +92,8 @@ def bounded_request(http: httpx.Client, method: str, url: str, timeout_s: float,
 
 MAX_VALIDATORS = 64
 """Validator URLs a node keeps (configured, learned and hinted together)."""
+DOWN_MAX_S = 600.0
+"""Longest back-off from a validator that keeps hanging (`Worker._mark_down`; from `submit.max_backoff_s`, doubling)."""
 SHUN_S = 300.0
 """How long a URL caught lying (a verdict it could not have signed) is not asked again."""
 
@@ -253,6 +258,7 @@ class Worker:
         self._stop = threading.Event()
         self._said_at = -float("inf")
         self._down_until: dict[str, float] = {}
+        self._strikes: dict[str, int] = {}  # validator -> times in a row it hung or lied (its back-off doubles)
         self._closed: dict[int, str] = {}  # versions our validator takes no more of our work at: why
 
     def stop(self) -> None:
@@ -395,21 +401,37 @@ class Worker:
         for address in reachable:
             url = self.validators.url_of(address) or ""
             try:
-                status, body = self._post(url, data)
+                status, body = self._post(url, address, data)
             except (Transient, RetryError) as exc:
                 self.tally.submit_failures += 1
-                self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                self._mark_down(address)
                 logger.warning("validator %s unreachable for v%d #%d after %d tries (%s)%s", url, sub.policy_version,
                                sub.counter, self.cfg.submit.attempts, _short(exc),
                                "; trying the next one" if address != reachable[-1] else "; the work is kept and resent")
                 continue
-            self._down_until.pop(address, None)
+            self._mark_up(address)
             answer = self._handle(sub, address, url, status, body, resealed=resealed)
             if answer is not None:
                 return answer
             # an answer not believed: back off from this validator, try the next; the work stays kept
-            self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+            self._mark_down(address)
         return {}
+
+    def _mark_down(self, address: str) -> float:
+        """`address` hung (or answered what we cannot believe): ask it nothing until its back-off ends. The
+        back-off doubles from `submit.max_backoff_s` each time in a row, up to `DOWN_MAX_S`: a validator that
+        stays hung after failover is asked again rarely, not every `max_backoff_s` at the price of a timeout
+        (verdict polls of old work at it halved a node's rate). Returns the back-off."""
+        strikes = self._strikes[address] = self._strikes.get(address, 0) + 1
+        base = self.cfg.submit.max_backoff_s
+        wait = float(min(max(base, DOWN_MAX_S), base * 2 ** min(strikes - 1, 30)))
+        self._down_until[address] = time.monotonic() + wait
+        return wait
+
+    def _mark_up(self, address: str) -> None:
+        """`address` answered: its back-off starts over."""
+        self._down_until.pop(address, None)
+        self._strikes.pop(address, None)
 
     def _ranking(self, version: int) -> list[str]:
         if not self.validators.announced:
@@ -418,20 +440,23 @@ class Worker:
             return []
         return validator_ranking(self.run.run_id, self.node, version, self.validators.announced)
 
-    def _post(self, url: str, data: bytes) -> tuple[int, dict[str, Any]]:
+    def _post(self, url: str, validator: str, data: bytes) -> tuple[int, dict[str, Any]]:
         s = self.cfg.submit
         retrying = Retrying(stop=stop_after_attempt(s.attempts), reraise=True,
                             wait=_wait(wait_random_exponential(multiplier=s.backoff_s, max=s.max_backoff_s)),
                             retry=retry_if_exception(lambda e: isinstance(e, Transient) and not isinstance(e, Hung)))
         for attempt in retrying:
             with attempt:
-                return self._post_once(url, data)
+                return self._post_once(url, validator, data)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _post_once(self, url: str, data: bytes) -> tuple[int, dict[str, Any]]:
+    def _post_once(self, url: str, validator: str, data: bytes) -> tuple[int, dict[str, Any]]:
+        # the upload header, signed afresh each try: the validator checks our stake from it before our body
+        # takes one of its slots (docs/protocol/wire-format.md, "Upload header")
+        headers = upload_headers(self.identity, data, domain=self.domain, validator=validator, path="/v1/submissions")
         try:
             r = bounded_request(self.validators.http, "POST", url + "/v1/submissions", self.cfg.submit.timeout_s,
-                                content=data, headers={"content-type": "application/octet-stream"})
+                                content=data, headers={"content-type": "application/octet-stream", **headers})
         except httpx.HTTPError as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from exc
         if r.status_code >= 500 or r.status_code in (425, 429):
@@ -463,6 +488,11 @@ class Worker:
             logger.warning("%s: not assigned there (%s); refreshing the validator set", where, detail)
             self.validators.announced = []
             self.validators.refresh()
+            return body
+        if status == 410 and error == Reason.STALE_VERSION.value:  # outside the async window for good: never resent
+            logger.warning("%s: refused as stale (%s); dropped", where, detail)
+            self.protection.mark(self.run.run_id, self.node, sub.policy_version, sub.counter, "refused")
+            self.tally.peer_errors["stale_version"] += 1
             return body
         if status == 409 and error == "replay" and not resealed:  # our random nonce collided: seal again, once
             return self.submit(sub, resealed=True)
@@ -526,18 +556,20 @@ class Worker:
                                         self.cfg.submit.probe_timeout_s)
                     body = r.json() if r.status_code == 200 else None
                 except Hung as exc:  # hung: ask no more of it until its backoff ends (the next one may know)
-                    logger.warning("validator %s: verdict poll %s", url, exc)
-                    self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                    wait = self._mark_down(address)
+                    logger.warning("validator %s: verdict poll %s; asking the others, and it again in %.0f s", url,
+                                   exc, wait)
                     continue
                 except (httpx.HTTPError, ValueError) as exc:
                     logger.debug("polling %s at %s: %s", key, url, exc)
                     continue
+                self._mark_up(address)
                 if not isinstance(body, dict):
                     continue
                 if body.get("outcome") or body.get("verdict"):
                     verdict = self.verified_verdict(rec.policy_version, rec.counter, body, address, url)
                     if verdict is None:  # a lie about our work: resend it to whoever holds this role next
-                        self._down_until[address] = time.monotonic() + self.cfg.submit.max_backoff_s
+                        self._mark_down(address)
                         self.protection.mark(self.run.run_id, self.node, rec.policy_version, rec.counter, "signed")
                         break
                     self._apply(verdict, str(body["verdict"]), str(body.get("detail") or ""))

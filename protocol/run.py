@@ -38,3 +38,7 @@ class RunSpec(BaseModel):
     """Assignment counters run from 0 to this minus one at each policy version."""
     async_level: int = Field(default=2, ge=0, le=1000)
     """Work generated with a policy more than this many versions behind the newest is stale."""
+    checks_hash: str | None = Field(default=None, pattern=r"^0x[0-9a-f]{64}$")
+    """The hash of the validators' verdict thresholds (`CheckSettings.digest()` of `prime-validator`), pinned:
+    a validator whose `checks.*` hash otherwise refuses to start, so every verdict of the run and every appeal
+    against one is judged with the same thresholds. None: not pinned (each validator's own)."""

@@ -37,7 +37,15 @@ import blake3
 from protocol.errors import RelayError
 from protocol.identity import checksum
 from shardcast.bans import DEFAULT_BAN_S, BanList
-from shardcast.errors import ManifestError, RelayConfigError, StorageError
+from shardcast.delta import apply_delta
+from shardcast.errors import (
+    DeltaBaseError,
+    DeltaError,
+    ManifestError,
+    RelayConfigError,
+    SourceTimeoutError,
+    StorageError,
+)
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard
 from shardcast.transfer import Downloader, fetch_index, new_session, verified_manifest
@@ -53,6 +61,13 @@ JOURNAL = ".journal"
 _LEGACY_STAGED_MANIFEST = "manifest.json"  # where clients before the dot-names kept STAGED_MANIFEST
 _FOLLOW_BACKOFF_START_S = 0.5
 _FOLLOW_BACKOFF_MAX_S = 30.0
+HEDGE_S = 1.0
+"""A manifest request unanswered this long: the next relay holding the version is asked beside it."""
+INDEX_GRACE_S = 2.0
+"""Once one source has given its version index, how long the others are waited for (at least)."""
+PROBE_S = 30.0
+"""How often a pull asks a hung source for its index again (it is skipped in between)."""
+"""Once one source has given its version index, how long the others are waited for (at least)."""
 
 
 @dataclass
@@ -247,18 +262,54 @@ class Client:
     # -- finding a version -------------------------------------------------------------------------
 
     async def latest_available(self, session: aiohttp.ClientSession) -> dict[str, int | None]:
-        """Each source's newest version (None where unreachable or banned)."""
+        """Each source's newest version (None where unreachable, banned, hung or too slow).
+
+        Every source not banned is asked at once. Once one has given a version, the others get
+        `INDEX_GRACE_S` (or 4x the first answer's time, if longer): a live source that has not answered by
+        then is counted as timed out (hung), so a relay that accepts and stays silent costs one pull
+        seconds, not the index timeout. A hung source is asked again at most every `PROBE_S` (and always
+        by `wait_for_version`'s long-poll): a probe that answers within the same grace clears it; one that
+        does not is dropped, not counted again.
+        """
+        board = self.board
+
         async def one(url: str) -> int | None:
-            if self.board.sources[url].banned:  # never asked again, not even where to look
-                return None
             try:
-                return (await fetch_index(session, url)).latest
+                latest = (await fetch_index(session, url)).latest
             except RelayError as exc:
                 log.info("index of %s: %s", url, exc)
-                self.board.failure(self.board.sources[url])
+                board.failure(board.sources[url], timed_out=isinstance(exc, SourceTimeoutError))
                 return None
-        results = await asyncio.gather(*(one(u) for u in self.sources))
-        return dict(zip(self.sources, results, strict=True))
+            board.answered(board.sources[url])
+            return latest
+
+        now = time.monotonic()
+        asked = [u for u, src in ((u, board.sources[u]) for u in self.sources)
+                 if not src.banned and (not src.hung or now - src.probed_at >= PROBE_S)]  # banned: never asked again
+        for u in asked:
+            board.sources[u].probed_at = now
+        tasks = {u: asyncio.ensure_future(one(u)) for u in asked}
+        waited = {tasks[s.url] for s in board.live() if s.url in tasks}
+        started, first = time.monotonic(), None
+        pending = set(tasks.values())
+        try:
+            while pending:
+                grace = None if first is None else max(INDEX_GRACE_S, 4 * (first - started)) - (time.monotonic() - first)
+                if grace is not None and grace <= 0:
+                    break
+                done, pending = await asyncio.wait(pending, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+                if first is None and any(t.result() is not None for t in done):
+                    first = time.monotonic()
+        finally:
+            for url, task in tasks.items():
+                if not task.done():
+                    task.cancel()
+                    if task in waited:  # a live source that let the others answer first by far: hung
+                        board.failure(board.sources[url], timed_out=True)
+                        log.info("index of %s: no answer %.1f s after the first source's", url,
+                                 time.monotonic() - (first or started))
+        return {u: (tasks[u].result() if u in tasks and tasks[u].done() and not tasks[u].cancelled() else None)
+                for u in self.sources}
 
     async def wait_for_version(self, after: int, timeout: float) -> int | None:
         """Long-poll every source until one advertises a version newer than `after` (None on timeout).
@@ -277,8 +328,10 @@ class Client:
                     done, pending = await asyncio.wait(pending, timeout=deadline - time.monotonic(),
                                                        return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
-                        if task.exception() is None and (task.result().latest or -1) > floors[tasks[task]]:
-                            return task.result().latest
+                        if task.exception() is None:
+                            self.board.answered(self.board.sources[tasks[task]])
+                            if (task.result().latest or -1) > floors[tasks[task]]:
+                                return task.result().latest
             finally:
                 for task in pending:
                     task.cancel()
@@ -348,16 +401,13 @@ class Client:
             for candidate in candidates:
                 if version is None and installed is not None and candidate < installed:
                     break  # never go backwards on `latest`
-                holders = [u for u, v in latest.items() if v is not None and v >= candidate
-                           and not self.board.sources[u].banned]
-                holders.sort(key=lambda u: -self.board.sources[u].score())
-                for url in holders:
-                    signed = await self._verified_manifest(session, url, candidate, run_id=run_id,
-                                                           min_version=installed if version is None else None)
-                    if signed is not None:
-                        if version is None:
-                            self._note_unbacked(latest, candidate)
-                        return signed, holders
+                holders = self.board.order([u for u, v in latest.items() if v is not None and v >= candidate])
+                signed = await self._hedged_manifest(session, holders, candidate, run_id=run_id,
+                                                     min_version=installed if version is None else None)
+                if signed is not None:
+                    if version is None:
+                        self._note_unbacked(latest, candidate)
+                    return signed, holders
             if time.monotonic() >= deadline:
                 if version is None and installed is not None:
                     self._note_unbacked(latest, installed)
@@ -365,6 +415,32 @@ class Client:
                 what = f"version {version}" if version is not None else "any version"
                 raise RelayError(f"no source holds a verifiable {what}: {self.board.summary()}")
             await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    async def _hedged_manifest(self, session: aiohttp.ClientSession, holders: list[str], version: int, *,
+                               run_id: str | None, min_version: int | None) -> SignedManifest | None:
+        """`version`'s verified manifest from the first of `holders` (best first) to give one: the next holder
+        is asked too when the ones asked so far have all failed, or `HEDGE_S` after the last was asked (a
+        slow or hung relay does not hold the pull); the first manifest that verifies wins, the rest are
+        cancelled. None when no holder gave one."""
+        queue = list(holders)
+        running: set[asyncio.Task[SignedManifest | None]] = set()
+        try:
+            while queue or running:
+                if queue and not running:
+                    running.add(asyncio.ensure_future(self._verified_manifest(
+                        session, queue.pop(0), version, run_id=run_id, min_version=min_version)))
+                done, running = await asyncio.wait(running, timeout=HEDGE_S if queue else None,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.result() is not None:
+                        return task.result()
+                if not done and queue:  # the hedge: the next holder, beside the slow one
+                    running.add(asyncio.ensure_future(self._verified_manifest(
+                        session, queue.pop(0), version, run_id=run_id, min_version=min_version)))
+        finally:
+            for task in running:
+                task.cancel()
+        return None
 
     def _note_unbacked(self, latest: dict[str, int | None], resolved: int) -> None:
         """Remember, per source, an announced version newer than the newest one that could be verified."""
@@ -419,6 +495,8 @@ class Client:
                     return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
                                       time.monotonic() - started, self.board.summary())
                 log.warning("v%d is installed without %s: pulling it again", manifest.version, ", ".join(missing[:5]))
+            if manifest.delta is not None:
+                await self._hold_base(manifest)
             staging = self.out_dir / ".partial" / str(manifest.version)
             _drop_stale_staging(staging, signed)
             try:
@@ -455,6 +533,8 @@ class Client:
                         bar.close()
             finally:
                 staged.close(fsync=self.fsync)
+        if manifest.delta is not None:
+            staging = self._reconstruct(manifest, staging)
         self._install_guarded(lambda: self._install(signed, staging), manifest.version)
         seconds = time.monotonic() - started
         log.info("installed v%d in %.2f s (%d shards fetched, %d reused)", manifest.version, seconds,
@@ -517,6 +597,56 @@ class Client:
         return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"v{manifest.version}",
                     file=sys.stderr, mininterval=0.25)
 
+    def _held_base(self, manifest: Manifest) -> Manifest | None:
+        """The installed manifest of the delta's base when its full weights are here and are the ones named."""
+        ref = manifest.delta
+        assert ref is not None
+        directory = self.out_dir / f"v{ref.base_version}"
+        if not directory.is_dir() or not (self.out_dir / "manifests" / f"{ref.base_version}.json").is_file():
+            return None
+        try:
+            base = self._installed_manifest(ref.base_version)
+        except StorageError:
+            return None
+        if base.weights_hash() != ref.base_weights or _missing_files(directory, base):
+            return None
+        return base
+
+    async def _hold_base(self, manifest: Manifest) -> None:
+        """Make sure the base of delta `manifest` is installed: pull it (an anchor, or a delta whose own base is
+        pulled first) when it is not. A base that cannot be had stops this pull with the reason."""
+        ref = manifest.delta
+        assert ref is not None
+        if self._held_base(manifest) is not None:
+            return
+        log.info("v%d is a delta against v%d, which is not here: pulling v%d first", manifest.version,
+                 ref.base_version, ref.base_version)
+        await self._pull_once(ref.base_version, time.monotonic())
+        if self._held_base(manifest) is None:
+            raise DeltaBaseError(f"v{manifest.version} is a delta against v{ref.base_version} (weights "
+                                 f"{ref.base_weights[:12]}), and the v{ref.base_version} the relays serve is not it")
+
+    def _reconstruct(self, manifest: Manifest, staging: Path) -> Path:
+        """Apply the verified delta in `staging` to the installed base; the directory of the full weights, each
+        shard checked against the signed table (`DeltaMismatchError`, the staged delta dropped, otherwise)."""
+        ref = manifest.delta
+        assert ref is not None
+        base = self._held_base(manifest)
+        if base is None:  # retention removed it while the delta arrived
+            raise DeltaBaseError(f"v{manifest.version}: its base v{ref.base_version} went away during the pull")
+        full = self.out_dir / ".partial" / f"{manifest.version}.full"
+        shutil.rmtree(full, ignore_errors=True)
+        try:
+            apply_delta(self.out_dir / f"v{ref.base_version}", base, staging, manifest, full)
+        except (DeltaError, OSError) as exc:
+            shutil.rmtree(full, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise StorageError(f"applying the delta of v{manifest.version}: {exc}") from exc
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        return full
+
     def _installed_manifest(self, version: int) -> Manifest:
         path = self.out_dir / "manifests" / f"{version}.json"
         try:
@@ -547,7 +677,8 @@ class Client:
         os.rename(staging, final)
         self._swap(version)
         for partial in (self.out_dir / ".partial").glob("*"):  # older pulls given up for this one
-            if partial.name.isdigit() and int(partial.name) < version:
+            number = partial.name.removesuffix(".full")
+            if number.isdigit() and int(number) < version:
                 shutil.rmtree(partial, ignore_errors=True)
 
     def _swap(self, version: int) -> None:
@@ -572,7 +703,7 @@ def _missing_files(directory: Path, manifest: Manifest) -> list[str]:
     """Files of `manifest` absent from `directory` or of the wrong size (an install damaged since, or made
     by a client that kept its bookkeeping under a checkpoint's own file name)."""
     missing = []
-    for entry in manifest.files:
+    for entry in manifest.weight_files:
         try:
             if (directory / entry.path).stat().st_size != entry.size:
                 missing.append(entry.path)

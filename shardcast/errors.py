@@ -41,6 +41,13 @@ class SourceError(RelayError):
     code = "source"
 
 
+class SourceTimeoutError(SourceError):
+    """A relay accepted the request (or the connection) and then said nothing within the time allowed: hung,
+    not refusing. The client skips it until it answers again (`SourceBoard.timed_out`)."""
+
+    code = "source_timeout"
+
+
 class PublishError(RelayError):
     """A checkpoint could not be sharded, hashed or written into the origin's store."""
 
@@ -58,3 +65,22 @@ class RelayConfigError(RelayError, ConfigError):
     """A SHARDCAST setting is unusable: no sources, retention below 1, a port that cannot be bound."""
 
     code = "config"
+
+
+class DeltaError(RelayError):
+    """A delta version cannot be applied: its index is malformed or points outside its files or the base's."""
+
+    code = "bad_delta"
+
+
+class DeltaBaseError(DeltaError):
+    """A delta names a base this side does not hold: another version, or weights whose hash is not the one
+    the delta was made against."""
+
+    code = "wrong_base"
+
+
+class DeltaMismatchError(DeltaError):
+    """Applying a delta did not reproduce, bit for bit, the full weights its signed manifest names."""
+
+    code = "delta_mismatch"

@@ -89,6 +89,63 @@ class ShardEntry(BaseModel):
         return value
 
 
+def _check_table(files: tuple[FileEntry, ...], shards: tuple[ShardEntry, ...], shard_size: int) -> None:
+    """Every file covered exactly, in order, by its shards; names unique (also case-insensitively)."""
+    names = [f.path for f in files]
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate file names")
+    lowered = {n.lower() for n in names}
+    if len(lowered) != len(names):
+        raise ValueError("file names differ only by case")
+    cursor = [0] * len(files)
+    for i, shard in enumerate(shards):
+        if shard.index != i:
+            raise ValueError(f"shard {i} has index {shard.index}")
+        if shard.file >= len(files):
+            raise ValueError(f"shard {i} points at missing file {shard.file}")
+        if shard.offset != cursor[shard.file]:
+            raise ValueError(f"shard {i} does not continue file {shard.file} at {cursor[shard.file]}")
+        if shard.size > shard_size or (shard.size == 0 and files[shard.file].size != 0):
+            raise ValueError(f"shard {i} has bad size {shard.size}")
+        cursor[shard.file] += shard.size
+    for f, covered in zip(files, cursor, strict=True):
+        if covered != f.size:
+            raise ValueError(f"file {f.path} covered {covered} of {f.size} bytes")
+
+
+def table_hash(files: tuple[FileEntry, ...], shards: tuple[ShardEntry, ...]) -> str:
+    """SHA-256 (hex) of a file and shard table in canonical JSON: the hash of the full weights it describes
+    (every shard's BLAKE3 is in it), the same whether the version travelled whole or as a delta."""
+    table = {"files": [f.model_dump(mode="json") for f in files], "shards": [s.model_dump(mode="json") for s in shards]}
+    return hashlib.sha256(json.dumps(table, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class DeltaRef(BaseModel):
+    """What a delta version is made against and what it must produce (shardcast/README.md, "Deltas").
+
+    The manifest's own `files`/`shards` are the delta's files (its index and values); `files`/`shards` here
+    are the full weights the delta reproduces, with a BLAKE3 per shard, so a node checks the result bit for
+    bit before it serves from it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_version: int = Field(ge=0)
+    """The version the delta applies to."""
+    base_weights: str
+    """`table_hash` of the base version's full weights: a delta applied to anything else is refused."""
+    files: tuple[FileEntry, ...]
+    """The full version's files, as an anchor of this version would list them."""
+    shards: tuple[ShardEntry, ...]
+    """The full version's shards and their hashes (cut at the manifest's `shard_size`)."""
+
+    @field_validator("base_weights")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not HEX64_RE.match(value):
+            raise ValueError("base_weights must be 64 lower-case hex characters")
+        return value
+
+
 class Manifest(BaseModel):
     """What the trainer signs for one checkpoint version."""
 
@@ -110,6 +167,11 @@ class Manifest(BaseModel):
     """Files of the checkpoint."""
     shards: tuple[ShardEntry, ...]
     """Every shard, in order: files in order, offsets ascending, covering each file exactly."""
+    dtype: str | None = Field(None, pattern=r"^[a-z0-9]{1,16}$")
+    """The dtype the weights are published in (`bfloat16` for real models, `float32` for the tiny one); None in
+    manifests made before the field existed."""
+    delta: DeltaRef | None = None
+    """Set on a delta version: its base and the full weights it reproduces (None: an anchor, the full weights)."""
 
     @field_validator("run_id")
     @classmethod
@@ -120,37 +182,41 @@ class Manifest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
-        names = [f.path for f in self.files]
-        if len(set(names)) != len(names):
-            raise ValueError("duplicate file names")
-        lowered = {n.lower() for n in names}
-        if len(lowered) != len(names):
-            raise ValueError("file names differ only by case")
-        # Every file must be covered exactly, in order, by its shards.
-        cursor = [0] * len(self.files)
-        for i, shard in enumerate(self.shards):
-            if shard.index != i:
-                raise ValueError(f"shard {i} has index {shard.index}")
-            if shard.file >= len(self.files):
-                raise ValueError(f"shard {i} points at missing file {shard.file}")
-            if shard.offset != cursor[shard.file]:
-                raise ValueError(f"shard {i} does not continue file {shard.file} at {cursor[shard.file]}")
-            if shard.size > self.shard_size or (shard.size == 0 and self.files[shard.file].size != 0):
-                raise ValueError(f"shard {i} has bad size {shard.size}")
-            cursor[shard.file] += shard.size
-        for f, covered in zip(self.files, cursor, strict=True):
-            if covered != f.size:
-                raise ValueError(f"file {f.path} covered {covered} of {f.size} bytes")
+        _check_table(self.files, self.shards, self.shard_size)
+        if self.delta is not None:
+            _check_table(self.delta.files, self.delta.shards, self.shard_size)
+            if self.delta.base_version >= self.version:
+                raise ValueError(f"delta v{self.version} is made against v{self.delta.base_version}, not an older one")
         return self
 
     @property
     def total_bytes(self) -> int:
+        """Bytes that travel for this version (a delta's own files)."""
         return sum(f.size for f in self.files)
 
+    @property
+    def weight_files(self) -> tuple[FileEntry, ...]:
+        """The files of the full weights installed for this version (a delta's result, or an anchor's files)."""
+        return self.delta.files if self.delta is not None else self.files
+
+    @property
+    def weight_shards(self) -> tuple[ShardEntry, ...]:
+        return self.delta.shards if self.delta is not None else self.shards
+
+    @property
+    def full_bytes(self) -> int:
+        """Size of the full weights of this version."""
+        return sum(f.size for f in self.weight_files)
+
+    def weights_hash(self) -> str:
+        """`table_hash` of the full weights of this version (what a delta names as its base)."""
+        return table_hash(self.weight_files, self.weight_shards)
+
     def canonical_bytes(self) -> bytes:
-        """The exact bytes that are signed: canonical JSON with sorted keys and no whitespace."""
+        """The exact bytes that are signed: canonical JSON with sorted keys and no whitespace. Fields left
+        None are omitted, so manifests signed before `dtype` and `delta` existed still verify."""
         return json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            self.model_dump(mode="json", exclude_none=True), sort_keys=True, separators=(",", ":"), ensure_ascii=False
         ).encode("utf-8")
 
     def content_hash(self) -> bytes:
@@ -172,7 +238,7 @@ class SignedManifest(BaseModel):
     """0x-prefixed hex of the 65-byte EIP-191 signature over `SIGNING_DOMAIN + canonical_bytes()`."""
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps(self.model_dump(mode="json", exclude_none=True), sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def parse(cls, data: bytes, *, max_bytes: int = MAX_MANIFEST_BYTES) -> SignedManifest:

@@ -17,6 +17,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
@@ -24,6 +25,7 @@ import blake3
 from protocol.identity import Identity
 from shardcast.errors import PublishError
 from shardcast.manifest import (
+    DeltaRef,
     FileEntry,
     Manifest,
     ShardEntry,
@@ -89,6 +91,28 @@ def next_version_on_disk(versions_dir: Path) -> int:
     return max(1, highest_version_on_disk(versions_dir) + 1)
 
 
+@dataclass(frozen=True)
+class DeltaBase:
+    """The version a new one may be published as a delta against: its full files and its signed manifest."""
+
+    directory: Path
+    manifest: Manifest
+
+
+def weights_table(source: Path, shard_size: int) -> tuple[tuple[FileEntry, ...], tuple[ShardEntry, ...]]:
+    """The file and shard table (BLAKE3 per shard) of `source` as an anchor would list it, without copying."""
+    files: list[FileEntry] = []
+    shards: list[ShardEntry] = []
+    for file_index, (name, path) in enumerate(checkpoint_files(source)):
+        data = path.read_bytes()
+        files.append(FileEntry(path=name, size=len(data)))
+        for offset in range(0, len(data), shard_size):  # as `_shard_into` cuts it: an empty file has no shard
+            chunk = data[offset:offset + shard_size]
+            shards.append(ShardEntry(index=len(shards), file=file_index, offset=offset, size=len(chunk),
+                                     hash=blake3.blake3(chunk).hexdigest()))
+    return tuple(files), tuple(shards)
+
+
 def build_version(
     source: Path,
     versions_dir: Path,
@@ -97,8 +121,13 @@ def build_version(
     run_id: str,
     version: int,
     shard_size: int = DEFAULT_SHARD_SIZE,
+    dtype: str | None = None,
+    base: DeltaBase | None = None,
 ) -> SignedManifest:
-    """Copy `source` into `versions_dir/<version>/shards/`, hashing each shard, and sign the manifest."""
+    """Copy `source` into `versions_dir/<version>/shards/`, hashing each shard, and sign the manifest.
+
+    With `base`, the version is published as a delta against it (`shardcast.delta`) when the delta is
+    smaller than the full weights; otherwise, and without `base`, as an anchor (the full weights)."""
     final = versions_dir / str(version)
     if final.exists():
         raise PublishError(f"version {version} already exists")
@@ -106,9 +135,13 @@ def build_version(
     shutil.rmtree(tmp, ignore_errors=True)  # an attempt of this process that died without cleaning up
     files: list[FileEntry] = []
     shards: list[ShardEntry] = []
+    delta_src = versions_dir / f".delta-{version}-{os.getpid()}"
     try:
+        ref: DeltaRef | None = None
         with _disk(f"publishing {source} as version {version}"):
-            _shard_into(source, tmp, files, shards, shard_size)
+            if base is not None and Path(source).is_dir():
+                ref = _delta_into(Path(source), base, delta_src, shard_size)
+            _shard_into(delta_src if ref is not None else source, tmp, files, shards, shard_size)
         manifest = Manifest(
             run_id=run_id,
             version=version,
@@ -116,6 +149,8 @@ def build_version(
             shard_size=shard_size,
             files=tuple(files),
             shards=tuple(shards),
+            dtype=dtype,
+            delta=ref,
         )
         signed = sign_manifest(identity, manifest)
         with _disk(f"storing version {version} in {versions_dir}"):
@@ -124,8 +159,28 @@ def build_version(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("published version %d: %d files, %d shards, %d bytes", version, len(files), len(shards), manifest.total_bytes)
+    finally:
+        shutil.rmtree(delta_src, ignore_errors=True)
+    log.info("published version %d as %s: %d files, %d shards, %d bytes (full weights %d bytes)", version,
+             f"a delta against v{ref.base_version}" if ref is not None else "an anchor", len(files), len(shards),
+             manifest.total_bytes, manifest.full_bytes)
     return signed
+
+
+def _delta_into(source: Path, base: DeltaBase, out: Path, shard_size: int) -> DeltaRef | None:
+    """Write the delta from `base` to `source` into `out`; its `DeltaRef`, or None when it would not be smaller
+    than the full weights (then the version goes out as an anchor)."""
+    from shardcast.delta import make_delta
+
+    full_files, full_shards = weights_table(source, shard_size)
+    shutil.rmtree(out, ignore_errors=True)
+    stats = make_delta(base.directory, source, out, [f.path for f in full_files])
+    if stats.delta_bytes >= stats.full_bytes:
+        log.info("v%d: a delta would be %d of %d bytes: publishing an anchor", base.manifest.version + 1,
+                 stats.delta_bytes, stats.full_bytes)
+        return None
+    return DeltaRef(base_version=base.manifest.version, base_weights=base.manifest.weights_hash(),
+                    files=full_files, shards=full_shards)
 
 
 def _shard_into(source: Path, tmp: Path, files: list[FileEntry], shards: list[ShardEntry], shard_size: int) -> None:
@@ -170,7 +225,7 @@ def _copy_range(src_fd: int, dest: Path, offset: int, length: int) -> None:
 
 def publish_blocking(
     source: Path, store_root: Path, *, identity: Identity, run_id: str, version: int | None = None,
-    shard_size: int = DEFAULT_SHARD_SIZE,
+    shard_size: int = DEFAULT_SHARD_SIZE, dtype: str | None = None, base: DeltaBase | None = None,
 ) -> SignedManifest:
     """Publish from another process than the origin server (the CLI): a file lock orders versions."""
     versions_dir = Path(store_root) / "versions"
@@ -186,7 +241,8 @@ def publish_blocking(
             if version <= highest:
                 raise PublishError(f"version {version} is not newer than what the store holds ({highest})")
             chosen = version
-        return build_version(source, versions_dir, identity=identity, run_id=run_id, version=chosen, shard_size=shard_size)
+        return build_version(source, versions_dir, identity=identity, run_id=run_id, version=chosen,
+                             shard_size=shard_size, dtype=dtype, base=base)
 
 
 class Publisher:

@@ -328,6 +328,41 @@ class Relay:
         self._download = asyncio.create_task(self._fetch_version(session, state))
 
     async def _fetch_version(self, session: aiohttp.ClientSession, state: VersionState) -> None:
+        await self._fetch_shards(session, state)
+        await self._fetch_bases(session, state)
+
+    async def _fetch_bases(self, session: aiohttp.ClientSession, state: VersionState) -> None:
+        """Hold the bases of a delta version down to its anchor (a client holding nothing rebuilds from them):
+        each base's manifest must be the trainer's and carry the weights hash the delta names."""
+        ref = state.manifest.delta
+        while ref is not None:
+            base_state = self.store.get(ref.base_version)
+            if base_state is None:
+                base: SignedManifest | None = None
+                for url in self.upstreams:
+                    if self.board.sources[url].banned:
+                        continue
+                    base = await verified_manifest(session, self.board, url, ref.base_version, trainer=self.trainer,
+                                                   run_id=self.run_id or self.store.run_id, min_version=None)
+                    if base is not None:
+                        break
+                if base is None:
+                    log.warning("v%d is a delta against v%d, which no upstream serves: clients holding nothing "
+                                "cannot rebuild it from here", state.version, ref.base_version)
+                    return
+                try:
+                    base_state = self.store.add(base)
+                except RelayError as exc:
+                    log.error("cannot take v%d, the base of v%d: %s", ref.base_version, state.version, exc)
+                    return
+            if base_state.manifest.weights_hash() != ref.base_weights:
+                log.warning("v%d is a delta against weights %s, and v%d here holds others: not following its bases",
+                            state.version, ref.base_weights[:12], ref.base_version)
+                return
+            await self._fetch_shards(session, base_state)  # at once when it is complete (a version pre-empted is not)
+            ref = base_state.manifest.delta
+
+    async def _fetch_shards(self, session: aiohttp.ClientSession, state: VersionState) -> None:
         backoff = _BACKOFF_START_S
         while True:
             todo = [s.index for s in state.manifest.shards if s.index not in state.available]

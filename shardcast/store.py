@@ -208,8 +208,17 @@ class Store:
     # -- retention -------------------------------------------------------------------------------
 
     def gc(self) -> list[int]:
-        """Drop every version but the newest `retention` ones (memory and disk)."""
-        doomed = sorted(self._versions)[: -self.retention] if len(self._versions) > self.retention else []
+        """Drop every version but the newest `retention` ones and the bases those need (memory and disk).
+
+        A delta version is of no use without its base, so the chain of bases below a kept delta, down to
+        its anchor, is kept too: a client that holds nothing can always rebuild what is served."""
+        kept = set(sorted(self._versions)[-self.retention:])
+        for version in sorted(kept, reverse=True):
+            ref = self._versions[version].manifest.delta
+            while ref is not None and ref.base_version in self._versions and ref.base_version not in kept:
+                kept.add(ref.base_version)
+                ref = self._versions[ref.base_version].manifest.delta
+        doomed = sorted(v for v in self._versions if v not in kept)
         for version in doomed:
             state = self._versions.pop(version)
             for event in state.waiters.values():
@@ -221,13 +230,13 @@ class Store:
             entries = list(os.scandir(self.versions_dir))
         for entry in entries:
             # Leftovers of a publish that died half-way, and versions GC'd by another process.
-            if entry.name.startswith(".tmp-") and not _pid_alive(entry.name):
+            if entry.name.startswith((".tmp-", ".delta-")) and not _pid_alive(entry.name):
                 shutil.rmtree(entry.path, ignore_errors=True)
         return doomed
 
 
 def _pid_alive(tmp_name: str) -> bool:
-    """`.tmp-<version>-<pid>` directories belong to a live publisher while that pid runs."""
+    """`.tmp-<version>-<pid>` (and `.delta-...`) directories belong to a live publisher while that pid runs."""
     try:
         pid = int(tmp_name.rsplit("-", 1)[1])
     except (IndexError, ValueError):

@@ -30,6 +30,7 @@ from shardcast.errors import (
     ManifestTooLargeError,
     ShardHashError,
     SourceError,
+    SourceTimeoutError,
     StorageError,
 )
 from shardcast.manifest import MAX_MANIFEST_BYTES, Manifest, ShardEntry, SignedManifest
@@ -44,6 +45,10 @@ READ_BUFFER = 4 * 1024 * 1024
 # cost more CPU than 512 KiB ones.
 ABSORB_BATCH = 512 * 1024
 MAX_INDEX_BYTES = 1024 * 1024
+INDEX_TIMEOUT_S = 15.0
+"""A version index (beyond a long-poll's own wait) that has not come in this long: the relay is hung."""
+MANIFEST_TIMEOUT_S = 60.0
+"""A manifest that has not come in this long: the relay is hung."""
 
 
 def new_session(*, limit_per_host: int = 32) -> aiohttp.ClientSession:
@@ -94,12 +99,14 @@ async def fetch_index(
     try:
         async with session.get(
             f"{url.rstrip('/')}/versions", params=params,
-            timeout=aiohttp.ClientTimeout(total=wait + 15, sock_read=wait + 15),
+            timeout=aiohttp.ClientTimeout(total=wait + INDEX_TIMEOUT_S, sock_read=wait + INDEX_TIMEOUT_S),
         ) as response:
             if response.status != 200:
                 raise SourceError(f"{url}/versions answered {response.status}")
             data = await _read_limited(response, MAX_INDEX_BYTES)
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except TimeoutError as exc:
+        raise SourceTimeoutError(f"{url}/versions: no answer in {wait + INDEX_TIMEOUT_S:g} s") from exc
+    except aiohttp.ClientError as exc:
         raise SourceError(f"{url}/versions: {exc.__class__.__name__}: {exc}") from exc
     try:
         return VersionIndex.model_validate_json(data)
@@ -112,13 +119,15 @@ async def fetch_manifest(
 ) -> SignedManifest:
     """The signed manifest of `version` from `url`, parsed (not yet verified)."""
     try:
-        async with session.get(f"{url.rstrip('/')}/v/{version}/manifest", timeout=aiohttp.ClientTimeout(total=60)) as response:
+        async with session.get(f"{url.rstrip('/')}/v/{version}/manifest", timeout=aiohttp.ClientTimeout(total=MANIFEST_TIMEOUT_S)) as response:
             if response.status == 404:
                 raise SourceError(f"{url} does not hold version {version}")
             if response.status != 200:
                 raise SourceError(f"{url}/v/{version}/manifest answered {response.status}")
             data = await _read_limited(response, max_bytes)
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except TimeoutError as exc:
+        raise SourceTimeoutError(f"{url}/v/{version}/manifest: no answer in {MANIFEST_TIMEOUT_S:g} s") from exc
+    except aiohttp.ClientError as exc:
         raise SourceError(f"{url}: {exc.__class__.__name__}: {exc}") from exc
     return SignedManifest.parse(data, max_bytes=max_bytes)
 
@@ -145,8 +154,10 @@ async def verified_manifest(
         return None
     except SourceError as exc:
         log.info("%s: %s", url, exc)
-        board.failure(source)
+        board.failure(source, timed_out=isinstance(exc, SourceTimeoutError))
         return None
+    board.answered(source)
+    source.versions += 1
     return signed
 
 
@@ -294,7 +305,7 @@ class Downloader:
                     continue
                 except SourceError as exc:
                     log.info("shard %d from %s failed: %s", shard.index, source.url, exc)
-                    self.board.failure(source)
+                    self.board.failure(source, timed_out=isinstance(exc, SourceTimeoutError))
                     failed.add(source.url)
                     failures += 1
                     if failures >= self.max_failures_per_shard:

@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from shardcast.errors import SourceError
+from shardcast.errors import SourceError, SourceTimeoutError
 
 MAX_HEADER_BYTES = 16 * 1024
 MAX_HEADERS = 64
@@ -126,7 +126,7 @@ class Connection:
             async with asyncio.timeout(self.read_timeout):
                 return await self._loop.sock_recv_into(self.sock, view)
         except TimeoutError:
-            raise SourceError(f"no bytes from {self.source[0]}:{self.source[1]} for {self.read_timeout:g} s") from None
+            raise SourceTimeoutError(f"no bytes from {self.source[0]}:{self.source[1]} for {self.read_timeout:g} s") from None
         except ConnectionResetError:
             raise _ClosedEarly(f"{self.source[0]}:{self.source[1]} reset the connection") from None
         except OSError as exc:
@@ -166,7 +166,7 @@ class Connection:
                     if filled > MAX_HEADER_BYTES:
                         raise SourceError(f"{host}:{port} sent more than {MAX_HEADER_BYTES} bytes of headers")
         except TimeoutError:
-            raise SourceError(f"{host}:{port} sent no complete response head in {self.read_timeout:g} s") from None
+            raise SourceTimeoutError(f"{host}:{port} sent no complete response head in {self.read_timeout:g} s") from None
         status, parsed, length, keep_alive = parse_head(bytes(buffer[:end]))
         return Response(status, parsed, length, keep_alive, bytes(buffer[end + 4 : filled]))
 
@@ -205,7 +205,7 @@ class ConnectionPool:
                     return Connection(sock, source, self.read_timeout)
                 raise last or OSError("no address")
         except TimeoutError:
-            raise SourceError(f"connecting to {source[0]}:{source[1]} timed out") from None
+            raise SourceTimeoutError(f"connecting to {source[0]}:{source[1]} timed out") from None
         except OSError as exc:
             raise SourceError(f"connecting to {source[0]}:{source[1]}: {exc.__class__.__name__}: {exc}") from None
 

@@ -205,7 +205,14 @@ class ShardcastPublish(Section):
     shard_mib: int = Field(32, ge=1, le=1024)
     """Shard size in MiB."""
     retention: int = Field(3, ge=1)
-    """Versions the store keeps (older ones are removed after each publish)."""
+    """Versions the store keeps (older ones are removed after each publish; the bases a kept delta needs,
+    down to its anchor, stay too)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The dtype the weights are published in: the one nodes serve (`bfloat16` for real models; `float32`
+    for the tiny model and CPU tests). The trainer's own checkpoints keep the fp32 master weights."""
+    anchor_every: int = Field(8, ge=1)
+    """A full version (an anchor) at least every this many versions; those between go out as sparse deltas
+    against the version before, unless a delta would not be smaller (then an anchor). 1: every version full."""
     initial: bool = False
     """When the run starts fresh (no checkpoint to resume), publish the starting weights as version 0 before
     the first step: nodes and validators work on no version before one is on chain."""

@@ -30,6 +30,10 @@ RECORD_RETRY_REASONS = {"timeout", "unreachable", "http", "rejected", None}
 """`ChainError.reason`s after which `publishPolicy` is tried again: the transaction did not land, through no
 fault of the call (a revert such as a missing role or a paused pool is raised at once)."""
 RECORD_RETRY_MAX_S = 30.0
+RECONCILE_S = 5.0
+"""How often the publisher checks that its recorded versions are still on chain (`Transactor.reconcile`): after a
+rollback, nodes see the old version until the lost `publishPolicy`s land again, and the trainer, waiting for their
+work, would send nothing that triggers the check."""
 
 
 class Publisher(ABC):
@@ -60,6 +64,21 @@ def copy_public(checkpoint: Path, dest: Path) -> Path:
     else:
         os.replace(tmp, dest)
     return dest
+
+
+def cast_weights(source: Path, dest: Path, dtype: str) -> None:
+    """Write the safetensors file `source` to `dest` with its floating tensors in `dtype` (what nodes serve);
+    the checkpoint keeps the fp32 master weights."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    target = getattr(torch, dtype)
+    with safe_open(str(source), framework="pt") as fh:
+        metadata = fh.metadata()
+        tensors = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    save_file({name: t.to(target).contiguous() if t.is_floating_point() else t for name, t in tensors.items()},
+              str(dest), metadata=metadata or {"format": "pt"})
 
 
 class LocalDirectoryPublisher(Publisher):
@@ -107,17 +126,30 @@ class ShardcastPublisher(Publisher):
         self.chain_seconds = 0.0
         """Seconds spent recording versions on chain (`publishPolicy`, retries included), all versions so far."""
         self._closing = threading.Event()
+        self.base_dir = self.store / ".trainer-base"
+        """The files of the last version published, the base of the next delta (none after a restart: an anchor)."""
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+        self._base: Any = None
+        self._anchor = -1
+        self.sent_bytes: dict[int, tuple[int, int]] = {}
+        """Per version: (bytes that travel, bytes of the full weights); equal for an anchor."""
         if settings.chain is not None:  # connect now: a wrong deployment stops the trainer before its first step
             from contracts.deployment import Deployment
+            from contracts.journal import FileJournal
             from contracts.pool import PoolClient
-            from contracts.transactor import connect
+            from contracts.transactor import Transactor, connect
             from protocol.errors import ConfigError
 
             deployment = Deployment.load(settings.chain.deployment)
-            self.pool = PoolClient(connect(settings.chain.rpc_url), deployment.pool, self.identity)
+            # journalled in the store the trainer keeps across restarts: a publishPolicy that a rollback of any
+            # depth removed (even while the trainer was down) is sent again
+            w3 = connect(settings.chain.rpc_url)
+            self.pool = PoolClient(w3, deployment.pool, self.identity, Transactor(
+                w3, self.identity, journal=FileJournal(self.store / "chain-journal.sqlite")))
             if not self.pool.has_role("trainer", self.identity.address):
                 raise ConfigError(f"the trainer key {self.identity.address} does not hold TRAINER_ROLE on pool "
                                   f"{deployment.pool}: it cannot record versions on chain")
+            threading.Thread(target=self._watch_chain, name="publish-reconcile", daemon=True).start()
             if settings.discovery.active:
                 from discovery.admission import Trust
                 from discovery.service import Discovery
@@ -143,15 +175,24 @@ class ShardcastPublisher(Publisher):
             for item in sorted(Path(path).iterdir()):
                 if item.name in PRIVATE_FILES or not item.is_file():
                     continue
+                if item.suffix == ".safetensors" and self.settings.dtype != "float32":
+                    cast_weights(item, staging / item.name, self.settings.dtype)
+                    continue
                 try:  # checkpoints are immutable once written: a hard link is enough, a copy otherwise
                     os.link(item, staging / item.name)
                 except OSError:
                     shutil.copy2(item, staging / item.name)
+            base = self._delta_base(step)
             signed = publish_blocking(staging, self.store, identity=self.identity, run_id=self.settings.run_id,
-                                      version=step, shard_size=self.settings.shard_mib << 20)
+                                      version=step, shard_size=self.settings.shard_mib << 20,
+                                      dtype=self.settings.dtype, base=base)
             Store(self.store, retention=self.settings.retention).scan()  # applies retention
-            log.info("checkpoint %d is SHARDCAST version %d (%d shards, %d bytes)", step, signed.manifest.version,
-                     len(signed.manifest.shards), signed.manifest.total_bytes)
+            self._keep_as_base(staging, signed.manifest)
+            self.sent_bytes[step] = (signed.manifest.total_bytes, signed.manifest.full_bytes)
+            log.info("checkpoint %d is SHARDCAST version %d, %s (%d shards, %d of %d bytes)", step,
+                     signed.manifest.version, "an anchor" if signed.manifest.delta is None else
+                     f"a delta against v{signed.manifest.delta.base_version}", len(signed.manifest.shards),
+                     signed.manifest.total_bytes, signed.manifest.full_bytes)
             t0 = time.monotonic()
             try:
                 self._record(step, signed.manifest.content_hash())
@@ -162,6 +203,22 @@ class ShardcastPublisher(Publisher):
             with contextlib.suppress(OSError):
                 staging.parent.rmdir()  # only when empty
 
+
+    def _delta_base(self, step: int) -> Any:
+        """The version before, to publish `step` as a delta against; None when an anchor is due."""
+        from shardcast.publisher import DeltaBase
+
+        if self._base is None or self._base.version >= step or step - self._anchor >= self.settings.anchor_every:
+            return None
+        return DeltaBase(self.base_dir, self._base)
+
+    def _keep_as_base(self, staging: Path, manifest: Any) -> None:
+        """The published files (in the published dtype) become the base of the next delta."""
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+        os.replace(staging, self.base_dir)
+        self._base = manifest
+        if manifest.delta is None:
+            self._anchor = manifest.version
 
     def _record(self, version: int, manifest_hash: bytes) -> None:
         """`publishPolicy` on chain (skipped when the chain already has this version or a newer one, as after
@@ -201,6 +258,18 @@ class ShardcastPublisher(Publisher):
                 delay = min(2 * delay, RECORD_RETRY_MAX_S)
         if self.discovery is not None:
             self.discovery.announce_policy(version, manifest_hash, list(self.settings.announce_urls))
+
+    def _watch_chain(self) -> None:
+        """Send again, every `RECONCILE_S`, the transactions a rollback removed (whatever its depth)."""
+        from protocol.errors import ChainError
+
+        while not self._closing.wait(RECONCILE_S):
+            try:
+                if resent := self.pool.tx.reconcile():
+                    log.warning("a rollback removed %d of our transactions: sent again", resent)
+            except ChainError as exc:
+                log.warning("checking our recorded versions on chain failed (trying again in %.0f s): %s",
+                            RECONCILE_S, exc)
 
     def _on_chain(self, version: int, manifest_hash: bytes) -> bool:
         from protocol.errors import ChainError

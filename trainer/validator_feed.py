@@ -15,7 +15,10 @@ answers and each listed item's (seq, work key, SHA-256 of its envelope). A page 
 verify (missing, another signer, signed for another `after`, other items or positions than served) is
 refused whole, so the cursor only ever moves to seqs the validator itself gave: a forged or edited
 listing cannot push it past real work (issue 23 item 11). With `accepted` (no address per URL), the
-first verified listing pins its signer for that URL.
+first verified listing pins its signer for that URL. A validator signs a fresh listing for every request, so
+a listing signed before the last one this source verified from that URL (or that very listing again) is a
+replay, refused like a forgery: whoever sits between cannot keep serving an old, shorter page to starve the
+trainer of a validator's newer work.
 
 Bounds: a response is read up to `max_response_bytes` (Content-Length checked first, then counted
 while reading, uncompressed bytes only) and within `request_timeout_s` from connect to last byte (a
@@ -131,6 +134,7 @@ class _Feed:
     signer: str | None  # the expected signer; None: any of the source's accepted addresses
     limit: int
     lister: str | None = None  # who signs this URL's listings (pinned from the first verified page)
+    listed_at: tuple[int, int] = (-1, -1)  # (timestamp_ms, nonce) of the newest verified listing: older is a replay
     cursor: int = 0  # committed: every item with seq <= cursor is done
     fetched: int = 0  # the next request's `after`
     skip: dict[int, int] = field(default_factory=dict)  # after a resume: seq -> leading groups already done
@@ -394,11 +398,16 @@ class ValidatorFeedSource(RolloutSource):
             feed.lister = envelope.signer  # one URL, one validator's seq space
         if body.after != after:
             raise FeedError(f"listing signed for after={body.after}, asked after={after}")
+        signed_at = (envelope.timestamp_ms, envelope.nonce)
+        if envelope.timestamp_ms < feed.listed_at[0] or signed_at == feed.listed_at:
+            raise FeedError(f"listing signed at {envelope.timestamp_ms} ms, not after the last one verified from "
+                            f"this validator ({feed.listed_at[0]} ms): a replayed page")
         listed = [(e.seq, to_hex(e.work_key), to_hex(e.item_hash)) for e in body.entries]
         served = [(e.seq, e.work_key, to_hex(feed_item_hash(e.envelope.encode()))) for e in page.items]
         if listed != served:
             raise FeedError(f"the items served are not the signed listing ({len(served)} served, {len(listed)} "
                             "signed)")
+        feed.listed_at = signed_at
 
     def _get(self, url: str, params: dict[str, int]) -> bytes:
         """The response body, refused unread past `max_response_bytes` or `request_timeout_s`."""

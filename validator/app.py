@@ -3,33 +3,46 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
+import logging
 import math
+import os
 import re
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from starlette.concurrency import run_in_threadpool
 
 from protocol.config import ShardcastWeights
 from protocol.envelope import seal
 from protocol.identity import checksum
 from protocol.nonce import random_nonce
 from protocol.rollout import FeedEntry, FeedPage, feed_item_hash
+from validator.chainview import CATCHUP_S
+from validator.gate import Gate, Lane, SlotPool
 from validator.intake import row_status
+from validator.peers import PROBE_PATH
 from validator.service import Service
 
 if TYPE_CHECKING:
     from validator.announcer import Announcer
 
+log = logging.getLogger(__name__)
+
 _HEX32 = re.compile(r"^0x[0-9a-f]{64}$")
+INFO_REFRESH_S = 0.5
+"""How often the `/v1/info` snapshot is rebuilt (off the event loop)."""
+METRICS_CACHE_S = 1.0
 
 
 class _Metrics(Collector):
@@ -90,9 +103,12 @@ def build_app(service: Service) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if announcer is not None:
             await asyncio.to_thread(announcer.start)
+        info_snapshot.append(await asyncio.to_thread(info_now))
+        refresher = asyncio.create_task(refresh_info())
         try:
             yield
         finally:
+            refresher.cancel()
             if announcer is not None:
                 await asyncio.to_thread(announcer.stop)
 
@@ -102,57 +118,83 @@ def build_app(service: Service) -> FastAPI:
     registry = CollectorRegistry()
     registry.register(_Metrics(service, announcer))
 
-    busy = [0]  # submission requests being read or checked (the event loop's thread alone changes it)
+    @dataclass
+    class Admission:
+        """The gate and its lanes (built on first use: building the app reads only `service.cfg`, so the docs'
+        OpenAPI page can be made from a stand-in)."""
 
-    @app.post("/v1/submissions", status_code=202, summary="Submit one signed Submission envelope (raw bytes)")
+        gate: Gate
+        staked: SlotPool
+        submissions: Lane
+        probe: Lane
+        appeals: Lane
+        intake_threads: anyio.CapacityLimiter
+        """Threads of their own: a flood of audits or status reads never takes the threads intake needs, and
+        intake never more than its slots."""
+        appeal_threads: anyio.CapacityLimiter
+
+    @functools.cache
+    def admission() -> Admission:
+        gate = Gate(cfg.gate, domain=service.domain, validator=service.identity.address, stats=service.core.stats)
+        staked = SlotPool(cfg.flood.max_concurrent, cfg.gate.slots_per_node)
+        run_validators = {checksum(a) for a in service.core.assignment.validators()}
+        return Admission(
+            gate, staked,
+            submissions=Lane(path="/v1/submissions", pool=staked, max_bytes=cfg.max_submission_bytes, anonymous=True,
+                             standing=service.chain.node_active,
+                             slow_standing=lambda signer: service.chain.node_active_fresh(signer, CATCHUP_S)),
+            # A peer's probe takes a slot of the same pool a staked node's submission would: a validator whose
+            # intake is full answers it 503 and counts as down for its peers (`validator.peers`).
+            probe=Lane(path=PROBE_PATH, pool=staked, max_bytes=1024, standing=run_validators.__contains__,
+                       what="intake probes"),
+            appeals=Lane(path="/v1/appeals", pool=SlotPool(cfg.appeals.max_concurrent, 1),
+                         max_bytes=cfg.appeals.max_appeal_bytes, standing=service.chain.known_or_operator, what="appeals",
+                         slow_standing=lambda s: service.chain.fresh(service.chain.known_or_operator, s, CATCHUP_S)),
+            intake_threads=anyio.CapacityLimiter(cfg.flood.max_concurrent + cfg.gate.anonymous_slots),
+            appeal_threads=anyio.CapacityLimiter(cfg.appeals.max_concurrent))
+
+    @app.post("/v1/submissions", status_code=202, summary="Submit one signed Submission envelope (raw bytes), with "
+                                                          "the signed upload header")
     async def submit(request: Request) -> Response:
-        if busy[0] >= cfg.flood.max_concurrent:  # refused at once: a queue would hold their bodies in memory
-            service.core.stats.count("refused_busy")
-            return JSONResponse({"error": "overloaded", "detail": f"{busy[0]} submissions are being taken in "
-                                 f"(limit {cfg.flood.max_concurrent})"}, status_code=503,
-                                headers={"Retry-After": "1", "Connection": "close"})
-        busy[0] += 1
+        upload = await admission().gate.admit(request, admission().submissions)
+        if isinstance(upload, Response):
+            return upload
         try:
-            return await _submit(request)
+            service.core.stats.count("submissions_signed" if upload.signer else "submissions_anonymous")
+            answer = await anyio.to_thread.run_sync(service.core.intake.receive, upload.body, limiter=admission().intake_threads)
         finally:
-            busy[0] -= 1
-
-    async def _submit(request: Request) -> Response:
-        limit = cfg.max_submission_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isascii() or not declared.isdigit() or int(declared) > limit):
-            service.core.stats.count("refused_oversize")
-            # Connection: close, so the server does not keep the socket to drain a body it will never use
-            return JSONResponse({"error": "oversize", "detail": f"Content-Length {declared[:32]!r}, limit {limit}"},
-                                status_code=413, headers={"Connection": "close"})
-        chunks, size = [], 0
-        async for chunk in request.stream():  # chunked uploads are capped while they are read
-            size += len(chunk)
-            if size > limit:
-                service.core.stats.count("refused_oversize")
-                return JSONResponse({"error": "oversize", "detail": f"body over {limit} bytes"}, status_code=413,
-                                    headers={"Connection": "close"})
-            chunks.append(chunk)
-        answer = await run_in_threadpool(service.core.intake.receive, b"".join(chunks))
+            upload.release()
         if answer.status == 202:
             service.wake()
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
-    @app.post("/v1/appeals", summary="Appeal another validator's hard verdict (a signed Appeal envelope, raw bytes)")
+    @app.post(PROBE_PATH, summary="A peer validator asks whether intake would take a staked upload now (its signed "
+                                  "upload header, an empty body): 200, or 503 when no slot or no backlog room is free")
+    async def intake_probe(request: Request) -> Response:
+        upload = await admission().gate.admit(request, admission().probe)
+        if isinstance(upload, Response):
+            return upload
+        try:
+            backlog = await anyio.to_thread.run_sync(service.ledger.backlog, limiter=admission().intake_threads)
+        finally:
+            upload.release()
+        if backlog >= cfg.flood.max_backlog:
+            return JSONResponse({"error": "overloaded", "detail": f"backlog {backlog} (limit {cfg.flood.max_backlog})"},
+                                status_code=503, headers={"Retry-After": "1"})
+        staked = admission().staked
+        return JSONResponse({"validator": service.identity.address, "slots_in_use": staked.in_use,
+                             "slots": staked.total})
+
+    @app.post("/v1/appeals", summary="Appeal another validator's hard verdict (a signed Appeal envelope, raw bytes, "
+                                     "with the appellant's signed upload header)")
     async def appeal(request: Request) -> Response:
-        limit = cfg.appeals.max_appeal_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isascii() or not declared.isdigit() or int(declared) > limit):
-            return JSONResponse({"error": "oversize", "detail": f"Content-Length {declared[:32]!r}, limit {limit}"},
-                                status_code=413, headers={"Connection": "close"})
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return JSONResponse({"error": "oversize", "detail": f"body over {limit} bytes"}, status_code=413,
-                                    headers={"Connection": "close"})
-            chunks.append(chunk)
-        answer = await run_in_threadpool(service.appeals.handle, b"".join(chunks))
+        upload = await admission().gate.admit(request, admission().appeals)
+        if isinstance(upload, Response):
+            return upload
+        try:
+            answer = await anyio.to_thread.run_sync(service.appeals.handle, upload.body, limiter=admission().appeal_threads)
+        finally:
+            upload.release()
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
     @app.get("/v1/appeals/{work_key}", summary="This validator's decision on the appeal of one work key")
@@ -187,8 +229,7 @@ def build_app(service: Service) -> FastAPI:
         summary["active_on_chain"] = service.chain.node_active(address)
         return summary
 
-    @app.get("/v1/info", summary="Run, versions this validator can check, thresholds, async level")
-    def info() -> dict[str, Any]:
+    def info_now() -> dict[str, Any]:
         current = service.chain.current_version()
         low = None if current is None else max(0, current - cfg.run.async_level)
         return {
@@ -201,12 +242,31 @@ def build_app(service: Service) -> FastAPI:
             "checkable_versions": [] if current is None else [v for v in service.chain.versions() if v >= (low or 0)],
             "async_level": cfg.run.async_level, "checks": cfg.checks.model_dump(mode="json"),
             "thresholds_hash": service.core.checker.thresholds_hash,
+            "checks_hash": cfg.checks.digest(),  # what a run pins in `run.checks_hash`
             "validators": service.core.assignment.validators(),
             "validator_urls": service.peers.urls(),
             "max_submission_bytes": cfg.max_submission_bytes,
             "discovery": None if announcer is None else {
                 "peer_id": announcer.discovery.peer_id, "addrs": announcer.discovery.addrs, "url": announcer.url},
         }
+
+    info_snapshot: list[dict[str, Any]] = []  # swapped whole by `refresh_info`; the route reads it, no lock or thread
+
+    async def refresh_info() -> None:
+        while True:
+            try:
+                info_snapshot[0] = await asyncio.to_thread(info_now)
+            except Exception:  # noqa: BLE001 - the last snapshot stays; the next round tries again
+                log.exception("refreshing /v1/info failed")
+            await asyncio.sleep(INFO_REFRESH_S)
+
+    @app.get("/v1/info", summary="Run, versions this validator can check, thresholds, async level (a snapshot at most "
+                                 f"{INFO_REFRESH_S} s old)")
+    async def info() -> Response:
+        if not info_snapshot:
+            return JSONResponse({"error": "starting", "detail": "no snapshot yet"}, status_code=503,
+                                headers={"Retry-After": "1"})
+        return JSONResponse(info_snapshot[0])
 
     @app.get("/v1/announcements", summary="The signed discovery announcements this validator believes (a JSON list)")
     def announcements() -> Response:
@@ -225,8 +285,8 @@ def build_app(service: Service) -> FastAPI:
                                                         "evidence names the submission by this hash)")
     def envelope(submission_hash: str) -> Response:
         row = service.ledger.by_hash(_key(submission_hash))
-        if row is None:
-            raise HTTPException(404, "no submission with this hash")
+        if row is None or not row.envelope:
+            raise HTTPException(404, "no submission with this hash (or pruned: its invalidation window passed)")
         return Response(row.envelope, media_type="application/json")
 
     @app.get("/v1/feed", summary="Accepted (and appeal-restored) submissions after a cursor, each a validator-signed "
@@ -243,27 +303,51 @@ def build_app(service: Service) -> FastAPI:
                 "next": items[-1][0] if items else after, "listing": listing}
 
     audit_cache: dict[str, Any] = {"at": -math.inf, "report": None}
-    audit_lock = threading.Lock()
+    audit_threads = anyio.CapacityLimiter(1)  # one scan at a time, on a thread of its own
+    token = os.environ.get(cfg.audit_token_env) if cfg.audit_token_env else None
+    if cfg.audit_token_env and not token:
+        log.warning("audit_token_env names %s, which is not set: no audit request counts as the operator's",
+                    cfg.audit_token_env)
 
-    @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
-                                  "hard with evidence, restored by an appeal with feed seq), for reconciliation "
-                                  "with the chain and the trainer; rows=false: the counts only")
-    def audit(rows: bool = True) -> dict[str, Any]:
-        if not rows:  # running tallies: a dashboard polling this never scans the ledger
-            report: dict[str, Any] = {"counts": service.ledger.audit_counts(), "feed_size": service.ledger.feed_size()}
-        else:
-            with audit_lock:  # one scan per `audit_cache_s`, however many ask
-                now = time.monotonic()
-                if audit_cache["report"] is None or now - audit_cache["at"] >= cfg.audit_cache_s:
-                    audit_cache.update(report=service.ledger.audit(), at=now)
-                report = dict(audit_cache["report"])
-        report["validator"] = service.identity.address
-        report["reported_on_chain"] = service.reporter.reported
+    def operator(request: Request) -> bool:
+        given = request.headers.get("authorization", "")
+        return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+    def full_report() -> dict[str, Any]:
+        report = service.ledger.audit()
         report["counter_holes"] = service.ledger.counter_holes()  # per node: assignments skipped (never sent)
         return report
 
-    @app.get("/health", summary="The process is up")
-    def health() -> dict[str, str]:
+    async def scanned(fresh: bool) -> tuple[dict[str, Any], float]:
+        """The full report and its age: a new scan when `fresh` or the cached one is `audit_cache_s` old, else the
+        cached one. Requests that queue behind a scan take its result."""
+        asked = time.monotonic()
+        async with audit_threads:
+            if audit_cache["report"] is None or audit_cache["at"] < asked - (0.0 if fresh else cfg.audit_cache_s):
+                report = await asyncio.to_thread(full_report)
+                audit_cache.update(report=report, at=time.monotonic())
+                return dict(report), 0.0  # scanned for this request
+            return dict(audit_cache["report"]), time.monotonic() - audit_cache["at"]
+
+    @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
+                                  "hard with evidence, restored by an appeal with feed seq), for reconciliation "
+                                  "with the chain and the trainer; rows=false: the counts only. With rows, a report "
+                                  "at most `audit_cache_s` old unless the operator's token is sent")
+    async def audit(request: Request, rows: bool = True) -> dict[str, Any]:
+        if not rows:  # running tallies: a dashboard polling this never scans the ledger
+            report: dict[str, Any] = await anyio.to_thread.run_sync(
+                lambda: {"counts": service.ledger.audit_counts(), "feed_size": service.ledger.feed_size(),
+                         "counter_holes": service.ledger.counter_holes()})
+            age = 0.0
+        else:
+            report, age = await scanned(fresh=operator(request))
+        report["validator"] = service.identity.address
+        report["reported_on_chain"] = service.reporter.reported
+        report["age_s"] = round(age, 3)
+        return report
+
+    @app.get("/health", summary="The process is up (answered in the event loop: no thread, no lock)")
+    async def health() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/ready", summary="Chain readable and the current version's weights loaded")
@@ -271,8 +355,16 @@ def build_app(service: Service) -> FastAPI:
         ok, why = service.ready()
         return JSONResponse({"ready": ok, "detail": why}, status_code=200 if ok else 503)
 
-    @app.get("/metrics", summary="Prometheus metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+    metrics_cache: dict[str, Any] = {"at": -math.inf, "text": b""}
+    metrics_threads = anyio.CapacityLimiter(1)
+
+    @app.get("/metrics", summary=f"Prometheus metrics (collected at most every {METRICS_CACHE_S} s)")
+    async def metrics() -> Response:
+        asked = time.monotonic()
+        async with metrics_threads:  # one collection at a time; the ones queued behind it take its result
+            if metrics_cache["at"] < asked - METRICS_CACHE_S:
+                text = await asyncio.to_thread(generate_latest, registry)
+                metrics_cache.update(text=text, at=time.monotonic())
+        return Response(metrics_cache["text"], media_type="text/plain; version=0.0.4")
 
     return app

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from contracts.events import reread_from
@@ -44,8 +45,14 @@ class ChainView:
         self._next_block = start_block
         self._nodes: dict[str, NodeView] = {}
         self._manifests: dict[int, bytes] = {}
+        self._operators: set[str] = set()
+        """The operators of every node ever registered (an appeal may be signed by one)."""
         self._lock = threading.Lock()
         self.min_stake = 0
+        self.invalidation_window: int | None = None
+        """The pool's invalidation window in seconds (None until the first refresh)."""
+        self.unbonding_period: int | None = None
+        """The pool's unbonding period in seconds (None until the first refresh)."""
         self.last_error: str | None = None
         self.refreshed_at = -float("inf")
         """time.monotonic() of the last successful refresh."""
@@ -71,13 +78,17 @@ class ChainView:
                 manifests[int(ev.args["version"])] = bytes(ev.args["manifestHash"])
             else:
                 touched.add(checksum(str(ev.args["node"])))
-        fresh = {}
+        fresh, operators = {}, set()
         for node in touched:
             info = self.pool.get_node(node)
             fresh[node] = NodeView(info.status, info.stake)
+            operators.add(checksum(info.operator))
         with self._lock:
             self.min_stake = params.min_stake
+            self.invalidation_window = params.invalidation_window
+            self.unbonding_period = params.unbonding_period
             self._nodes.update(fresh)
+            self._operators |= operators
             self._manifests.update(manifests)
             self._next_block = latest + 1
         new = sum(1 for ev in events if ev.block_number >= cursor)  # not the blocks read again
@@ -108,7 +119,11 @@ class ChainView:
         registered a moment ago must not be refused because our poll had not come round yet). Catch-ups are one
         event read whoever asks, at most one per `min_interval_s`, so unknown signers cannot turn submissions
         into RPC calls; a chain that does not answer leaves the old view."""
-        if self.node_active(node):
+        return self.fresh(self.node_active, node, min_interval_s)
+
+    def fresh(self, check: Callable[[str], bool], address: str, min_interval_s: float) -> bool:
+        """`check(address)`, asked again after a catch-up with the chain when it says no (see `node_active_fresh`)."""
+        if check(address):
             return True
         if time.monotonic() - self._catchup_at < min_interval_s:
             return False
@@ -117,7 +132,7 @@ class ChainView:
                 self._catchup_at = time.monotonic()  # also when it fails: a dead chain is not asked per request
                 self.catchups += 1
                 self.try_refresh()
-        return self.node_active(node)
+        return check(address)
 
     def stake(self, node: str) -> int:
         """The node's stake as of the last refresh (0 when unknown)."""
@@ -129,6 +144,12 @@ class ChainView:
         """Ever registered in this pool (whatever its state now)."""
         with self._lock:
             return checksum(node) in self._nodes
+
+    def known_or_operator(self, address: str) -> bool:
+        """A node ever registered in this pool, or the operator of one (who may sign its appeals)."""
+        address = checksum(address)
+        with self._lock:
+            return address in self._nodes or address in self._operators
 
     def current_version(self) -> int | None:
         """The newest policy version published on chain (None before the first)."""

@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from validator.app import build_app
+        from validator.server import uvicorn_config
         from validator.service import Service
 
         service = Service(cfg)
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("validator %s for run %s on http://%s:%d (ledger %s)", service.identity.address, cfg.run.run_id,
                  cfg.host, cfg.port, "postgresql" if cfg.ledger_dsn else cfg.state_dir / "ledger.sqlite")
         try:
-            uvicorn.run(build_app(service), host=cfg.host, port=cfg.port, log_level="warning")
+            uvicorn.Server(uvicorn_config(build_app(service), cfg.gate, host=cfg.host, port=cfg.port,
+                                          stats=service.core.stats)).run()
         finally:
             service.stop()
     except PrimeError as exc:

@@ -6,12 +6,14 @@ e.g. `PRIME_CHAIN__RPC_URL`) < command-line flags (`--chain.rpc-url ...`).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from discovery.config import DiscoveryConfig
+from protocol.canonical import canonical_bytes
 from protocol.config import (
     KeySource,
     PrimeConfig,
@@ -73,6 +75,15 @@ class CheckSettings(Section):
     `counter_out_of_order`, no slash, nothing recorded: the node resends in order). A node that sends in
     order never needs a gap; a small one absorbs reordering without letting a node choose its tasks."""
 
+    def digest(self) -> str:
+        """What `run.checks_hash` pins: SHA-256 of every setting here that can change a verdict (all but the
+        batch sizes and retries, which change how fast, never what, is decided; a setting added later is
+        pinned unless it is named in `_NOT_VERDICTS`)."""
+        return "0x" + hashlib.sha256(canonical_bytes(self.model_dump(mode="json", exclude=_NOT_VERDICTS))).hexdigest()
+
+
+_NOT_VERDICTS = {"batch_tokens", "batch_submissions", "retries"}
+
 
 class AppealSettings(Section):
     """How this validator re-checks another validator's hard verdict when the node appeals (`POST /v1/appeals`).
@@ -86,6 +97,10 @@ class AppealSettings(Section):
     """Answer appeals and resolve them on chain."""
     max_appeal_bytes: int = Field(16 << 20, ge=4096)
     """Appeals larger than this (they carry the whole submission) are refused (413) before parsing."""
+    max_concurrent: int = Field(2, ge=1)
+    """Appeal uploads read and checked at once, all appellants together (one per appellant); one more is
+    answered 503 + Retry-After at once. An appeal must carry the upload header of a key this pool has
+    registered (`gate`): its body takes a slot only after that signature is checked."""
 
 
 class SystemicSettings(Section):
@@ -106,8 +121,12 @@ class SystemicSettings(Section):
     (TOPLOC chunk statistics, sampling margin, logprob error) is within this multiple of it."""
     history_cap: int = Field(100, ge=1)
     """Accepted submissions counted per node in its weight (so no single history dominates)."""
+    stake_cap: float = Field(4.0, ge=1.0)
+    """A node's stake counts in its weight in units of the pool minimum, at most this many (so one rich key
+    cannot pull the trigger alone)."""
     self_test_submissions: int = Field(3, ge=1)
-    """Known-good submissions of the version re-measured by a self-test; it fails when most of them fail."""
+    """Known-good submissions of the version re-measured by a self-test, drawn at random from established
+    nodes outside the failing set; it fails when most of them fail."""
 
 
 class FloodSettings(Section):
@@ -118,6 +137,9 @@ class FloodSettings(Section):
     """The window of `node_bytes_per_window`."""
     node_bytes_per_window: int = Field(256 << 20, ge=1024)
     """Submission bytes one node may have stored here per window (beyond it: 429 + Retry-After)."""
+    node_stored_bytes: int = Field(16 << 30, ge=1024)
+    """Submission bytes of one node stored here in all (kept in the ledger, so a restart keeps the count; freed as
+    envelopes are pruned once the chain's invalidation window passed). Beyond it: 429 + Retry-After."""
     max_backlog: int = Field(20_000, ge=1)
     """Submissions not yet decided or not yet reported on chain, all nodes together (beyond it: 503 +
     Retry-After), so a flood waits at the senders instead of in this ledger."""
@@ -126,12 +148,44 @@ class FloodSettings(Section):
     burst: int = Field(400, ge=1)
     """Bucket size of `rate`."""
     max_concurrent: int = Field(16, ge=1)
-    """Submission requests read and checked at once (each holds up to `max_submission_bytes` in memory);
-    one more is answered 503 + Retry-After at once, never queued."""
+    """Signed submission uploads read and checked at once, all staked signers together (each holds up to
+    `max_submission_bytes` in memory; `gate.slots_per_node` each); one more is answered 503 + Retry-After at
+    once, never queued. Only an upload header whose signer is active on chain takes one."""
     hold_slashable: bool = True
     """A node with a hard verdict here that is not on chain yet sends nothing more until it is (its slash
     is coming: 429 + Retry-After), so it cannot keep filling the ledger while the verdict waits out the
     systemic window."""
+
+
+class GateSettings(Section):
+    """What a connection or an upload may hold before it is known to come from stake (`validator.server`,
+    `validator.gate`): a sender without stake can take a few small, short-lived slots at most, never the
+    slots of staked nodes (docs/protocol/wire-format.md, "Upload header")."""
+
+    header_timeout_s: float = Field(10.0, gt=0.0)
+    """A connection's request line and headers must be in within this of connecting or of its previous answer."""
+    keep_alive_s: float = Field(5.0, gt=0.0)
+    """An idle keep-alive connection is closed after this."""
+    max_header_bytes: int = Field(16 << 10, ge=1024)
+    """Request line and headers larger than this are refused (400)."""
+    max_connections: int = Field(1024, ge=1)
+    """Open connections in all; past it a new one closes the oldest connection still waiting for its headers."""
+    max_connections_per_address: int = Field(64, ge=1)
+    """Open connections per peer address (behind a reverse proxy: the proxy's; give it its own limits)."""
+    read_grace_s: float = Field(5.0, gt=0.0)
+    """An upload's body may lag `min_bytes_per_s` by this much at any moment; past it the upload is cut (408)."""
+    min_bytes_per_s: int = Field(64 << 10, ge=1)
+    """The slowest body an upload may send: by `read_grace_s + n / min_bytes_per_s` seconds after its headers
+    it has sent n bytes, else 408. Bounds how long any slot is held."""
+    slots_per_node: int = Field(2, ge=1)
+    """Submission uploads one signer may have in flight (of `flood.max_concurrent`)."""
+    anonymous_slots: int = Field(4, ge=0)
+    """Submission uploads without an upload header (older nodes, tools) read at once, all senders together;
+    0 refuses them. They never take a staked node's slot."""
+    anonymous_slots_per_address: int = Field(1, ge=1)
+    """...and per peer address."""
+    header_max_age_s: float = Field(120.0, gt=0.0)
+    """An upload header older than this is refused (a captured one is worth nothing after it)."""
 
 
 class ReporterSettings(Section):
@@ -147,7 +201,8 @@ class ReporterSettings(Section):
     """First wait after the RPC failed (the whole outbox) or a row's transaction reverted for a reason that
     may pass (that row only); doubled on each further failure."""
     max_backoff_s: float = Field(300.0, gt=0.0)
-    """The longest such wait."""
+    """The longest such wait. With `systemic.window_s` it must stay below the pool's invalidation window and
+    unbonding period, or the validator refuses to start (a slash retried that late could never land)."""
 
 
 class ValidatorConfig(PrimeConfig):
@@ -194,13 +249,15 @@ class ValidatorConfig(PrimeConfig):
     explicit URLs above (`peers`, weight relays) work without it."""
     max_submission_bytes: int = Field(4 << 20, ge=1024)
     """Submissions larger than this are refused (413) before their body is read."""
-    audit_cache_s: float = Field(0.0, ge=0.0)
-    """`GET /v1/audit` with its row listings is built from a scan of the ledger at most this often (requests in
-    between get the same report); scans never run two at a time. 0 (the default): every full audit is fresh,
-    because `prime-devnet audit` reconciles a live network by reading the validators, the trainer and the chain in
-    an order that is only exact with fresh reads (a 2 s old report read after the chain showed fewer accepted rows
-    than the dashboard's tallies). `?rows=false` answers the counts from running tallies, never a scan: that is
-    what dashboards poll."""
+    audit_cache_s: float = Field(30.0, ge=0.0)
+    """`GET /v1/audit` with its row listings, asked without the operator's token, is built from a scan of the
+    ledger at most this often (requests in between get the same report, its age in `age_s`); scans never run two
+    at a time, on a thread of their own. 0: every full audit is fresh (a local devnet, where `prime-devnet audit`
+    reconciles a live network with fresh reads). `?rows=false` answers the counts from running tallies, never a
+    scan: that is what dashboards poll."""
+    audit_token_env: str | None = None
+    """Name of an environment variable holding the operator's audit token: `GET /v1/audit` with
+    `Authorization: Bearer <token>` always scans afresh (`audit_cache_s` does not apply)."""
     max_age_s: float = Field(600.0, gt=0.0)
     """Envelopes older than this are refused."""
     rate_per_node: float = Field(5.0, gt=0.0)
@@ -209,6 +266,8 @@ class ValidatorConfig(PrimeConfig):
     """Bucket size of the per-node rate limit."""
     flood: FloodSettings = FloodSettings()
     """Bounds on bytes per node, the global backlog, intake rate and concurrency."""
+    gate: GateSettings = GateSettings()
+    """Connection and upload limits: what a sender may hold before its stake is checked."""
     checks: CheckSettings = CheckSettings()
     """Verdict thresholds (policy lives here; measurements are logged raw)."""
     systemic: SystemicSettings = SystemicSettings()
@@ -222,6 +281,16 @@ class ValidatorConfig(PrimeConfig):
     """torch threads of the model stage."""
     log_json: bool = False
     """Log one JSON object per line."""
+
+
+    @model_validator(mode="after")
+    def _pinned_checks(self) -> ValidatorConfig:
+        pinned, mine = self.run.checks_hash, self.checks.digest()
+        if pinned is not None and pinned != mine:
+            raise ValueError(f"run.checks_hash pins the run's verdict thresholds to {pinned}, and this config's "
+                             f"checks.* hash to {mine}: every validator of a run judges (and re-judges appeals) with "
+                             f"the same thresholds; use the run's checks, or leave the run")
+        return self
 
 
 def load_config(argv: list[str] | None = None) -> ValidatorConfig:

@@ -13,24 +13,29 @@ it. The guard that decides this must not be a switch attackers can flip, so it r
    proofs, a token the replay ranks far below its winner, a chunk or logprob far outside any drift.
 2. **Weight, not keys** (`SystemicGuard.established`). The guard compares the failing nodes' weight
    with the active nodes' weight, a node weighing its accepted submissions at this validator before
-   the window (capped at `systemic.history_cap`) times its stake in units of the pool's minimum.
-   A fresh Sybil key has no accepted history and weighs nothing, however many there are. Softened
-   rows never count as failures, so the guard cannot feed itself.
+   the window (capped at `systemic.history_cap`) times its stake in units of the pool's minimum (capped
+   at `systemic.stake_cap`, so one rich key is a few nodes, never the pool). A fresh Sybil key has no
+   accepted history and weighs nothing, however many there are. Softened rows never count as failures,
+   so the guard cannot feed itself.
 3. **The validator tests itself before it blames itself** (`SystemicGuard.self_test`). When the
-   weighted trigger fires it re-measures known-good work: the most recent submissions of established
-   nodes it accepted at that version, with the weights and thresholds it uses now. Our computation is
-   deterministic, so work we accepted still passes unless our weights or thresholds changed: if most
+   weighted trigger fires it re-measures known-good work: submissions it accepted at that version from
+   established nodes *outside the failing set*, drawn at random (so the nodes it suspects can neither
+   supply nor time the work it re-checks), with the weights and thresholds it uses now. Our computation
+   is deterministic, so work we accepted still passes unless our weights or thresholds changed: if most
    of it now fails, the version is *suspect* and its drift-band failures (including the unreported
    ones already recorded) become soft `suspected_systemic`. If it passes, drift-band failures are
-   judged hard like any other. With no known-good work of that version (our weights wrong from the
-   start) the validator cannot vouch for itself, and the weighted trigger, which only established
-   nodes can pull, decides. A suspect version is tested again after `systemic.window_s`.
+   judged hard like any other. **With no known-good work to re-check the guard fails closed**: the
+   validator cannot vouch for itself, so it cannot blame itself either, and drift-band failures are
+   judged hard (a fresh version cheated on first by keys with history elsewhere is slashed; an honest
+   node hit by our mistake appeals, and appeals exist to correct our mistakes). A suspect version is
+   tested again after `systemic.window_s`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -84,9 +89,11 @@ class SelfTest:
     """The outcome of one self-test of a policy version."""
 
     ok: bool
-    """Our weights and thresholds still pass the known-good work (False also when there was none)."""
+    """Our weights and thresholds still pass the known-good work (True when there was none: fail closed)."""
     detail: str
     at: float
+    checked: int = 0
+    """Known-good submissions re-measured (0: none to re-check, nothing vouched for either way)."""
 
 
 class SelfTestHost(Protocol):
@@ -117,7 +124,8 @@ class SystemicGuard:
         if accepted <= 0:
             return 0.0
         stake, minimum = self.chain.stake(node), self.chain.min_stake
-        return min(accepted, self.cfg.history_cap) * (max(1.0, stake / minimum) if minimum > 0 else 1.0)
+        units = min(self.cfg.stake_cap, max(1.0, stake / minimum)) if minimum > 0 else 1.0
+        return min(accepted, self.cfg.history_cap) * units
 
     def established(self, nodes: set[str], before: float) -> dict[str, float]:
         history = self.ledger.accepted_before(sorted(nodes), before)
@@ -135,18 +143,20 @@ class SystemicGuard:
             return False
         t = time.time() if now is None else now
         version = sub.policy_version
+        since = t - s.window_s
         with self._lock:
             suspect = self._suspect.get(version)
             if suspect is not None and t - suspect.at < s.window_s:
                 self.stats.count("systemic_suspected")
                 return True
             passed = self._passed.get(version)
+        failing = set(self.ledger.drift_failures_since(version, since)) | {sub.node}
         if suspect is None:  # not suspect yet: only the weighted trigger starts a self-test
             if passed is not None and t - passed.at < s.window_s:
                 return False
-            since = t - s.window_s
-            failing = set(self.ledger.drift_failures_since(version, since)) | {sub.node}
-            active = set(self.ledger.active_nodes_since(since)) | {sub.node}
+            # a failing node is active, whenever its row was received (one received before the window and
+            # decided in it is in `failing` only: weighing it must not raise in the checker thread)
+            active = set(self.ledger.active_nodes_since(since)) | failing
             weights = self.established(active, since)
             w_fail = sum(weights[n] for n in failing)
             w_active = sum(weights.values())
@@ -155,7 +165,12 @@ class SystemicGuard:
                 return False
             log.warning("correlation guard: %d established nodes (weight %.0f of %.0f active) fail in the drift band "
                         "at v%d within %.0f s: testing ourselves", heavy, w_fail, w_active, version, s.window_s)
-        result = self.self_test(version, t)
+        result = self.self_test(version, t, failing)
+        if not result.checked:  # nothing to vouch for us: fail closed, and test again once there is
+            self.stats.count("self_test_no_known_good")
+            log.warning("self-test of v%d: %s; drift-band failures are judged hard (appeals correct our mistakes)",
+                        version, result.detail)
+            return False
         with self._lock:
             if result.ok:
                 self._suspect.pop(version, None)
@@ -174,22 +189,23 @@ class SystemicGuard:
         self.host.soften_unreported(version)
         return True
 
-    def self_test(self, version: int, now: float) -> SelfTest:
-        """Re-measure up to `systemic.self_test_submissions` known-good submissions of `version` (accepted,
-        by established nodes) with our current weights and thresholds."""
-        rows = self.ledger.recent_accepted(version, 8 * self.cfg.self_test_submissions)
+    def self_test(self, version: int, now: float, failing: set[str] | None = None) -> SelfTest:
+        """Re-measure up to `systemic.self_test_submissions` known-good submissions of `version` (accepted, by
+        established nodes outside `failing`, drawn at random) with our current weights and thresholds."""
+        n = self.cfg.self_test_submissions
+        rows = self.ledger.random_accepted(version, 8 * n, excluding=sorted(failing or ()))
         if rows:
             weights = self.established({r.node for r in rows}, now - self.cfg.window_s)
-            rows = [r for r in rows if weights[r.node] > 0][: self.cfg.self_test_submissions]
+            rows = [r for r in rows if weights[r.node] > 0]
+            rows = random.SystemRandom().sample(rows, min(n, len(rows)))
         if not rows:
-            return SelfTest(False, f"no known-good work of v{version} to re-check: cannot vouch for our weights",
-                            now)
+            return SelfTest(True, f"no known-good work of v{version} outside the failing nodes to re-check", now)
         try:
             results = self.host.recheck(version, rows)
-        except (PrimeError, RuntimeError, MemoryError) as exc:  # weights gone, the model failing: cannot vouch
-            return SelfTest(False, f"could not re-measure known-good work: {exc}", now)
+        except (PrimeError, RuntimeError, MemoryError) as exc:  # weights gone, the model failing: ours, not theirs
+            return SelfTest(False, f"could not re-measure known-good work: {exc}", now, len(rows))
         failed = [f"{row.work_key[:10]}: {failure[0].value}" for row, failure in zip(rows, results, strict=True)
                   if failure is not None]
         detail = f"{len(rows) - len(failed)} of {len(rows)} known-good submissions still pass" + (
             f" ({'; '.join(failed)})" if failed else "")
-        return SelfTest(2 * len(failed) <= len(rows), detail, now)
+        return SelfTest(2 * len(failed) <= len(rows), detail, now, len(rows))

@@ -140,6 +140,9 @@ class Admission:
             if used + size > f.node_bytes_per_window:
                 raise NodeQuotaError(f"{signer} stored {used} bytes here in this {f.window_s:.0f} s window (limit "
                                      f"{f.node_bytes_per_window})", (window + 1) * f.window_s - time.time())
+        stored = self.ledger.node_stored_bytes(signer)  # a total, not a rate: it survives our restarts
+        if stored + size > f.node_stored_bytes:
+            raise NodeQuotaError(f"{signer} has {stored} bytes stored here (limit {f.node_stored_bytes})", f.window_s)
         if f.hold_slashable and self.ledger.hard_pending(signer, reported_since=time.time() - self.read_back_s):
             raise NodeQuotaError(f"{signer} has a hard verdict here that is not on chain yet", self.retry_hold_s)
         backlog = self.ledger.backlog()
@@ -274,6 +277,9 @@ class Intake:
                 return Answer(202 if decision is None else 200, row_status(row))
             existing = self.ledger.get(key)  # a concurrent request took the work key first
             assert existing is not None
+        if not existing.envelope:  # pruned: its window passed, so nothing of it can change any more
+            return Answer(409, {"error": "duplicate_work", "detail": "this assignment was already submitted",
+                                **row_status(existing)})
         if stored_submission(existing) == body:  # the same payload sealed again (a retry): the same answer
             return Answer(200 if existing.state != "received" else 202, row_status(existing))
         return self._equivocation(existing, body, data)
@@ -305,7 +311,9 @@ class Intake:
 
     def _not_ours_yet(self, sub: Submission) -> Answer | None:
         """Work another validator must check, or of a version our chain view has not seen yet: refused
-        without a ledger row (soft, counted), so the assignment stays free for the right place and time."""
+        without a ledger row (soft, counted), so the assignment stays free for the right place and time. Work
+        of a version that left the async window is refused the same way (410): it can never be paid, so it
+        costs the validator no row, no stored envelope and no transaction, only the node's refusal count."""
         mine = self.assignment.taker(sub.node, sub.policy_version)
         if mine != self.assignment.me:
             self.ledger.count_refusal(sub.node, Reason.NOT_ASSIGNED_HERE.value)
@@ -319,6 +327,12 @@ class Intake:
             return Answer(425, {"error": Reason.FUTURE_VERSION.value, "outcome": Outcome.REJECTED_SOFT.value,
                                 "detail": f"v{sub.policy_version} is not on chain yet (newest: {current})"},
                           {"Retry-After": "2"})
+        if sub.policy_version < current - self.cfg.run.async_level:  # never paid, so never worth a row or a tx
+            self.ledger.count_refusal(sub.node, Reason.STALE_VERSION.value)
+            self.stats.count(f"refused_{Reason.STALE_VERSION.value}")
+            return Answer(410, {"error": Reason.STALE_VERSION.value, "outcome": Outcome.REJECTED_SOFT.value,
+                                "detail": f"v{sub.policy_version} is older than {current} - "
+                                          f"{self.cfg.run.async_level}: outside the async window for good"})
         return None
 
     def _cheap_checks(self, sub: Submission, data: bytes) -> Decision | None:

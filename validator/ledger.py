@@ -120,6 +120,11 @@ _SCHEMA = [
     )""",
     # the assignments of one (node, version), for the counter-order check and the hole count
     "CREATE INDEX IF NOT EXISTS submissions_assignment ON submissions (node, policy_version, counter)",
+    # per node: bytes of its envelopes stored here and not pruned (kept with the rows, so a restart keeps them)
+    """CREATE TABLE IF NOT EXISTS node_bytes (
+        node TEXT PRIMARY KEY,
+        stored BIGINT NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS counter_holes (
         node TEXT NOT NULL,
         policy_version BIGINT NOT NULL,
@@ -443,6 +448,7 @@ class Ledger:
             )
             if not done:
                 return False
+            _add_node_bytes(db, node, len(envelope))
             change = {"state:received": 1}
             if decision is not None:
                 self._decide(db, work_key, decision, t, change)
@@ -639,11 +645,12 @@ class Ledger:
         """This validator's side of the audit (`GET /v1/audit`): row counts (received = accepted +
         rejected_hard + rejected_soft + pending), and per row kind the work keys an auditor reconciles
         with the chain and the trainer: accepted (node, units, feed seq, chain tx), hard (reason,
-        evidence hash, whether the evidence is stored) and soft (reason); and `restored`: work whose hard verdict
+        evidence hash, whether the evidence is stored) and soft (reason); accepted rows carry `decided_at` (unix
+        time: how long one has waited in the outbox); and `restored`: work whose hard verdict
         (another validator's) this validator overturned on appeal, with its feed seq (it is trained too). A verdict
         that can never land on chain is listed `reported: false` with `unreportable` (the revert that said so)."""
         rows = self._db.execute("SELECT work_key, node, state, outcome, reason, measurements, evidence_hash, "
-                                "chain_tx, report_error FROM submissions ORDER BY received_at, work_key")
+                                "chain_tx, report_error, decided_at FROM submissions ORDER BY received_at, work_key")
         # after the rows: an accepted row entered the feed (and its evidence was stored) in its own transaction
         feed = {k: int(s) for s, k in self._db.execute("SELECT seq, work_key FROM feed")}
         stored = {h for (h,) in self._db.execute("SELECT hash FROM evidence")}
@@ -651,7 +658,7 @@ class Ledger:
         per_node: dict[str, dict[str, Any]] = {}
         ties: dict[str, list[int]] = {}  # node -> [paid tokens, near-ties, EOS near-ties] of its accepted work
         pending = unreportable = 0
-        for key, node, state, outcome, reason, measurements, evidence_hash, tx, report_error in rows:
+        for key, node, state, outcome, reason, measurements, evidence_hash, tx, report_error, decided_at in rows:
             counts = per_node.setdefault(node, {"received": 0, "accepted": 0, "rejected_hard": 0,
                                                 "rejected_soft": 0, "pending": 0})
             counts["received"] += 1
@@ -668,7 +675,7 @@ class Ledger:
                 units = m.units or 1
                 _count_ties(ties.setdefault(node, [0, 0, 0]), m)
                 accepted.append({"work_key": key, "node": node, "units": units, "feed_seq": feed.get(key),
-                                 "reported": reported, "chain_tx": tx, **extra})
+                                 "reported": reported, "chain_tx": tx, "decided_at": decided_at, **extra})
             elif outcome == "rejected_hard":
                 hard.append({"work_key": key, "node": node, "reason": reason, "evidence_hash": evidence_hash,
                              "evidence_stored": evidence_hash in stored, "reported": reported, "chain_tx": tx,
@@ -716,7 +723,7 @@ class Ledger:
             "SELECT reason, count FROM refusals WHERE node = ?", (node,))}
         holes = self._db.execute("SELECT COALESCE(SUM(holes), 0) FROM counter_holes WHERE node = ?", (node,))
         return {"node": node, "verdicts": verdicts, "pending": int(pending[0][0]), "refused": refused,
-                "counter_holes": int(holes[0][0])}
+                "counter_holes": int(holes[0][0]), "stored_bytes": self.node_stored_bytes(node)}
 
     def drift_failures_since(self, policy_version: int, since: float) -> list[str]:
         """Distinct nodes with a hard verdict in the drift band (`validator.guard.drift_band`) at
@@ -741,10 +748,37 @@ class Ledger:
                 out[node] = int(n)
         return out
 
-    def recent_accepted(self, policy_version: int, limit: int) -> list[Row]:
-        """The most recently accepted submissions of `policy_version` (the guard's known-good work)."""
-        return self._rows("WHERE policy_version = ? AND outcome = 'accepted' ORDER BY decided_at DESC LIMIT ?",
-                          (policy_version, limit))
+    def random_accepted(self, policy_version: int, limit: int, *, excluding: Sequence[str] = ()) -> list[Row]:
+        """Up to `limit` accepted submissions of `policy_version` drawn at random (the database's own random,
+        seeded from the OS), none by a node in `excluding`: the guard's known-good work, which the nodes it
+        suspects can neither choose nor time."""
+        marks = ", ".join("?" for _ in excluding)
+        skip = f" AND node NOT IN ({marks})" if excluding else ""
+        return self._rows(f"WHERE policy_version = ? AND outcome = 'accepted' AND LENGTH(envelope) > 0{skip} "
+                          "ORDER BY RANDOM() LIMIT ?", (policy_version, *excluding, limit))
+
+    def prune_envelopes(self, *, reported_before: float, limit: int = 1000) -> int:
+        """Drop the stored envelope of up to `limit` rows that went on chain (or left the outbox) before
+        `reported_before`, the chain's invalidation window ago: their verdict can no longer change on chain, so
+        the bytes only fill the disk. Hard verdicts keep theirs (the evidence names the envelope by its hash
+        and an appeal may still cite it); the row, its verdict and measurements stay. Returns how many."""
+        with self._db.transaction() as db:
+            rows = db.execute(
+                "SELECT work_key, node, LENGTH(envelope) FROM submissions WHERE state IN ('reported', 'unreportable') "
+                f"AND outcome <> 'rejected_hard' AND reported_at < ? AND LENGTH(envelope) > 0 LIMIT ?{db.for_update}",
+                (reported_before, limit))
+            freed: dict[str, int] = {}
+            for key, node, size in rows:
+                db.execute("UPDATE submissions SET envelope = ? WHERE work_key = ?", (b"", key))
+                freed[node] = freed.get(node, 0) + int(size)
+            for node in sorted(freed):
+                _add_node_bytes(db, node, -freed[node])
+        return len(rows)
+
+    def node_stored_bytes(self, node: str) -> int:
+        """Bytes of `node`'s envelopes stored here and not pruned (a total, kept across restarts)."""
+        rows = self._db.execute("SELECT stored FROM node_bytes WHERE node = ?", (node,))
+        return int(rows[0][0]) if rows else 0
 
     # -- counters in order (docs/protocol/assignment.md, "Counters") -------------------------------------------
 
@@ -874,6 +908,11 @@ class Ledger:
 
 
 _TALLIES_MARK = "tallies:v1"
+
+
+def _add_node_bytes(db: _Db, node: str, n: int) -> None:
+    db.execute("INSERT INTO node_bytes (node, stored) VALUES (?, ?) ON CONFLICT (node) DO UPDATE SET "
+               "stored = node_bytes.stored + excluded.stored", (node, n))
 
 
 def _tally(db: _Db, change: dict[str, int]) -> None:

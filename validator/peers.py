@@ -6,6 +6,11 @@ either, for at least `failover_after_s`: a node cannot shop for another validato
 assigned one is down. A validator whose URL is unknown here is taken to be up (no failover for it). A peer that accepts and
 never answers (a stopped process), or trickles bytes, fails its probe at `timeout_s` (a total deadline) and
 counts as down like a dead one.
+
+A probe asks `/v1/info` (the peer's address) and then its intake: `POST /v1/intake/probe` with this validator's
+signed upload header and an empty body takes a slot of the same pool a staked node's submission takes, so a
+peer whose intake is full or whose backlog has no room (503), however well its `/v1/info` answers, counts as
+down too, and its nodes' work comes here.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ import time
 from dataclasses import dataclass
 
 from protocol.deadline import bounded_request, deadline_client
-from protocol.identity import checksum
+from protocol.identity import Identity, checksum
+from protocol.upload import upload_headers
 
 log = logging.getLogger(__name__)
+
+PROBE_PATH = "/v1/intake/probe"
 
 
 @dataclass
@@ -31,10 +39,12 @@ class PeerState:
 
 
 class PeerWatch:
-    """Probes each peer's `/v1/info` every `probe()` call (a service loop calls it)."""
+    """Probes each peer's `/v1/info` and intake every `probe()` call (a service loop calls it)."""
 
-    def __init__(self, urls: list[str], *, me: str, failover_after_s: float, timeout_s: float = 3.0) -> None:
-        self.me = checksum(me)
+    def __init__(self, urls: list[str], *, identity: Identity, domain: str, failover_after_s: float,
+                 timeout_s: float = 3.0) -> None:
+        self.identity, self.domain = identity, domain
+        self.me = checksum(identity.address)
         self.failover_after_s = failover_after_s
         self.peers = [PeerState(u.rstrip("/")) for u in urls]
         self.timeout_s = timeout_s
@@ -48,6 +58,13 @@ class PeerWatch:
                 r = bounded_request(self._http, "GET", peer.url + "/v1/info", self.timeout_s)
                 r.raise_for_status()
                 address = checksum(str(r.json()["validator"]))
+                with self._lock:
+                    peer.address = address  # known by its info: a peer whose intake is full from the start is down
+                headers = upload_headers(self.identity, b"", domain=self.domain, validator=address, path=PROBE_PATH)
+                r = bounded_request(self._http, "POST", peer.url + PROBE_PATH, self.timeout_s, content=b"",
+                                    headers=headers)
+                if r.status_code != 200:
+                    raise RuntimeError(f"intake refuses a staked upload: HTTP {r.status_code} {r.text[:120]}")
             except Exception as exc:  # noqa: BLE001 - any failure is "not answering", recorded
                 with self._lock:
                     if peer.failing_since is None:

@@ -2,10 +2,13 @@
 
 - accepted work: `recordWorkBatch` (the contract skips keys it already knows, so a batch resent after
   an unknown outcome records nothing twice);
-- hard verdicts: `invalidateHard(node, key, reason, evidenceHash)`, but only once they are older than
+- hard verdicts: `invalidateHardBatch` (each slashed as by `invalidateHard(node, key, reason, evidenceHash)`,
+  one transaction per batch), but only once they are older than
   the systemic window (`systemic.window_s`), so a wave of failures that turns out to be our own fault
   is softened before anyone is slashed;
-- stale work: `invalidateSoft` (never paid, never slashed);
+- stale work: `invalidateSoftBatch`, one transaction per batch (never paid, never slashed; idempotent
+  like `recordWorkBatch`). Intake refuses stale work without a row now, so only rows of an older ledger
+  get here;
 - every other soft verdict (not ours to check, our own failure) stays off chain: the assignment is
   not burnt for a fault that is not the node's.
 
@@ -109,14 +112,18 @@ class Reporter:
                 accepted = self.ledger.outbox(_ACCEPTED, 10 * self.batch, now=t)
                 for i in range(0, len(accepted), self.batch):
                     done += self._record(accepted[i : i + self.batch], t)
-                for row in self.ledger.outbox(_HARD, self.batch, now=t, decided_before=t - self.hold_hard_s):
-                    done += self._invalidate(row, t, hard=True)
+                hard = self.ledger.outbox(_HARD, self.batch, now=t, decided_before=t - self.hold_hard_s)
+                if hard:
+                    done += self._invalidate_many(hard, t, hard=True)
                 off_chain: list[str] = []
+                on_chain: list[OutboxRow] = []
                 for row in self.ledger.outbox(_SOFT, 10 * self.batch, now=t):
                     if row.reason in _ON_CHAIN_SOFT and self.pool is not None:
-                        done += self._invalidate(row, t, hard=False)
+                        on_chain.append(row)
                     else:
                         off_chain.append(row.work_key)
+                for i in range(0, len(on_chain), self.batch):
+                    done += self._invalidate_many(on_chain[i : i + self.batch], t, hard=False)
                 self.ledger.mark_reported(off_chain, None, outcome=_SOFT)
                 done += len(off_chain)
                 self._rpc_failures = 0
@@ -178,6 +185,33 @@ class Reporter:
             return len(landed)
         self.ledger.mark_reported([r.work_key for r in rows], receipt.tx_hash, outcome=_ACCEPTED)
         log.info("recorded %d accepted submissions on chain (tx %s)", len(rows), receipt.tx_hash)
+        return len(rows)
+
+    def _invalidate_many(self, rows: list[OutboxRow], t: float, *, hard: bool) -> int:
+        """Invalidations of one kind in one `invalidateHardBatch` / `invalidateSoftBatch`; a batch that reverts
+        goes row by row, so one bad row is set aside and the rest land."""
+        if self.pool is None or len(rows) == 1:
+            return sum(self._invalidate(r, t, hard=hard) for r in rows)
+        what = "invalidateHardBatch" if hard else "invalidateSoftBatch"
+        try:
+            if hard:
+                assert all(r.evidence_hash is not None for r in rows), "a hard verdict always has evidence"
+                receipt = self.pool.invalidate_hard_batch([(r.node, r.work_key, Reason(str(r.reason)).code,
+                                                            str(r.evidence_hash)) for r in rows])
+            else:
+                receipt = self.pool.invalidate_soft_batch([(r.node, r.work_key, Reason(str(r.reason)).code)
+                                                           for r in rows])
+        except ChainError as exc:
+            self.failures += 1
+            log.warning("%s of %d keys failed: %s", what, len(rows), exc)
+            if exc.reason in TRANSIENT:
+                raise _RpcDown(str(exc)) from exc
+            return sum(self._invalidate(r, t, hard=hard) for r in rows)
+        for outcome in sorted({r.outcome for r in rows}):
+            self.ledger.mark_reported([r.work_key for r in rows if r.outcome == outcome], receipt.tx_hash,
+                                      outcome=outcome)
+        log.info("invalidated%s %d submissions on chain in one transaction (%s)", " and slashed" if hard else "",
+                 len(rows), receipt.tx_hash)
         return len(rows)
 
     def _invalidate(self, row: OutboxRow, t: float, *, hard: bool) -> int:

@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from contracts.deployment import Deployment
+from contracts.journal import FileJournal
 from contracts.pool import PoolClient
 from contracts.transactor import Transactor, connect
 from protocol.envelope import Envelope
@@ -42,6 +44,9 @@ from validator.weights import WeightStore
 
 log = logging.getLogger(__name__)
 
+PRUNE_MARGIN_S = 3600.0
+"""Envelopes are kept this long past the chain's invalidation window (the pool clock and ours may differ)."""
+
 
 class Service:
     """Everything a validator runs, minus HTTP."""
@@ -55,10 +60,14 @@ class Service:
         if cfg.chain.deployment is None:
             raise ConfigError("chain.deployment is required (the deployment.json written by prime-chain)")
         self.deployment = deployment = Deployment.load(cfg.chain.deployment)
+        # Our transactions are journalled with the ledger (a restart after kill -9 still sends again what a
+        # rollback of any depth removed: rows marked reported on a receipt that left the chain).
         self.pool = PoolClient(connect(cfg.chain.rpc_url), deployment.pool, self.identity,
-                               Transactor(connect(cfg.chain.rpc_url), self.identity))
+                               Transactor(connect(cfg.chain.rpc_url), self.identity,
+                                          journal=FileJournal(cfg.state_dir / "transactions.sqlite")))
         self.chain = ChainView(self.pool, deployment.start_block)
         self.chain.refresh()  # fail fast when the chain is unreachable
+        check_reach(cfg, self.chain)
         self.domain = submission_domain(deployment.chain_id, deployment.pool, cfg.run.run_id)
         # The owner of this process's leases, the same after a restart (a state dir is one process's):
         # rows it was checking when it was killed are taken up again at once, not when their leases end.
@@ -70,7 +79,8 @@ class Service:
         self.replay = ReplayGuard(cfg.state_dir / "replay.sqlite")
         self.nonces = NonceCounter(cfg.state_dir / "nonces.sqlite")
         self.weights = WeightStore(cfg, self.chain.manifest_hash, self.chain.current_version)
-        self.peers = PeerWatch(cfg.peers, me=self.identity.address, failover_after_s=cfg.failover_after_s)
+        self.peers = PeerWatch(cfg.peers, identity=self.identity, domain=self.domain,
+                               failover_after_s=cfg.failover_after_s)
         self.core = Core.build(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
                                replay_guard=self.replay, nonces=self.nonces, peers=self.peers)
         self.appeals = AppealDesk(cfg, self.identity, self.ledger, self.chain,
@@ -123,6 +133,18 @@ class Service:
             pass
         self.core.assignment.count_holes()  # cheap unless a version just left the async window
 
+    def prune_envelopes(self, now: float | None = None) -> int:
+        """Drop the envelopes whose verdict the chain can no longer change (`Ledger.prune_envelopes`); nothing
+        before the chain's invalidation window is known. Returns how many."""
+        window = self.chain.invalidation_window
+        if window is None:
+            return 0
+        t = time.time() if now is None else now
+        n = self.ledger.prune_envelopes(reported_before=t - window - PRUNE_MARGIN_S)
+        if n:
+            log.info("pruned %d stored envelopes older than the invalidation window", n)
+        return n
+
     def write_feed(self) -> int:
         """Write accepted submissions not yet on disk as Parquet rollout files (atomic rename)."""
         if self.cfg.feed_dir is None:
@@ -155,6 +177,7 @@ class Service:
         self._loop("checker", 0.5, self._check_step, self._wake)
         self._loop("reporter", self.cfg.reporter.interval_s, self.reporter.drain)  # without a pool: ledger only
         self._loop("feed", 0.5, self.write_feed)
+        self._loop("prune", 60.0, self.prune_envelopes)
         if self.cfg.appeals.enabled and self.cfg.reporter.enabled:
             self._loop("appeals", self.cfg.reporter.interval_s * 5, self.appeals.resolve_pending)
         if self.cfg.peers:
@@ -170,3 +193,20 @@ class Service:
         self.peers.close()
         self.replay.close()
         self.nonces.close()
+
+
+def check_reach(cfg: ValidatorConfig, chain: ChainView) -> None:
+    """Refuse a configuration whose reports can miss the chain's deadlines: a hard verdict is held for
+    `systemic.window_s` and then, while the RPC fails, retried after up to `reporter.max_backoff_s`; if that can
+    reach the pool's invalidation window (the chain refuses the invalidation) or its unbonding period (the node
+    has left with its stake), a cheat caught here is never slashed. `ConfigError` naming both sides."""
+    if not cfg.reporter.enabled or chain.invalidation_window is None or chain.unbonding_period is None:
+        return
+    reach = cfg.systemic.window_s + cfg.reporter.max_backoff_s
+    for name, limit in (("invalidation window", chain.invalidation_window),
+                        ("unbonding period", chain.unbonding_period)):
+        if reach >= limit:
+            raise ConfigError(
+                f"systemic.window_s ({cfg.systemic.window_s:g} s) + reporter.max_backoff_s "
+                f"({cfg.reporter.max_backoff_s:g} s) = {reach:g} s reaches the pool's {name} ({limit} s): a hard "
+                f"verdict held and retried that long could never be slashed; lower them below {limit} s")

@@ -97,6 +97,9 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     uint64 public immutable invalidationWindow;
     uint64 public immutable rewardLockPeriod;
     uint64 public immutable appealWindow;
+    /// The longest appeal window the constructor takes: 100 years, so pool time plus it fits the uint40 deadlines
+    /// (2^40 s) for tens of thousands of years.
+    uint64 public constant MAX_APPEAL_WINDOW = 100 * 365 days;
 
     address public treasury;
     uint256 public minStake;
@@ -147,7 +150,7 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         uint16 reasonCode,
         bytes32 evidenceHash
     );
-    /// recordWorkBatch met a key already known (recorded, claimed or invalidated): `node` and `status` are
+    /// recordWorkBatch met a key already known, or an invalidation batch a key already invalidated (recorded, claimed or invalidated): `node` and `status` are
     /// what the pool holds for it. Nothing changed; a resent batch is harmless.
     event WorkSkipped(address indexed node, bytes32 indexed workKey, address indexed validator, WorkStatus status);
     event StakeSlashed(address indexed node, bytes32 indexed workKey, address indexed treasury, uint256 amount);
@@ -230,6 +233,9 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         if (minStake_ == 0 || rewardLockPeriod_ < invalidationWindow_ || unbondingPeriod_ < invalidationWindow_) {
             revert BadParameters();
         }
+        // Appeal deadlines are stored as uint40 (pool time + appealWindow): a longer window would wrap them to the
+        // past and close every appeal at once.
+        if (appealWindow_ > MAX_APPEAL_WINDOW) revert BadParameters();
         token = token_;
         treasury = treasury_;
         minStake = minStake_;
@@ -366,6 +372,33 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
         whenNotPaused
         nonReentrant
     {
+        _invalidateHard(node, workKey, reasonCode, evidenceHash);
+    }
+
+    /// @notice invalidateHard for many submissions in one transaction, each slashed and escrowed as alone;
+    /// idempotent like `recordWorkBatch`: a key already hard-invalidated (by this batch or before) is skipped
+    /// with `WorkSkipped`. Any other failure reverts the whole batch.
+    function invalidateHardBatch(
+        address[] calldata nodes,
+        bytes32[] calldata workKeys,
+        uint16[] calldata reasonCodes,
+        bytes32[] calldata evidenceHashes
+    ) external onlyRole(VALIDATOR_ROLE) whenNotPaused nonReentrant {
+        uint256 count = nodes.length;
+        if (count != workKeys.length || count != reasonCodes.length || count != evidenceHashes.length || count == 0) {
+            revert BadParameters();
+        }
+        for (uint256 i = 0; i < count; ++i) {
+            Work storage w = _work[workKeys[i]];
+            if (w.status == WorkStatus.HardInvalidated) {
+                emit WorkSkipped(w.node, workKeys[i], msg.sender, w.status);
+                continue;
+            }
+            _invalidateHard(nodes[i], workKeys[i], reasonCodes[i], evidenceHashes[i]);
+        }
+    }
+
+    function _invalidateHard(address node, bytes32 workKey, uint16 reasonCode, bytes32 evidenceHash) private {
         if (evidenceHash == bytes32(0)) revert ZeroEvidenceHash();
         _invalidate(node, workKey, WorkStatus.HardInvalidated);
         emit WorkInvalidated(node, workKey, msg.sender, true, reasonCode, evidenceHash);
@@ -517,6 +550,32 @@ contract ComputePool is AccessControl, Pausable, ReentrancyGuard, EIP712 {
     {
         _invalidate(node, workKey, WorkStatus.SoftInvalidated);
         emit WorkInvalidated(node, workKey, msg.sender, false, reasonCode, bytes32(0));
+    }
+
+
+    /// @notice invalidateSoft for many submissions in one transaction (no stake moves, so a chain reporter
+    /// sends them together), idempotent like `recordWorkBatch`: a key already invalidated (hard or soft, by
+    /// this batch or before) is skipped with `WorkSkipped`. Any other failure (another node's work, work
+    /// already claimed, the invalidation window closed) reverts the whole batch.
+    function invalidateSoftBatch(address[] calldata nodes, bytes32[] calldata workKeys, uint16[] calldata reasonCodes)
+        external
+        onlyRole(VALIDATOR_ROLE)
+        whenNotPaused
+        nonReentrant
+    {
+        if (nodes.length != workKeys.length || nodes.length != reasonCodes.length || nodes.length == 0) {
+            revert BadParameters();
+        }
+        for (uint256 i = 0; i < nodes.length; ++i) {
+            bytes32 key = workKeys[i];
+            Work storage w = _work[key];
+            if (w.status == WorkStatus.SoftInvalidated || w.status == WorkStatus.HardInvalidated) {
+                emit WorkSkipped(w.node, key, msg.sender, w.status);
+                continue;
+            }
+            _invalidate(nodes[i], key, WorkStatus.SoftInvalidated);
+            emit WorkInvalidated(nodes[i], key, msg.sender, false, reasonCodes[i], bytes32(0));
+        }
     }
 
     /// @notice Claim the unlocked rewards of `node`'s accepted work `workKeys`; paid to its operator. A reward

@@ -63,3 +63,30 @@ def test_a_node_refused_for_an_earlier_counter_waits_for_the_next_version(
             worker.stop()
             thread.join(timeout=60)
     assert not failure, failure
+
+
+def test_stale_work_refused_by_the_validator_is_dropped_not_resent(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path, tiny_model: Any) -> None:
+    """Issue 35 item 3: the validator refuses stale work with 410 and no row; the node drops that assignment for
+    good (`refused` in its protection database, never resent) instead of backing off from the validator."""
+    from bench.adversaries import SimNode
+    from protocol.rollout import submission_domain
+
+    served = make_validator()
+    node = published.new_node()
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [served.url], run=RUN, model=TINY)
+    chain = commands.open_chain(cfg)
+    domain = submission_domain(published.deployment.chain_id, published.deployment.pool, RUN.run_id)
+    sub, _ = SimNode(node, tiny_model, domain).build(version=1, counter=0)
+    published.trainer.publish_policy(2, MANIFEST_V0)
+    published.trainer.publish_policy(3, MANIFEST_V0)  # async level 1: v1 is stale now
+    _wait(lambda: served.service.chain.current_version() == 3, "v3 not seen")
+    with httpx.Client(timeout=30) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+        worker = make_worker(cfg, node, chain, db, http, [served.url])
+        answer = worker.submit(sub)
+        assert answer.get("error") == "stale_version", answer
+        record = db.get(RUN.run_id, node.address, 1, 0)
+        assert record is not None and record.state == "refused"
+        assert worker.tally.peer_errors == {"stale_version": 1}
+        assert worker.resend_unsent()  # nothing left to resend
+    assert served.service.ledger.node_summary(node.address)["refused"] == {"stale_version": 1}

@@ -39,8 +39,15 @@ def test_work_fails_over_to_the_next_validator_only_when_the_assigned_one_is_dow
     chain = commands.open_chain(cfg)
     with httpx.Client(timeout=5) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
         worker = make_worker(cfg, node, chain, db, http, [backup.url])
+        # learned from the backup's /v1/info: a snapshot (rebuilt every INFO_REFRESH_S) that names the assigned
+        # validator once the backup's peer probe has reached it, so the node may need a few refreshes
+        deadline = time.monotonic() + 60
         worker.validators.refresh()
-        assert worker.validators.url_of(first) == assigned.url  # learned from the backup's /v1/info
+        while worker.validators.url_of(first) is None:
+            assert time.monotonic() < deadline, "the backup's /v1/info never named the assigned validator's URL"
+            time.sleep(0.2)
+            worker.validators.refresh()
+        assert worker.validators.url_of(first) == assigned.url
         worker.validators.by_address.pop(first)  # as if the node knew only the backup
         from node.rollouts import build_submission
 
@@ -112,3 +119,58 @@ def test_work_fails_over_from_a_stopped_validator(
     finally:
         proxy.signal(signal.SIGCONT)
         proxy.close()
+
+
+def test_a_hung_validator_is_polled_for_old_verdicts_ever_more_rarely(
+        published: Pools, deployment_file: Path, tmp_path: Path) -> None:
+    """Issue 39 item 4: after failover, a node asked the hung validator for the verdicts it still owed every
+    `max_backoff_s`, each time at the price of a poll timeout (halving the node's rate). Its back-off now doubles
+    each time in a row it hangs, the validator that took over is asked every round, and an answer starts the
+    back-off over."""
+    import time
+
+    import httpx
+    from fastapi import FastAPI, Response
+    from netfixtures import hung_server, serve_asgi
+    from test_node_join import make_worker, node_config
+
+    from bench.loopback import RUN, TINY
+    from node import commands
+    from node.protection import SlashingProtection
+    from node.rollouts import build_submission
+    from protocol.identity import Identity
+
+    node = published.new_node()
+    stuck, other = Identity.create().address, Identity.create().address
+    asked: list[str] = []
+    app = FastAPI()
+
+    @app.get("/v1/submissions/{key}")
+    def poll(key: str) -> Response:
+        asked.append(key)
+        return Response('{"error": "unknown"}', status_code=404, media_type="application/json")
+
+    base = 0.2
+    with hung_server() as hung, serve_asgi(app) as live:
+        cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [live], run=RUN, model=TINY,
+                          submit={"attempts": 2, "backoff_s": 0.05, "max_backoff_s": base, "probe_timeout_s": 0.3})
+        chain = commands.open_chain(cfg)
+        with httpx.Client(timeout=10) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+            worker = make_worker(cfg, node, chain, db, http, [live])
+            worker.validators.by_address.update({stuck: hung, other: live})
+            worker.validators.announced = [stuck, other]
+            selected = worker.weights.select()
+            sub = build_submission(selected.engine, RUN, node.address, 1, 0, selected.manifest_hash,
+                                   chain_id=worker.chain_id, pool=worker.pool)
+            assert db.check_and_record(sub)
+            db.mark(RUN.run_id, node.address, 1, 0, "submitted")  # sent to the hung one: its verdict is owed
+            for hangs in range(1, 7):
+                worker._down_until[stuck] = 0.0  # its back-off ran out: it is asked again, and hangs again
+                start = time.monotonic()
+                worker.poll_pending()
+                assert worker._down_until[stuck] >= start + base * 2 ** (hangs - 1)
+                assert len(asked) == hangs  # the validator that took over is asked every round
+            worker.validators.by_address[stuck] = live  # it answers again
+            worker._down_until[stuck] = 0.0
+            worker.poll_pending()
+            assert worker._down_until.get(stuck, 0.0) < time.monotonic()  # the back-off starts over

@@ -37,6 +37,22 @@ def test_work_from_another_model_is_caught_by_every_check() -> None:
     assert report.as_dict()["ok"] is False
 
 
+def test_a_context_too_short_for_the_runs_prompts_fails_preflight_before_anything_is_generated() -> None:
+    """An engine whose context cannot hold the run's longest prompt plus `max_new_tokens` would cut honest
+    completions short (vLLM with a small `max_model_len`): an early `length`, a hard verdict. Pre-flight says so
+    and names the setting, before generating anything."""
+    engine = build_engine(CpuEngineSettings(), TINY)
+    run = RUN.model_copy(update={"max_new_tokens": engine.context_limit - 2})
+    report = run_preflight(engine, TINY, run, {}, batches=1)
+    assert not report.ok and report.samples == 0
+    context = report.checks[0]
+    assert context.name == "longest prompt + max_new_tokens" and not context.ok
+    assert context.limit == TINY.max_position_embeddings and context.worst > context.limit
+    assert any("engine.max_model_len" in p for p in report.problems)
+    fits = run_preflight(engine, TINY, RUN, {}, batches=1)
+    assert fits.checks[0].name == "longest prompt + max_new_tokens" and fits.checks[0].ok
+
+
 def test_join_refuses_to_stake_when_preflight_fails_unless_forced(
         published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

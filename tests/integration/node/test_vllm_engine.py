@@ -7,6 +7,9 @@
   prefills, and requests are preempted for lack of KV cache: the tokens are then exactly those of the
   `models/` engine (fp32, tiny model).
 - A new policy version's weights are swapped in inside the running engine.
+- A prompt whose completion would not fit `max_model_len` is refused before vLLM sees it (vLLM would cut the
+  completion short, an early `length` the validator rejects as malformed), and a batch that fails leaves no
+  hidden rows behind in the worker.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from models.loading import load  # noqa: E402
 from models.sampling import SamplingParams  # noqa: E402
 from node.config import VllmEngineSettings  # noqa: E402
 from node.engines import Completion, Request  # noqa: E402
+from protocol.errors import ModelError  # noqa: E402
 from protocol.model_spec import HFModelSpec, ModelSpec, SmolLM2Spec, TinyModelSpec  # noqa: E402
 from protocol.run import RunSpec  # noqa: E402
 from toploc.thresholds import ToplocThresholds  # noqa: E402
@@ -158,3 +162,33 @@ def test_a_new_policy_version_is_swapped_in_inside_the_engine(tmp_path: Path) ->
           f"{time.monotonic() - started:.1f} s)")
     assert len(base.runtime.swaps) == 2
     base.close()
+
+
+def test_a_prompt_that_does_not_fit_the_context_is_refused_before_vllm_sees_it() -> None:
+    """vLLM itself would stop such a completion at `max_model_len` with `length` before `max_new_tokens`: an
+    honest node's hard `schema` verdict. The engine refuses the batch instead, and serves the next one."""
+    engine = _engine(TINY, dtype="float32")
+    limit = engine.context_limit
+    assert limit == TINY.max_position_embeddings
+    fits = _requests(2, 10, TINY.vocab_size)
+    too_long = [Request([1] + [5] * (limit - LONG_RUN.max_new_tokens), seed=1)]
+    with pytest.raises(ModelError, match="exceeds the engine's context"):
+        engine.generate(fits + too_long, LONG_RUN)
+    completions = engine.generate(fits, LONG_RUN)
+    assert all(c.finish_reason == "eos" or len(c.tokens) == LONG_RUN.max_new_tokens for c in completions)
+    assert engine.runtime.pending_traces() == 0
+
+
+def test_a_batch_whose_collection_fails_leaves_no_trace_behind() -> None:
+    """The worker's traces of a batch are all taken out before any is checked: one request with a gap in its
+    steps fails the batch, and the other requests' hidden rows do not stay in memory for the engine's life."""
+    from node.vllm_engine import _Trace, _WorkerState
+
+    state = _WorkerState()
+    for key, steps in (("gap", (0, 2)), ("whole", (0, 1))):
+        trace = state.traces.setdefault(key, _Trace())
+        for step in steps:
+            trace.tokens[step], trace.logprobs[step], trace.hidden[step] = 3, -0.5, torch.zeros(4)
+    with pytest.raises(RuntimeError, match="request gap has steps"):
+        state.collect(["gap", "whole"], with_hidden=False)
+    assert state.traces == {}

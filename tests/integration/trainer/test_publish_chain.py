@@ -55,6 +55,7 @@ def test_each_version_is_recorded_on_chain_and_announced(published: Pools, deplo
         again = ShardcastPublisher(settings.model_copy(update={"store": tmp_path / "origin2",
                                                                "discovery": DiscoveryConfig()}))
         again.publish(2, ckpt)
+        again.close()
         assert published.admin.policy() == (2, manifest)
     finally:
         listener.stop()
@@ -122,3 +123,30 @@ def test_publish_policy_is_tried_again_after_no_receipt(published: Pools, deploy
         assert published.admin.policy()[0] == 4
     finally:
         publisher.close()
+
+
+def test_a_version_a_deep_rollback_removed_while_the_trainer_was_down_is_recorded_again(
+        published: Pools, deployment_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39 item 1: a 32-block revert took `publishPolicy(3)` away (deeper than any confirmation count) while
+    the trainer was down; restarted on its store, it sends it again without waiting for a new step (nodes need
+    the version on chain to make the work that step waits for)."""
+    chain = published.chain
+    m = load(TINY)
+    ckpt = save_checkpoint(m.model, m.tokenizer, tmp_path / "step-3")
+    before = published.admin.policy()
+    snapshot = chain.snapshot()
+    first = _chain_publisher(published, deployment_file, tmp_path, monkeypatch)
+    try:
+        first.publish(3, ckpt)  # returns once version 3 is on chain
+        recorded = published.admin.policy()
+        assert recorded[0] == 3
+    finally:
+        first.close()
+    chain.rpc("anvil_mine", [hex(32)])
+    chain.revert(snapshot)
+    assert published.admin.policy() == before
+    restarted = _chain_publisher(published, deployment_file, tmp_path, monkeypatch)
+    try:
+        wait_for(lambda: published.admin.policy() == recorded, "version 3 on chain again", timeout=60)
+    finally:
+        restarted.close()

@@ -6,6 +6,7 @@ the validator, and a validator that cannot re-check says so without resolving an
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from protocol.envelope import Envelope, seal
 from protocol.errors import ChainError
 from protocol.identity import Identity
 from protocol.nonce import random_nonce
+from protocol.upload import upload_headers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,9 +43,12 @@ def _appeal(signer: Identity, node: SimNode, key: str, verdict: str, submission:
     return seal(signer, body, domain=node.domain, nonce=random_nonce()).to_bytes()
 
 
-def _post(v: Any, data: bytes) -> tuple[int, dict[str, Any]]:
+def _post(v: Any, signer: Identity, data: bytes) -> tuple[int, dict[str, Any]]:
+    """POST an appeal with `signer`'s upload header (the gate checks it before the body)."""
+    headers = upload_headers(signer, data, domain=v.service.domain, validator=v.service.identity.address,
+                             path="/v1/appeals")
     with v.client() as c:
-        r = c.post("/v1/appeals", content=data)
+        r = c.post("/v1/appeals", content=data, headers=headers)
         return r.status_code, dict(r.json())
 
 
@@ -71,7 +76,7 @@ def test_a_cheaters_appeal_is_upheld_and_the_escrow_goes_to_the_treasury(
     assert published.admin.get_escrow(key).status is EscrowStatus.HELD
 
     published.operator.appeal(key)
-    status, answer = _post(checker, _appeal(node.identity, node, key, verdict, submission))
+    status, answer = _post(checker, node.identity, _appeal(node.identity, node, key, verdict, submission))
 
     assert status == 200, answer
     assert (answer["outcome"], answer["reason"], answer["original_reason"]) == ("upheld", "proof_mismatch",
@@ -93,7 +98,7 @@ def test_a_cheaters_appeal_is_upheld_and_the_escrow_goes_to_the_treasury(
         assert "0x" + hashlib.sha256(evidence.content).hexdigest() == answer["evidence_hash"]
         assert c.get(f"/v1/appeals/{key}").json()["outcome"] == "upheld"
     # decided once: asking again returns the same decision, resolving nothing twice
-    status, again = _post(checker, _appeal(node.identity, node, key, verdict, submission))
+    status, again = _post(checker, node.identity, _appeal(node.identity, node, key, verdict, submission))
     assert status == 200 and again["evidence_hash"] == answer["evidence_hash"]
 
 
@@ -107,7 +112,7 @@ def test_work_just_outside_the_intake_tolerance_stays_slashed_on_appeal_while_ou
     key, verdict, submission = _slashed(slasher, cheater, cheat="logprob_shift")
     assert slasher.wait_reported(key)["reason"] == "logprob_mismatch"
     published.operator.appeal(key)
-    status, answer = _post(strict, _appeal(cheater.identity, cheater, key, verdict, submission))
+    status, answer = _post(strict, cheater.identity, _appeal(cheater.identity, cheater, key, verdict, submission))
     assert status == 200, answer
     assert (answer["outcome"], answer["reason"]) == ("upheld", "logprob_mismatch"), answer
     assert 0.5 < max(s["logprob_max_error"] for s in answer["measurements"]["samples"]) < 0.52
@@ -117,7 +122,7 @@ def test_work_just_outside_the_intake_tolerance_stays_slashed_on_appeal_while_ou
     # the strict validator's own mistake (tolerance 0: honest float noise of ~1e-6 fails) is overturned
     key, verdict, submission = _slashed(strict, honest)
     published.operator.appeal(key)
-    status, answer = _post(slasher, _appeal(honest.identity, honest, key, verdict, submission))
+    status, answer = _post(slasher, honest.identity, _appeal(honest.identity, honest, key, verdict, submission))
     assert status == 200, answer
     assert (answer["outcome"], answer["original_reason"]) == ("overturned", "logprob_mismatch"), answer
     assert published.admin.get_escrow(key).status is EscrowStatus.OVERTURNED
@@ -130,28 +135,35 @@ def test_late_appeals_and_appeals_by_someone_else_are_refused(
     slasher = make_validator("a")
     checker = make_validator("b", account=second_validator)
     key, verdict, submission = _slashed(slasher, node, cheat="inflate_reward")
-    stranger = Identity.create()
+    stranger, other = Identity.create(), make_node().identity
 
-    # someone else: refused by the validator (signature of neither the node nor its operator) and the contract
-    status, answer = _post(checker, _appeal(stranger, node, key, verdict, submission))
+    # someone else: refused by the validator (signature of neither the node nor its operator) and the contract; a
+    # key the pool never registered is refused at the gate, before its body is read
+    status, answer = _post(checker, stranger, _appeal(stranger, node, key, verdict, submission))
+    assert (status, answer["error"]) == (403, "no_standing")
+    deadline = time.monotonic() + 60
+    while not checker.service.chain.known(other.address):  # a registered key is let through to the body
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    status, answer = _post(checker, other, _appeal(other, node, key, verdict, submission))
     assert (status, answer["error"]) == (403, "not_appellant")
     assert _chain_reason(lambda: published.stranger.appeal(key)) == "NotOperator"
     # the slasher never judges its own verdict; an appeal not filed on chain is not taken
-    status, answer = _post(slasher, _appeal(node.identity, node, key, verdict, submission))
+    status, answer = _post(slasher, node.identity, _appeal(node.identity, node, key, verdict, submission))
     assert (status, answer["error"]) == (409, "own_verdict")
-    status, answer = _post(checker, _appeal(node.identity, node, key, verdict, submission))
+    status, answer = _post(checker, node.identity, _appeal(node.identity, node, key, verdict, submission))
     assert (status, answer["error"]) == (409, "not_filed")
     # a verdict that is not the one slashed, or a submission it did not judge
-    status, answer = _post(checker, _appeal(node.identity, node, key, verdict, node.build()[1]))
+    status, answer = _post(checker, node.identity, _appeal(node.identity, node, key, verdict, node.build()[1]))
     assert (status, answer["error"]) == (400, "bad_submission")
 
     # late: the window closed, the contract refuses to file and the validator refuses to judge
     published.chain.advance_time(SETTINGS.appeal_window + 1)
     assert _chain_reason(lambda: published.operator.appeal(key)) == "AppealWindowClosed"
     late = _appeal(node.identity, node, key, verdict, submission)
-    status, answer = _post(checker, late)
+    status, answer = _post(checker, node.identity, late)
     assert (status, answer["error"]) == (410, "appeal_window_closed")
-    status, answer = _post(checker, late)  # the same signed appeal again is a replay
+    status, answer = _post(checker, node.identity, late)  # the same signed appeal again is a replay
     assert (status, answer["error"]) == (409, "replay")
     assert published.admin.get_escrow(key).status is EscrowStatus.HELD
     token = published.token()
@@ -175,7 +187,7 @@ def test_a_validator_that_cannot_recheck_says_so_and_resolves_nothing(
                            weights={"type": "shardcast", "relays": [dead], "trainer": trainer})
     key, verdict, submission = _slashed(slasher, node, cheat="inflate_reward")
     published.operator.appeal(key)
-    status, answer = _post(blind, _appeal(node.identity, node, key, verdict, submission))
+    status, answer = _post(blind, node.identity, _appeal(node.identity, node, key, verdict, submission))
     assert (status, answer["error"]) == (503, "cannot_check"), answer
     assert "policy version 1" in answer["detail"]
     assert published.admin.get_escrow(key).status is EscrowStatus.APPEALED  # still open for another validator
@@ -199,7 +211,7 @@ def test_work_restored_by_a_won_appeal_reaches_the_trainer(
     fair = make_validator("b", account=second_validator)
     key, verdict, submission = _slashed(strict, node)  # honest work
     published.operator.appeal(key)
-    status, answer = _post(fair, _appeal(node.identity, node, key, verdict, submission))
+    status, answer = _post(fair, node.identity, _appeal(node.identity, node, key, verdict, submission))
     assert status == 200 and answer["outcome"] == "overturned" and answer["resolved"], answer
     assert published.admin.get_work(key).status is WorkStatus.ACCEPTED
 
@@ -250,7 +262,7 @@ def test_a_one_validator_pool_rechecks_appeals_of_its_own_verdicts(
     only = make_validator("a")
     key, verdict, submission = _slashed(only, node, cheat="inflate_reward")
     published.operator.appeal(key)
-    status, answer = _post(only, _appeal(node.identity, node, key, verdict, submission))
+    status, answer = _post(only, node.identity, _appeal(node.identity, node, key, verdict, submission))
     assert status == 200, answer
     assert (answer["outcome"], answer["reason"]) == ("upheld", "reward_mismatch") and answer["resolved"]
     assert published.admin.get_escrow(key).status is EscrowStatus.UPHELD
@@ -299,12 +311,12 @@ def test_an_equivocation_verdict_is_rechecked_from_its_own_evidence(
                       verdict=verdict, submission=judged.decode(), evidence=evidence_text)
         return seal(node.identity, body, domain=node.domain, nonce=random_nonce()).to_bytes()
 
-    status, answer = _post(checker, appeal(None))
+    status, answer = _post(checker, node.identity, appeal(None))
     assert (status, answer["error"]) == (400, "bad_evidence")
     tampered = json.dumps({**doc, "first": doc["submission"]}, sort_keys=True, separators=(",", ":"))
-    status, answer = _post(checker, appeal(tampered))
+    status, answer = _post(checker, node.identity, appeal(tampered))
     assert (status, answer["error"]) == (400, "bad_evidence")
-    status, answer = _post(checker, appeal(evidence.decode()))
+    status, answer = _post(checker, node.identity, appeal(evidence.decode()))
     assert status == 200, answer
     assert (answer["outcome"], answer["reason"], answer["original_reason"]) == ("upheld", "equivocation",
                                                                               "equivocation")
@@ -339,7 +351,8 @@ def test_an_equivocation_its_evidence_does_not_prove_is_rechecked_in_full(
     published.operator.appeal(key)
     body = Appeal(run_id=sub.run_id, node=sub.node, work_key=key, verdict=verdict, submission=data.decode(),
                   evidence=evidence.decode())
-    status, answer = _post(checker, seal(node.identity, body, domain=node.domain, nonce=random_nonce()).to_bytes())
+    status, answer = _post(checker, node.identity,
+                           seal(node.identity, body, domain=node.domain, nonce=random_nonce()).to_bytes())
     assert status == 200, answer
     assert (answer["outcome"], answer["original_reason"]) == ("overturned", "equivocation"), answer
     assert answer["measurements"]["samples"]  # the model re-checked the work

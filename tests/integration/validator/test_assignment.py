@@ -152,7 +152,7 @@ def test_a_node_grinding_counters_gains_nothing(make_validator, make_node, publi
             assert time.monotonic() < deadline, holes
             time.sleep(0.1)
         assert c.get(f"/v1/nodes/{node.identity.address}").json()["counter_holes"] == 1
-    status, body = _post(v, held_back)  # sent late: stale, not paid
-    assert status == 200 and (body["outcome"], body["reason"]) == ("rejected_soft", "stale_version"), body
+    status, body = _post(v, held_back)  # sent late: stale, refused, not paid
+    assert status == 410 and (body["outcome"], body["error"]) == ("rejected_soft", "stale_version"), body
     assert core.stats.get("counter_holes") == 1
     assert core.stats.get("refused_counter_out_of_order") == 2

@@ -72,20 +72,26 @@ def test_each_cheat_is_caught_with_its_reason_and_slashed_with_evidence(make_val
     assert published.admin.get_node(honest.identity.address).stake == stake
 
 
-def test_stale_work_is_soft_never_slashed(make_validator, make_node, published):
+def test_stale_work_is_refused_without_a_row_never_slashed(make_validator, make_node, published):
+    """Issue 35 item 3: stale work is refused at intake like future work, with no ledger row, no stored envelope
+    and no transaction (it used to cost a row and an `invalidateSoft` each), counted against the node."""
     node = make_node()
     v = make_validator()
-    _, data = node.build(version=1)
+    sub, data = node.build(version=1)
     published.trainer.publish_policy(2, hashlib.sha256(b"v2").digest())
     published.trainer.publish_policy(3, hashlib.sha256(b"v3").digest())  # async level 1: v1 is now stale
     deadline = time.monotonic() + 30
     while v.service.chain.current_version() != 3:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    row = v.wait_reported(_post(v, data))
-    assert (row["outcome"], row["reason"]) == ("rejected_soft", "stale_version")
-    assert row["evidence_hash"] is None
-    assert published.admin.get_work(row["work_key"]).status == WorkStatus.SOFT_INVALIDATED
+    for copy in (data, node.build(version=1)[1], node.build(version=1, cheat="junk")[1]):  # resent, resealed, junk
+        with v.client() as c:
+            r = c.post("/v1/submissions", content=copy)
+        assert r.status_code == 410 and r.json()["error"] == "stale_version", r.text
+    key = "0x" + published.work_key(sub.run_id, node.identity.address, 1, sub.counter).hex()
+    assert v.service.ledger.get(key) is None and v.service.ledger.counts() == {}
+    assert v.service.ledger.node_summary(node.identity.address)["refused"] == {"stale_version": 3}
+    assert published.admin.get_work(key).status == WorkStatus.NONE
     assert published.admin.get_node(node.identity.address).stake == published.admin.params().min_stake
     # a version the chain has not seen: refused for now (425), no row, the assignment stays free
     _, future = node.build(version=9)

@@ -1,6 +1,7 @@
 """Flood bounds of a real validator on 127.0.0.1 against anvil (issue 23 item 3): bytes stored per node per
 window, a node with a slash coming is held until it lands, a global cap on the backlog, a global intake
-rate and a cap on concurrent intake requests. Every refusal says when to come back (Retry-After)."""
+rate, and (issue 35 item 1) the gate before a body is read: slow uploads from no key take none of a staked
+node's slots. Every refusal says when to come back (Retry-After)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from urllib.parse import urlparse
 import pytest
 
 from contracts.pool import WorkStatus
+from protocol.identity import Identity
+from protocol.upload import upload_headers
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -96,28 +99,81 @@ def test_the_intake_rate_of_all_nodes_together_is_capped(make_validator, make_no
     assert answers[2].json()["error"] == "overloaded" and int(answers[2].headers["Retry-After"]) >= 1
 
 
-def _slow_upload(url: str) -> socket.socket:
-    """A connection that sends a submission's headers and the first byte of its body, then nothing."""
+def _slow_upload(url: str, headers: dict[str, str] | None = None, source: str = "127.0.0.1") -> socket.socket:
+    """A connection from `source` that sends a submission's headers (and `headers`) and the first byte of its
+    body, then nothing."""
     u = urlparse(url)
-    s = socket.create_connection((u.hostname, u.port), timeout=30)
-    s.sendall(b"POST /v1/submissions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n{")
+    s = socket.create_connection((u.hostname, u.port), timeout=60, source_address=(source, 0))
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    s.sendall(f"POST /v1/submissions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n{extra}\r\n{{".encode())
     return s
 
 
-def test_concurrent_intake_requests_are_capped(make_validator):
-    v = make_validator(flood={"max_concurrent": 2})
-    slow = [_slow_upload(v.url) for _ in range(2)]
+def _half_headers(url: str) -> socket.socket:
+    """A connection that sends half a request line, then nothing (headers never complete)."""
+    u = urlparse(url)
+    s = socket.create_connection((u.hostname, u.port), timeout=60)
+    s.sendall(b"POST /v1/submis")
+    return s
+
+
+def _answer(s: socket.socket) -> bytes:
+    """What the server sent before it closed `s` (b"" when it closed without an answer)."""
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    s.close()
+    return data
+
+
+def test_slow_uploads_without_a_key_cannot_stop_a_staked_nodes_submission(make_validator, make_node):
+    """Issue 35 item 1. 16 slow uploads from no key once held every intake slot (16) and an honest staked node got
+    503 on every try: now uploads without an upload header share a small pool of their own (one per address),
+    an unstaked key's signed header is refused before its body, trickled headers are cut, a lagging body is cut
+    (408), and the staked node's signed submission takes a slot of its own and is accepted during the attack."""
+    honest = make_node()
+    v = make_validator(gate={"read_grace_s": 1.0, "header_timeout_s": 1.0})
+    assert v.service.cfg.flood.max_concurrent == 16  # the default, as in the attack
+    domain, me = v.service.domain, v.service.identity.address
+    sub, data = honest.build(counter=0)
+    slow = [_slow_upload(v.url, source=f"127.0.0.{2 + i % 4}") for i in range(16)]  # four source addresses
+    unstaked = Identity.create()  # a fresh key signs its header well: it has no stake, so its body is never read
+    stranger = _slow_upload(v.url, upload_headers(unstaked, b"{" + b" " * 1999, domain=domain, validator=me,
+                                                  path="/v1/submissions"))
+    trickled = [_half_headers(v.url) for _ in range(8)]
     with v.client() as c:
-        deadline = time.monotonic() + 30
-        while (r := c.post("/v1/submissions", content=b"junk")).status_code != 503:  # the two are being read
-            assert r.status_code == 400 and time.monotonic() < deadline, r.text
-            time.sleep(0.05)
-        assert r.json()["error"] == "overloaded" and r.headers["Retry-After"] == "1"
-        for s in slow:
-            s.close()
-        while (r := c.post("/v1/submissions", content=b"junk")).status_code != 400:  # their slots are free again
-            assert r.status_code == 503 and time.monotonic() < deadline, r.text
-            time.sleep(0.05)
+        r = c.post("/v1/submissions", content=data,
+                   headers=upload_headers(honest.identity, data, domain=domain, validator=me, path="/v1/submissions"))
+        assert r.status_code == 202, r.text  # taken in while every slow upload is still open
+    assert v.wait_decided(r.json()["work_key"])["outcome"] == "accepted"
+    answers = [_answer(s).split(b"\r\n", 1)[0] for s in slow]
+    # one per source address was read (until it lagged: 408), the others were refused at once (503)
+    assert sorted(answers) == sorted([b"HTTP/1.1 408 Request Timeout"] * 4 + [b"HTTP/1.1 503 Service Unavailable"] * 12)
+    assert _answer(stranger).startswith(b"HTTP/1.1 403 ")
+    assert all(_answer(s) == b"" for s in trickled)  # closed at the header deadline, never answered
+    stats = v.service.core.stats.snapshot()
+    assert stats["refused_slow_upload"] == 4 and stats["closed_header_timeout"] >= 8, stats
+
+
+def test_a_staked_signer_holds_at_most_its_own_slots(make_validator, make_node):
+    """A staked key's slow uploads take `gate.slots_per_node` slots, never another node's."""
+    greedy, honest = make_node(), make_node()
+    v = make_validator(flood={"max_concurrent": 4}, gate={"slots_per_node": 2, "read_grace_s": 60.0})
+    domain, me = v.service.domain, v.service.identity.address
+    body = b"{" + b" " * 1999
+    held = [_slow_upload(v.url, upload_headers(greedy.identity, body, domain=domain, validator=me,
+                                               path="/v1/submissions")) for _ in range(3)]
+    assert _answer(held[2]).startswith(b"HTTP/1.1 503 ")  # its third is refused at once
+    _, data = honest.build(counter=0)
+    with v.client() as c:
+        r = c.post("/v1/submissions", content=data,
+                   headers=upload_headers(honest.identity, data, domain=domain, validator=me, path="/v1/submissions"))
+        assert r.status_code == 202, r.text
+        forged = dict(upload_headers(honest.identity, data, domain=domain, validator=me, path="/v1/submissions"))
+        r = c.post("/v1/submissions", content=data + b" ", headers=forged)  # not the bytes it signed
+        assert r.status_code == 400 and r.json()["error"] == "body_mismatch", r.text
+    for s in held[:2]:
+        s.close()
 
 
 def test_the_replay_guard_of_the_intake_forgets_expired_nonces(make_validator, make_node):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from protocol.envelope import Envelope, open_envelope
 from protocol.replay import ReplayGuard
 from protocol.rollout import FeedItem, Verdict
 from protocol.rollout_files import feed_groups, read_rollouts
+from protocol.upload import upload_headers
 from validator.chainview import CATCHUP_S
 
 pytestmark = pytest.mark.timeout(240)
@@ -155,8 +157,12 @@ def test_two_payloads_for_one_assignment_at_once_are_equivocation_whoever_wins(m
     v = make_validator()
     _, first = node.build(counter=0)
     _, second = node.build(counter=0, cheat="inflate_reward")
+    def post(data: bytes) -> Any:  # signed upload headers: two at once from one address (unsigned ones get one slot)
+        return c.post("/v1/submissions", content=data, headers=upload_headers(
+            node.identity, data, domain=v.service.domain, validator=v.service.identity.address, path="/v1/submissions"))
+
     with v.client() as c, ThreadPoolExecutor(2) as pool:
-        answers = list(pool.map(lambda d: c.post("/v1/submissions", content=d), [first, second]))
+        answers = list(pool.map(post, [first, second]))
         statuses = sorted(a.status_code for a in answers)
         assert statuses[1] == 409 and statuses[0] in (200, 202), [a.text for a in answers]
         key = answers[0].json()["work_key"]

@@ -54,3 +54,30 @@ def test_reporter_survives_a_drop_and_a_rollback_without_double_recording(publis
     assert reporter.drain() == 0
     assert [recorded(pool, k) for k in dropped + rolled] == [1, 1, 1, 1]
     assert ledger.outbox("accepted", 100) == []
+
+
+def test_rows_a_deep_rollback_removed_land_again_after_a_restart(published: Pools, tmp_path: Path) -> None:
+    """Issue 39 item 1: a 32-block revert (deeper than the 12 confirmations a landed batch used to be watched)
+    removed two batches marked reported, and the validator was restarted: its journal, kept with its state,
+    sends them again at the next round, and the next batch is not queued above a nonce gap."""
+    from contracts.journal import FileJournal
+
+    chain, me = published.chain, published.chain.account(VALIDATOR)
+    node = published.new_node()
+    ledger = Ledger.open(path=tmp_path / "ledger.sqlite")
+    journal = tmp_path / "transactions.sqlite"
+    reporter = Reporter(ledger, watchful(chain, published.deployment.pool, me, journal=FileJournal(journal)),
+                        batch=2, hold_hard_s=0.0)
+    snapshot = chain.snapshot()
+    rolled = _accepted(ledger, node.address, 4, start=20)
+    assert reporter.drain() == 4  # two batches
+    chain.rpc("anvil_mine", [hex(32)])
+    assert reporter.drain() == 0
+    chain.revert(snapshot)
+    pool = watchful(chain, published.deployment.pool, me, journal=FileJournal(journal), receipt_timeout=30.0)
+    restarted = Reporter(ledger, pool, batch=2, hold_hard_s=0.0)
+    later = _accepted(ledger, node.address, 1, start=30)
+    assert restarted.drain() == 1
+    assert all(pool.get_work(k).status is WorkStatus.ACCEPTED for k in rolled + later)
+    assert [recorded(pool, k) for k in rolled + later] == [1] * 5
+    assert ledger.outbox("accepted", 100) == []

@@ -15,7 +15,7 @@ from chainfixtures import ADMIN, OPERATOR, SETTINGS, VALIDATOR, Pools, work_key
 
 from contracts import build, deploy
 from contracts.artifacts import decode_revert, error_selector
-from contracts.deployment import Deployment
+from contracts.deployment import MAX_APPEAL_WINDOW, Deployment
 from contracts.devchain import DEV_ACCOUNTS, DevChain, dev_identity
 from contracts.events import read_events
 from contracts.pool import PoolClient
@@ -285,6 +285,15 @@ def test_bad_pool_parameters_are_refused_by_the_constructor(pools: Pools) -> Non
     with pytest.raises(ChainError) as exc:
         tx.deploy("pool", art.abi, art.bytecode, "0x" + "00" * 20, admin, admin, 1, 300, 100, 200, 1, 1, 150)
     assert exc.value.reason == "ZeroAddress"
+    # An appeal window past the uint40 deadlines would wrap them into the past (every appeal closed at once).
+    for window in (2**40 - 1, 2**64 - 1, MAX_APPEAL_WINDOW + 1):
+        with pytest.raises(ChainError) as exc:
+            tx.deploy("pool", art.abi, art.bytecode, pools.deployment.token, admin, admin,
+                      SETTINGS.min_stake, 300, 100, 200, 1, 1, window)
+        assert exc.value.reason == "BadParameters"
+    address, _ = tx.deploy("pool", art.abi, art.bytecode, pools.deployment.token, admin, admin,
+                           SETTINGS.min_stake, 300, 100, 200, 1, 1, MAX_APPEAL_WINDOW)
+    assert int(address, 16) != 0
 
 
 def test_devnet_command_runs_until_terminated(tmp_path: Path) -> None:

@@ -240,3 +240,35 @@ def test_get_work_tells_a_reporter_what_is_done(pools: Pools) -> None:
     }
     assert int(seen[unknown].node, 16) == 0
     assert {seen[k].node for k in (accepted, claimed, soft, hard)} == {node.address}
+
+
+def test_invalidation_batches_are_a_validators_all_or_nothing_and_skip_what_is_done(pools: Pools) -> None:
+    """Issue 35 item 3: `invalidateSoftBatch` / `invalidateHardBatch` (the reporter's one transaction per batch)."""
+    node, other = pools.new_node(), pools.new_node()
+    soft, hard, taken = work_key(), work_key(), work_key()
+    for client in (pools.stranger, pools.operator, pools.trainer):
+        with pytest.raises(ChainError) as exc:
+            client.invalidate_soft_batch([(node.address, soft, 1)])
+        assert exc.value.reason == "AccessControlUnauthorizedAccount"
+        with pytest.raises(ChainError) as exc:
+            client.invalidate_hard_batch([(node.address, hard, 1, EVIDENCE)])
+        assert exc.value.reason == "AccessControlUnauthorizedAccount"
+    for call in (lambda: pools.validator.invalidate_soft_batch([]),
+                 lambda: pools.validator.invalidate_hard_batch([])):
+        with pytest.raises(ChainError) as exc:
+            call()
+        assert exc.value.reason == "BadParameters"
+    pools.validator.record_work(other.address, taken, 5)
+    with pytest.raises(ChainError) as exc:  # one bad item reverts the batch: nothing of it changed
+        pools.validator.invalidate_soft_batch([(node.address, soft, 1), (node.address, taken, 1)])
+    assert exc.value.reason == "WorkOfOtherNode"
+    assert pools.admin.get_work(soft).status is WorkStatus.NONE
+    pools.validator.invalidate_soft_batch([(node.address, soft, 1)])
+    pools.validator.invalidate_soft_batch([(node.address, soft, 1)])  # resent: skipped
+    assert pools.admin.get_work(soft).status is WorkStatus.SOFT_INVALIDATED
+    pools.validator.invalidate_hard_batch([(node.address, hard, 1, EVIDENCE), (node.address, hard, 1, EVIDENCE)])
+    assert pools.admin.get_work(hard).status is WorkStatus.HARD_INVALIDATED
+    assert pools.admin.get_node(node.address).stake == SETTINGS.min_stake - SETTINGS.slash_penalty  # once
+    with pytest.raises(ChainError) as exc:
+        pools.validator.invalidate_hard_batch([(node.address, work_key(), 1, bytes(32))])
+    assert exc.value.reason == "ZeroEvidenceHash"

@@ -102,6 +102,21 @@ def test_reported_work_missing_on_chain_and_unpaid_rewards_are_caught() -> None:
     assert "rewards reserved = recorded rewards - claimed" in bad
 
 
+def test_an_outbox_that_has_not_drained_past_a_row_for_longer_than_the_bound_fails() -> None:
+    """Issue 39 item 1: a wedged reporter's outbox only grew, and the audit called it "ok"."""
+    inp = consistent()
+    inp.read_at = 10_000.0
+    for a in inp.validators["validator-0"]["accepted"]:
+        a["decided_at"] = 9_990.0
+    assert failing(reconcile(inp, outbox_stall_s=600.0)) == []  # key 4 waits 10 s: an outbox at work
+    inp.validators["validator-0"]["accepted"][3]["decided_at"] = 10_000.0 - 900.0
+    rows = reconcile(inp, outbox_stall_s=600.0)
+    assert failing(rows) == ["validator-0: outbox drains (accepted work off chain at most 600 s)"]
+    assert "oldest 900 s" in next(r.detail for r in rows if not r.ok)
+    inp.validators["validator-0"]["accepted"][3]["unreportable"] = "NodeNotActive: ..."  # given up, not stuck
+    assert failing(reconcile(inp, outbox_stall_s=600.0)) == []
+
+
 def test_reserved_rewards_that_differ_from_units_times_rate_are_caught() -> None:
     inp = copy.deepcopy(consistent())
     inp.rewards_reserved += 1

@@ -10,7 +10,8 @@ import environments
 from environments import Task, task_digest_ok
 from protocol.errors import TaskEnvironmentError
 
-ALL = ["reverse-text", "arithmetic", "math", "code", "lowercase"]
+SINGLE = ["reverse-text", "arithmetic", "math", "code", "lowercase"]
+ALL = [*SINGLE, "calc-arith", "alphabet-sort", "wordle"]  # multi-turn: odd turns in test_env_multiturn.py
 
 
 def test_registry_names_and_versions() -> None:
@@ -95,7 +96,7 @@ def test_render_prompt_through_a_chat_template() -> None:
         environments.render_prompt(_tokenizer(None), task)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", SINGLE)
 def test_odd_text_never_crashes(name: str) -> None:
     env = environments.get(name)
     task = env.sample(3, 1)[0]

@@ -77,6 +77,7 @@ class FeedServer:
         self.items: list[Listed] = []
         self.once: list[Handler] = []  # answered one per request, before the normal listing
         self.requests: list[tuple[int, int]] = []  # (after, limit) of every request
+        self.served: list[str] = []  # the JSON of every normal listing page served, in order
         self._nonce = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -114,7 +115,9 @@ class FeedServer:
         if self.once:
             return await self.once.pop(0)(request)
         page = [i for i in self.items if i.seq > after][:limit]
-        return web.json_response(self.page(after, page))
+        body = json.dumps(self.page(after, page))
+        self.served.append(body)
+        return web.Response(text=body, content_type="application/json")
 
     def page(self, after: int, items: list[Listed], *, signer: Identity | None = None,
              signed: list[Listed] | None = None, signed_after: int | None = None) -> dict[str, object]:

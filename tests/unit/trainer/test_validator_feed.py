@@ -216,6 +216,24 @@ def test_a_forged_listing_cannot_push_the_cursor_past_real_work(serve: Serve, ma
     assert src.cursors() == {v.url: 3}
 
 
+@pytest.mark.parametrize("replay", ["older", "the-last-one"])
+def test_a_replayed_listing_is_refused_and_the_newer_work_still_flows(serve: Serve, make: Make, replay: str) -> None:
+    """Whoever sits between trainer and validator keeps a genuine signed page (here: an empty one) and serves it
+    again once the validator has newer work: that page is refused whole, so it cannot starve the trainer."""
+    v = serve()
+    old = v.page(0, [])  # genuine, signed before any page the source verifies below
+    time.sleep(0.01)  # so the pages signed from here on carry a later timestamp
+    src = make(v)
+    with pytest.raises(DataStarvedError):
+        src.next_batch(step=0, n_groups=1, async_level=0)  # verifies the validator's (empty) pages
+    last = json.loads(v.served[-1]) if replay == "the-last-one" else old
+    item = feed_item(0, 1)
+    v.add(item)
+    v.once.append(raw(json.dumps(last).encode()))
+    assert src.next_batch(step=0, n_groups=1, async_level=0).groups == _groups(item)
+    assert src.stats["refused_pages"] == 1 and src.cursors() == {v.url: 1}
+
+
 def test_accepted_validators_pin_the_lister_of_each_url(serve: Serve, make: Make) -> None:
     """Without an address per URL, any accepted validator's listing verifies at first; from then on the URL's
     seqs are that validator's alone, so another accepted key cannot sign positions for it."""

@@ -302,7 +302,8 @@ def test_refusals_are_counted_per_node_and_reason(ledger: Ledger) -> None:
     ledger.count_refusal("0xb", "replay", now=T0)
     assert ledger.node_summary("0xa")["refused"] == {"replay": 3, "rate_limited": 1}
     assert ledger.node_summary("0xb")["refused"] == {"replay": 1}
-    assert ledger.node_summary("0xc") == {"node": "0xc", "verdicts": {}, "pending": 0, "refused": {}, "counter_holes": 0}
+    assert ledger.node_summary("0xc") == {"node": "0xc", "verdicts": {}, "pending": 0, "refused": {}, "counter_holes": 0,
+                                          "stored_bytes": 0}
     assert ledger.counts() == {}  # refused requests never become rows
 
 
@@ -317,7 +318,7 @@ def test_node_summary_and_counts(ledger: Ledger) -> None:
     ledger.count_refusal("0xa", "replay")
     assert ledger.node_summary("0xa") == {
         "node": "0xa", "verdicts": {"accepted": {"accepted": 2}, "rejected_hard": {"reward_mismatch": 1}},
-        "pending": 1, "refused": {"replay": 1}, "counter_holes": 0}
+        "pending": 1, "refused": {"replay": 1}, "counter_holes": 0, "stored_bytes": 4 * len(b'{"key":"k1"}')}
     assert ledger.node_summary("0xb")["verdicts"] == {"accepted": {"accepted": 1},
                                                        "rejected_soft": {"validator_error": 1}}
     assert ledger.counts() == {"state:received": 1, "state:decided": 4, "state:reported": 1,
@@ -351,7 +352,11 @@ def test_drift_failures_history_and_active_nodes_in_a_window(ledger: Ledger) -> 
     assert sorted(ledger.active_nodes_since(T0)) == ["0xa", "0xb", "0xc", "0xd"]
     assert ledger.accepted_before(["0xd", "0xa", "0xz"], T0) == {"0xd": 1}
     assert ledger.accepted_before(["0xd"], T0 + 30) == {"0xd": 2}
-    assert keys(ledger.recent_accepted(1, 5)) == ["d1", "d2"]
+    assert sorted(keys(ledger.random_accepted(1, 5))) == ["d1", "d2"]
+    assert ledger.random_accepted(1, 5, excluding=["0xd"]) == [] and ledger.random_accepted(3, 5) == []
+    assert keys(ledger.random_accepted(1, 5, excluding=["0xa", "0xb"])) in (["d1", "d2"], ["d2", "d1"])
+    drawn = {keys(ledger.random_accepted(1, 1))[0] for _ in range(64)}
+    assert drawn == {"d1", "d2"}  # at random, not the most recent: P(one key 64 times) = 2**-63
 
 
 def test_one_ledger_shared_by_threads(ledger: Ledger) -> None:
@@ -637,3 +642,24 @@ def test_the_audit_lists_a_node_whose_near_ties_stand_out_from_the_fleet(ledger:
     # a fleet that does not drift at all (all fp32): any node with enough near-ties stands out
     assert [r["node"] for r in near_tie_review({"a": [1000, 0, 0], "b": [1000, 0, 0], "e": [1000, 0, 0],
                                                  "c": [1000, 12, 0], "d": [1000, 9, 0]})] == ["c"]
+
+
+def test_envelopes_pruned_after_the_window_free_the_nodes_stored_bytes(ledger: Ledger) -> None:
+    """Issue 35 item 3: a node's stored bytes are a total kept in the ledger (a restart keeps them); pruning an
+    envelope whose verdict the chain can no longer change frees its bytes; a hard verdict keeps its envelope."""
+    size = len(b'{"key":"k1"}')
+    add(ledger, "k1", decision=accepted("k1"))
+    add(ledger, "k2", decision=hard("k2"))
+    add(ledger, "k3", decision=soft("k3"))
+    add(ledger, "k4", node="0xb", decision=accepted("k4"))
+    add(ledger, "k5")  # received, not decided: never pruned
+    ledger.mark_reported(["k1", "k2", "k3"], "0xtx", now=T0 + 10)
+    ledger.mark_reported(["k4"], "0xtx", now=T0 + 100)
+    assert ledger.node_stored_bytes("0xa") == 4 * size and ledger.node_stored_bytes("0xb") == size
+    assert ledger.prune_envelopes(reported_before=T0 + 10) == 0  # reported at the cutoff: not before it
+    assert ledger.prune_envelopes(reported_before=T0 + 50) == 2
+    assert [ledger.get(k).envelope for k in ("k1", "k3")] == [b"", b""]  # type: ignore[union-attr]
+    assert all(ledger.get(k).envelope for k in ("k2", "k4", "k5"))  # type: ignore[union-attr]
+    assert ledger.node_stored_bytes("0xa") == 2 * size and ledger.node_stored_bytes("0xb") == size
+    assert ledger.prune_envelopes(reported_before=T0 + 50) == 0  # pruned once
+    assert ledger.random_accepted(1, 5) == [ledger.get("k4")]  # a pruned row is nobody's known-good work

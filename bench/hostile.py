@@ -1,0 +1,240 @@
+"""`bench.load --only hostile` (issue 35): honest work at a validator process while everything hostile at once.
+
+A validator process with all its loops (`bench.validator_http.Served`) on anvil (`bench.validator.Chain`), honest
+nodes submitting real work (the tiny model, `bench.load.build_honest`) with their upload headers as prime-node
+does, one at a time each, waiting for each verdict (429/503/425: back after 1 s). First alone (the baseline), then
+beside, for `duration_s`:
+
+- `slow_uploads` connections from no key, each sending a submission's headers and then one body byte every
+  2 s (reconnecting when cut);
+- `audits` threads asking `GET /v1/audit` (rows) in a loop;
+- `appeals` slow 16 MiB appeal uploads under 8 registered attacker keys' upload headers (one byte every 2 s,
+  reconnecting when cut or refused);
+- `staked` registered keys sending junk work (cheap failures: an honest payload re-sealed under other counters)
+  as fast as the validator lets them (`bench.load`'s flood sender).
+
+Reported (JSON keys): `honest_acceptance` (accepted / submitted during the attack; goal >= 0.99),
+`p99_over_baseline` (honest post-to-verdict latency p99 under attack over the baseline's; goal <= 2), the
+validator's RSS and ledger size before, at peak and after, and what the attackers got (statuses).
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from bench import validator_http as vhttp
+
+
+@dataclass
+class HostileLoad:
+    honest_nodes: int = 4
+    baseline: int = 20
+    """Honest submissions in the baseline (spread over `honest_nodes`)."""
+    attack: int = 200
+    """Honest submissions under attack (at most; the phase ends at `duration_s`)."""
+    duration_s: float = 600.0
+    slow_uploads: int = 64
+    audits: int = 200
+    appeals: int = 100
+    staked: int = 10
+    threads: int = 1
+
+
+def _p99(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+
+
+def _honest(url: str, node: Any, items: list[tuple[bytes, str]], deadline: float, out: list[dict[str, Any]],
+            lock: threading.Lock) -> None:
+    import httpx
+
+    from bench.load import _signed
+
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for data, key in items:
+            if time.monotonic() >= deadline:
+                return
+            t0, outcome = time.monotonic(), None
+            status: Any = None
+            while time.monotonic() < deadline + 120:
+                try:
+                    r = c.post("/v1/submissions", content=data, headers=_signed(c, node, data))
+                    status = r.status_code
+                except httpx.HTTPError as exc:
+                    status = f"error:{type(exc).__name__}"
+                if status in (200, 202):
+                    break
+                time.sleep(1.0)
+            while status in (200, 202) and time.monotonic() < deadline + 120:
+                row = c.get(f"/v1/submissions/{key}")
+                if row.status_code == 200 and row.json()["state"] != "received":
+                    outcome = row.json()["outcome"]
+                    break
+                time.sleep(0.1)
+            with lock:
+                out.append({"status": status, "outcome": outcome, "latency_s": time.monotonic() - t0})
+
+
+ATTACKER_ADDRESSES = 32
+"""Source addresses the attackers spread over (127.0.0.2 and up; the honest nodes use 127.0.0.1): the
+validator caps connections per address, so one address alone would only ever hurt itself."""
+
+
+def _source(i: int) -> str:
+    return f"127.0.0.{2 + i % ATTACKER_ADDRESSES}"
+
+
+def _trickle(url: str, first: bytes, source: str, stop: threading.Event, tally: Counter[str],
+             lock: threading.Lock) -> None:
+    """Send `first`, then a byte every 2 s; reconnect when the server cuts us (counting how)."""
+    u = urlparse(url)
+    while not stop.is_set():
+        try:
+            with socket.create_connection((u.hostname, u.port), timeout=5, source_address=(source, 0)) as s:
+                s.sendall(first)
+                while not stop.wait(2.0):
+                    s.sendall(b" ")
+        except OSError as exc:
+            with lock:
+                tally[type(exc).__name__] += 1
+            stop.wait(0.2)
+
+
+def _audits(url: str, source: str, stop: threading.Event, tally: Counter[str], lock: threading.Lock) -> None:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=60, transport=httpx.HTTPTransport(local_address=source)) as c:
+        while not stop.is_set():
+            try:
+                status: Any = c.get("/v1/audit").status_code
+            except httpx.HTTPError as exc:
+                status = f"error:{type(exc).__name__}"
+            with lock:
+                tally[str(status)] += 1
+
+
+def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
+    import httpx
+
+    from bench import validator as bench_validator
+    from bench.load import MANIFEST, FloodLoad, _flood_sender, _ledger_bytes, build_honest, flood_config
+    from protocol.rollout import submission_domain
+    from protocol.upload import upload_headers
+
+    # appellants hold one appeal slot each: a few keys make the 100 uploads (the pool's operator funds ~100 nodes)
+    n_keys = spec.honest_nodes + spec.staked + max(1, min(spec.appeals, 8))
+    chain = bench_validator.Chain(n_keys, MANIFEST)
+    out: dict[str, Any] = {"spec": spec.__dict__, "attacker_addresses": ATTACKER_ADDRESSES}
+    try:
+        deployment = tmp / "deployment.json"
+        chain.deployment.save(deployment)
+        domain = submission_domain(chain.deployment.chain_id, chain.deployment.pool, "load")
+        honest_ids = chain.nodes[:spec.honest_nodes]
+        staked_ids = chain.nodes[spec.honest_nodes:spec.honest_nodes + spec.staked]
+        appeal_ids = chain.nodes[spec.honest_nodes + spec.staked:]
+        built, _ = build_honest(honest_ids, spec.baseline + spec.attack, domain)
+        junk, _ = build_honest(staked_ids, len(staked_ids), domain) if staked_ids else ([], 0.0)
+        cfg = flood_config(tmp / "v", deployment, chain.rpc_url, FloodLoad(threads=spec.threads), unheld=False)
+        served = vhttp.Served(cfg, spec.threads, loops=True, tmp=tmp / "served")
+        try:
+            time.sleep(1.0)  # the validator's chain view has read the registrations
+            with httpx.Client(base_url=served.url, timeout=30) as c:
+                me = str(c.get("/v1/info").json()["validator"])
+            lock = threading.Lock()
+
+            def phase(items: list[tuple[int, Any, int, bytes, str]], deadline: float) -> list[dict[str, Any]]:
+                done: list[dict[str, Any]] = []
+                per_node = [[(d, k) for s, _, _, d, k in items if s == i] for i in range(len(honest_ids))]
+                threads = [threading.Thread(target=_honest, args=(served.url, honest_ids[i], per_node[i], deadline,
+                                                                  done, lock), daemon=True)
+                           for i in range(len(honest_ids))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(timeout=deadline - time.monotonic() + 300)
+                return done
+
+            rss0, ledger0 = vhttp.rss_kib(served.proc.pid)["VmRSS"], _ledger_bytes(served.ledger)
+            base = phase(built[:spec.baseline], time.monotonic() + max(60.0, spec.duration_s))
+            stop, tally = threading.Event(), {k: Counter[str]() for k in ("slow", "audit", "appeal", "staked")}
+            slow_first = b"POST /v1/submissions HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n\r\n{"
+            workers = [threading.Thread(target=_trickle, args=(served.url, slow_first, _source(i), stop,
+                                                               tally["slow"], lock), daemon=True)
+                       for i in range(spec.slow_uploads)]
+            workers += [threading.Thread(target=_audits, args=(served.url, _source(i), stop, tally["audit"], lock),
+                                         daemon=True) for i in range(spec.audits)]
+            for i in range(spec.appeals):
+                who = appeal_ids[i % len(appeal_ids)]
+                headers = upload_headers(who, b"x" * (16 << 20), domain=domain, validator=me, path="/v1/appeals")
+                first = (f"POST /v1/appeals HTTP/1.1\r\nHost: x\r\nContent-Length: {16 << 20}\r\n"
+                         + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + b"{"
+                workers.append(threading.Thread(target=_trickle, args=(served.url, first, _source(i), stop,
+                                                                       tally["appeal"], lock), daemon=True))
+            attack_deadline = time.monotonic() + spec.duration_s
+            junk_log: list[tuple[float, Any, int]] = []
+            workers += [threading.Thread(target=_flood_sender, args=(served.url, staked_ids[i], sub, domain,
+                                                                     attack_deadline, junk_log, lock), daemon=True)
+                        for i, (_, sub, _, _, _) in enumerate(junk)]
+            for w in workers:
+                w.start()
+            samples: list[tuple[float, float]] = []
+            sampler_stop = threading.Event()
+
+            def sample() -> None:
+                while not sampler_stop.wait(0.5):
+                    samples.append((vhttp.rss_kib(served.proc.pid)["VmRSS"] / 1024,
+                                    _ledger_bytes(served.ledger) / (1 << 20)))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            time.sleep(min(2.0, spec.duration_s / 4))  # the attack is in place before the honest work starts
+            hit = phase(built[spec.baseline:], attack_deadline)
+            stop.set()
+            sampler_stop.set()
+            for w in workers:
+                w.join(timeout=30)
+            rss1, ledger1 = vhttp.rss_kib(served.proc.pid)["VmRSS"], _ledger_bytes(served.ledger)
+        finally:
+            served.stop()
+    finally:
+        chain.stop()
+    tally["staked"].update(str(st) for _, st, _ in junk_log)
+    accepted = [r for r in hit if r["outcome"] == "accepted"]
+    base_p99 = _p99([r["latency_s"] for r in base if r["outcome"] == "accepted"])
+    hit_p99 = _p99([r["latency_s"] for r in accepted])
+    out.update({
+        "honest_submitted_baseline": len(base), "honest_accepted_baseline": sum(r["outcome"] == "accepted" for r in base),
+        "honest_submitted": len(hit), "honest_accepted": len(accepted),
+        "honest_acceptance": len(accepted) / len(hit) if hit else None,
+        "p99_baseline_s": base_p99, "p99_attack_s": hit_p99,
+        "p99_over_baseline": hit_p99 / base_p99 if hit_p99 and base_p99 else None,
+        "median_attack_s": statistics.median([r["latency_s"] for r in accepted]) if accepted else None,
+        "honest_statuses": dict(Counter(str(r["status"]) for r in hit)),
+        "rss_mib_before": rss0 / 1024, "rss_mib_peak": max([s[0] for s in samples], default=rss1 / 1024),
+        "rss_mib_after": rss1 / 1024,
+        "ledger_mib_before": ledger0 / (1 << 20), "ledger_mib_after": ledger1 / (1 << 20),
+        "ledger_mib_growth": (ledger1 - ledger0) / (1 << 20),
+        "attackers": {k: dict(v) for k, v in tally.items()},
+    })
+    return out
+
+
+def report(h: dict[str, Any]) -> None:
+    print(f"\nhostile: honest accepted {h['honest_accepted']}/{h['honest_submitted']} under attack "
+          f"(honest_acceptance {h['honest_acceptance']}), baseline {h['honest_accepted_baseline']}/"
+          f"{h['honest_submitted_baseline']}; p99 {h['p99_attack_s']} s vs {h['p99_baseline_s']} s "
+          f"(p99_over_baseline {h['p99_over_baseline']})")
+    print(f"validator RSS {h['rss_mib_before']:.0f} MiB before, peak {h['rss_mib_peak']:.0f}, after "
+          f"{h['rss_mib_after']:.0f}; ledger {h['ledger_mib_before']:.2f} -> {h['ledger_mib_after']:.2f} MiB")
+    print(f"attackers: {h['attackers']}")

@@ -1,0 +1,239 @@
+"""Sparse deltas between two versions' files, and their reconstruction checked bit for bit.
+
+A delta version carries two files (shardcast/README.md, "Deltas"):
+
+- `delta-index.json`: one entry per file of the new version: `same` (the base's file, unchanged),
+  `whole` (the new file's bytes, at `at`/`size` in the values file) or `patch` (the base's file with
+  changed elements replaced). A patch lists regions of fixed element width (one per tensor of a
+  safetensors file whose header is unchanged): `count` changed positions (little-endian unsigned
+  integers of `pos_width` bytes, strictly increasing, in elements from the region's start) followed by
+  the `count` new element values, stored at `at` in the values file.
+- `delta-values.bin`: the bytes the index points into.
+
+Elements are compared as raw bit patterns of their width, so a delta is exact in any dtype (bf16 and
+NaN included) and needs no float arithmetic. Reconstruction writes new files and never touches the
+base's; the result is accepted only when every shard of it hashes to the signed full-weight table
+(`DeltaMismatchError` otherwise), and a base whose weights hash is not the one the delta names is
+refused before anything is read (`DeltaBaseError`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+
+from shardcast.errors import DeltaBaseError, DeltaError, DeltaMismatchError
+from shardcast.manifest import FileEntry, Manifest, ShardEntry, valid_file_name
+
+INDEX_FILE = "delta-index.json"
+VALUES_FILE = "delta-values.bin"
+FORMAT = "shardcast-delta/1"
+_MAX_INDEX_BYTES = 64 * 1024 * 1024
+_ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                  "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@dataclass(frozen=True)
+class DeltaStats:
+    """What a delta holds, against the full version it reproduces."""
+
+    delta_bytes: int
+    full_bytes: int
+    changed_elements: int
+    total_elements: int
+
+    @property
+    def changed_fraction(self) -> float:
+        return self.changed_elements / self.total_elements if self.total_elements else 0.0
+
+
+def _regions(data: bytes) -> tuple[bytes, list[tuple[int, int, int]]] | None:
+    """(header bytes, [(start, stop, element width)]) of a safetensors file, or None when it is not one."""
+    if len(data) < 8:
+        return None
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        return None
+    try:
+        header = json.loads(data[8:8 + n])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    regions = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, stop = (int(x) for x in info["data_offsets"])
+            width = _ELEMENT_BYTES[info["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not 0 <= start <= stop or 8 + n + stop > len(data) or (stop - start) % width:
+            return None
+        regions.append((8 + n + start, 8 + n + stop, width))
+    return data[:8 + n], sorted(regions)
+
+
+def make_delta(base_dir: Path, new_dir: Path, out_dir: Path, names: list[str]) -> DeltaStats:
+    """Write `out_dir/INDEX_FILE` and `out_dir/VALUES_FILE`: the delta turning `base_dir` into `new_dir`
+    for the files `names` (relative paths of the new version, in its manifest's order)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    changed = total = full = 0
+    with open(out_dir / VALUES_FILE, "wb") as values:
+        for name in names:
+            new = (new_dir / name).read_bytes()
+            full += len(new)
+            base_path = base_dir / name
+            base = base_path.read_bytes() if base_path.is_file() else None
+            if base == new:
+                entries.append({"path": name, "op": "same", "size": len(new)})
+                continue
+            parsed = _regions(new) if base is not None and len(base) == len(new) else None
+            if parsed is None or base is None or base[:len(parsed[0])] != parsed[0]:
+                entries.append({"path": name, "op": "whole", "size": len(new), "at": values.tell()})
+                values.write(new)
+                continue
+            regions = []
+            for start, stop, width in parsed[1]:
+                kind = _UINT[width]
+                old_el = np.frombuffer(base, dtype=kind, count=(stop - start) // width, offset=start)
+                new_el = np.frombuffer(new, dtype=kind, count=(stop - start) // width, offset=start)
+                positions = np.flatnonzero(old_el != new_el)
+                total += len(new_el)
+                if not len(positions):
+                    continue
+                changed += len(positions)
+                pos_width = 4 if len(new_el) <= 1 << 32 else 8
+                regions.append({"start": start, "stop": stop, "width": width, "count": len(positions),
+                                "pos_width": pos_width, "at": values.tell()})
+                values.write(positions.astype(f"<u{pos_width}").tobytes())
+                values.write(new_el[positions].tobytes())
+            entries.append({"path": name, "op": "patch", "size": len(new), "regions": regions})
+    index = json.dumps({"format": FORMAT, "files": entries}, sort_keys=True, separators=(",", ":")).encode()
+    (out_dir / INDEX_FILE).write_bytes(index)
+    return DeltaStats(delta_bytes=len(index) + (out_dir / VALUES_FILE).stat().st_size, full_bytes=full,
+                      changed_elements=changed, total_elements=total)
+
+
+def _int(entry: dict[str, Any], key: str) -> int:
+    value = entry.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise DeltaError(f"delta index: {key!r} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _load_index(delta_dir: Path, manifest: Manifest) -> list[dict[str, Any]]:
+    path = delta_dir / INDEX_FILE
+    try:
+        if path.stat().st_size > _MAX_INDEX_BYTES:
+            raise DeltaError(f"delta index of {path.stat().st_size} bytes exceeds {_MAX_INDEX_BYTES}")
+        index = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise DeltaError(f"delta index unreadable: {exc}") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DeltaError(f"delta index is not JSON: {exc}") from exc
+    if not isinstance(index, dict) or index.get("format") != FORMAT or not isinstance(index.get("files"), list):
+        raise DeltaError(f"delta index is not {FORMAT}")
+    entries = index["files"]
+    wanted = [f.path for f in manifest.weight_files]
+    if [e.get("path") if isinstance(e, dict) else None for e in entries] != wanted:
+        raise DeltaError("delta index does not list the files of the version it produces, in order")
+    return list(entries)
+
+
+def apply_delta(base_dir: Path, base: Manifest, delta_dir: Path, manifest: Manifest, out_dir: Path) -> None:
+    """Write the full files of delta version `manifest` into `out_dir` from the base's files (`base_dir`,
+    checked against `base`, its installed manifest) and the delta's (`delta_dir`); then check every shard
+    of the result against the signed full-weight table. Raises `DeltaBaseError` for another base,
+    `DeltaError` for a malformed delta, `DeltaMismatchError` when the result is not the signed weights."""
+    ref = manifest.delta
+    if ref is None:
+        raise DeltaError(f"v{manifest.version} is not a delta")
+    if base.version != ref.base_version or base.weights_hash() != ref.base_weights:
+        raise DeltaBaseError(f"v{manifest.version} is a delta against v{ref.base_version} (weights "
+                             f"{ref.base_weights[:12]}), not v{base.version} (weights {base.weights_hash()[:12]})")
+    entries = _load_index(delta_dir, manifest)
+    base_sizes = {f.path: f.size for f in base.weight_files}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        values = np.memmap(delta_dir / VALUES_FILE, dtype=np.uint8, mode="r") \
+            if (delta_dir / VALUES_FILE).stat().st_size else np.zeros(0, np.uint8)
+    except OSError as exc:
+        raise DeltaError(f"delta values unreadable: {exc}") from exc
+    for entry, wanted in zip(entries, manifest.weight_files, strict=True):
+        name, op, size = wanted.path, entry.get("op"), _int(entry, "size")
+        if size != wanted.size or not valid_file_name(name):
+            raise DeltaError(f"delta index: {name} has size {size}, the signed table says {wanted.size}")
+        target = out_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)  # never write through a link to a base file left by an earlier attempt
+        if op == "whole":
+            at = _int(entry, "at")
+            if at + size > len(values):
+                raise DeltaError(f"delta index: {name} reaches past the values file")
+            target.write_bytes(values[at:at + size].tobytes())
+            continue
+        if op not in ("same", "patch"):
+            raise DeltaError(f"delta index: {name} has unknown op {op!r}")
+        if base_sizes.get(name) != size:
+            raise DeltaBaseError(f"delta index: {name} of {size} bytes has no base file of that size")
+        if op == "same":
+            try:
+                os.link(base_dir / name, target)  # installed files are never written in place
+            except OSError:
+                target.write_bytes((base_dir / name).read_bytes())
+            continue
+        data = bytearray((base_dir / name).read_bytes())
+        regions = entry.get("regions")
+        if not isinstance(regions, list):
+            raise DeltaError(f"delta index: {name} has no region list")
+        for region in regions:
+            _patch(data, region, values, name)
+        target.write_bytes(bytes(data))
+    _check_result(out_dir, manifest)
+
+
+def _patch(data: bytearray, region: Any, values: np.ndarray, name: str) -> None:
+    if not isinstance(region, dict):
+        raise DeltaError(f"delta index: {name} has a region that is not an object")
+    start, stop, width = _int(region, "start"), _int(region, "stop"), _int(region, "width")
+    count, pos_width, at = _int(region, "count"), _int(region, "pos_width"), _int(region, "at")
+    if width not in _UINT or pos_width not in (4, 8) or not start <= stop <= len(data) or (stop - start) % width:
+        raise DeltaError(f"delta index: {name} has a bad region {start}..{stop} of width {width}")
+    end = at + count * (pos_width + width)
+    if end > len(values):
+        raise DeltaError(f"delta index: {name} region at {start} reaches past the values file")
+    positions = np.frombuffer(values[at:at + count * pos_width].tobytes(), dtype=f"<u{pos_width}").astype(np.int64)
+    elements = (stop - start) // width
+    if count and (positions[-1] >= elements or positions[0] < 0 or (count > 1 and np.any(np.diff(positions) <= 0))):
+        raise DeltaError(f"delta index: {name} region at {start} has positions out of order or out of range")
+    view = np.frombuffer(data, dtype=_UINT[width], count=elements, offset=start)
+    view[positions] = np.frombuffer(values[at + count * pos_width:end].tobytes(), dtype=_UINT[width])
+
+
+def _check_result(out_dir: Path, manifest: Manifest) -> None:
+    """Every shard of the reconstructed files against the signed full-weight table, bit for bit."""
+    files: tuple[FileEntry, ...] = manifest.weight_files
+    shards: tuple[ShardEntry, ...] = manifest.weight_shards
+    for shard in shards:
+        path = out_dir / files[shard.file].path
+        with open(path, "rb") as fh:
+            fh.seek(shard.offset)
+            digest = blake3.blake3(fh.read(shard.size)).hexdigest()
+        if digest != shard.hash:
+            raise DeltaMismatchError(f"v{manifest.version}: the delta reproduces {files[shard.file].path} bytes "
+                                     f"{shard.offset}..{shard.offset + shard.size} with hash {digest[:12]}, "
+                                     f"the signed weights say {shard.hash[:12]}")
+    for f in files:
+        if (out_dir / f.path).stat().st_size != f.size:
+            raise DeltaMismatchError(f"v{manifest.version}: {f.path} came out at the wrong size")

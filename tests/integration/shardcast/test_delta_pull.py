@@ -1,0 +1,172 @@
+"""Delta versions through an origin and a relay: a client that holds nothing rebuilds the chain from its anchor,
+one holding v-1 fetches only the delta, a relay serving a tampered delta is banned, a delta reproducing another
+version's weights is refused by the chain's hash, and a base nobody serves stops the pull with a typed error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Awaitable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp import web
+from safetensors.numpy import save_file
+from shardcast_harness import run
+
+from bench.adversaries import FakeRelay
+from bench.loopback import same_tree
+from protocol.errors import RelayError
+from protocol.identity import Identity
+from shardcast import Client, Origin, Relay
+from shardcast.follower import Follower, VersionUnavailable
+from shardcast.manifest import Manifest, ShardEntry, SignedManifest
+from shardcast.publisher import DeltaBase, publish_blocking
+
+pytestmark = pytest.mark.timeout(90)
+
+KiB = 1024
+
+
+@pytest.fixture
+def trainer() -> Identity:
+    return Identity.create()
+
+
+def _weights(seed: int, steps: int) -> dict[str, np.ndarray]:
+    """fp32 weights after `steps` sparse updates (2% of positions each)."""
+    rng = np.random.default_rng(seed)
+    state = {"a": rng.standard_normal((256, 64)).astype(np.float32), "b": rng.standard_normal(4096).astype(np.float32)}
+    for step in range(steps):
+        step_rng = np.random.default_rng(1000 + step)
+        for tensor in state.values():
+            flat = tensor.reshape(-1)
+            idx = step_rng.choice(flat.size, size=flat.size // 50, replace=False)
+            flat[idx] += 0.125
+    return state
+
+
+def _checkpoint(directory: Path, steps: int) -> Path:
+    directory.mkdir(parents=True)
+    save_file(_weights(0, steps), str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps({"steps": steps}))
+    return directory
+
+
+def _publish_chain(tmp: Path, trainer: Identity, versions: int, store: Path) -> list[tuple[Path, Manifest]]:
+    """v1 an anchor, each later version a delta against the one before."""
+    published: list[tuple[Path, Manifest]] = []
+    for v in range(1, versions + 1):
+        ckpt = _checkpoint(tmp / f"ckpt{v}", v)
+        base = DeltaBase(*published[-1]) if published else None
+        signed = publish_blocking(ckpt, store, identity=trainer, run_id="r", version=v, shard_size=16 * KiB,
+                                  dtype="float32", base=base)
+        published.append((ckpt, signed.manifest))
+    return published
+
+
+def test_a_client_holding_nothing_rebuilds_the_chain_and_one_holding_v_minus_1_fetches_only_the_delta(
+        tmp_path: Path, trainer: Identity) -> None:
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+    assert chain[0][1].delta is None and all(m.delta is not None for _, m in chain[1:])
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin, \
+                Relay([origin.url], trainer=trainer.address, store_root=tmp_path / "relay", poll_wait_s=5) as relay:
+            client = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False, wait_s=20)
+            result = await client.pull(3)  # holds nothing: v1 (anchor), then v2, then v3
+            assert result.version == 3
+            assert same_tree(tmp_path / "out" / "current", chain[2][0])
+            assert same_tree(tmp_path / "out" / "v2", chain[1][0])
+            # a second client holding v2 fetches v3's delta alone: a small share of the full weights
+            second = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out2", progress=False, wait_s=20)
+            await second.pull(1)
+            await second.pull(2)
+            third = await second.pull(3)
+            assert third.bytes_fetched == chain[2][1].total_bytes < 0.2 * chain[2][1].full_bytes
+            assert same_tree(tmp_path / "out2" / "current", chain[2][0])
+    run(body())
+    # what a node or validator asks before serving: the installed manifest is the one the chain recorded
+    follower = Follower([], trainer=trainer.address, out_dir=tmp_path / "out2", run_id="r", keep=5)
+    assert same_tree(follower.verified(3, chain[2][1].content_hash()), chain[2][0])
+
+
+async def _async(value: web.Response) -> web.Response:
+    return value
+
+
+def test_a_relay_serving_a_tampered_delta_is_banned_and_the_weights_come_whole(tmp_path: Path, trainer: Identity) -> None:
+    chain = _publish_chain(tmp_path, trainer, 2, tmp_path / "origin")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            state = origin.store.get(2)
+            assert state is not None and state.manifest.delta is not None
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            await client.pull(1)
+
+            async def manifest(request: web.Request) -> web.Response:
+                return web.Response(body=state.raw)
+
+            async def shard(request: web.Request) -> web.Response:
+                entry: ShardEntry = state.manifest.shards[int(request.match_info["i"])]
+                good = bytearray(state.shard_path(entry.index).read_bytes())
+                good[-1] ^= 0x01  # one changed value of the delta
+                return web.Response(body=bytes(good))
+
+            def index(request: web.Request) -> Awaitable[web.Response]:
+                return _async(web.json_response({"run_id": "r", "latest": 2, "versions": [
+                    {"version": 2, "complete": True, "shards": len(state.manifest.shards), "bytes": 1}]}))
+
+            async with FakeRelay({"/versions": index, "/v/2/manifest": manifest,
+                                  "/v/2/shards/{i}": shard}) as fake:
+                client = Client([fake.url, origin.url], trainer=trainer.address, out_dir=tmp_path / "out",
+                                progress=False, concurrency=2)
+                result = await client.pull(2)
+                assert result.sources[fake.url]["banned"] is True
+                assert fake.hits.get("/v/2/shards/{i}", 0) >= 1
+                assert same_tree(tmp_path / "out" / "current", chain[1][0])
+    run(body())
+
+
+def test_a_delta_reproducing_another_versions_weights_is_refused_by_the_chains_hash(
+        tmp_path: Path, trainer: Identity) -> None:
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+    real_v3_hash = chain[2][1].content_hash()
+    # a validly signed v3 that is a delta against v2 reproducing v2's weights (the key signed what was never
+    # recorded on chain): its own signature and shard table agree, only the chain tells it apart
+    forged_store = tmp_path / "forged"
+    for v, (ckpt, _) in enumerate(chain[:2], start=1):
+        publish_blocking(ckpt, forged_store, identity=trainer, run_id="r", version=v, shard_size=16 * KiB,
+                         base=None if v == 1 else DeltaBase(chain[0][0], SignedManifest.parse(
+                             (forged_store / "versions" / "1" / "manifest.json").read_bytes()).manifest))
+    v2_forged = SignedManifest.parse((forged_store / "versions" / "2" / "manifest.json").read_bytes()).manifest
+    publish_blocking(tmp_path / "ckpt2", forged_store, identity=trainer, run_id="r", version=3, shard_size=16 * KiB,
+                     base=DeltaBase(tmp_path / "ckpt1", SignedManifest.parse(
+                         (forged_store / "versions" / "1" / "manifest.json").read_bytes()).manifest))
+    assert v2_forged.delta is not None
+
+    async def body() -> None:
+        async with Origin(forged_store, run_id="r", shard_size=16 * KiB) as origin:
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            assert (await client.pull(3)).version == 3
+            assert same_tree(tmp_path / "out" / "v3", chain[1][0])  # it did rebuild v2's weights as "v3"
+    run(body())
+    follower = Follower([], trainer=trainer.address, out_dir=tmp_path / "out", run_id="r", keep=5)
+    with pytest.raises(VersionUnavailable):
+        follower.verified(3, real_v3_hash)
+
+
+def test_a_base_nobody_serves_stops_the_pull_with_a_typed_error(tmp_path: Path, trainer: Identity) -> None:
+    _publish_chain(tmp_path, trainer, 2, tmp_path / "origin")
+    shutil.rmtree(tmp_path / "origin" / "versions" / "1")  # the anchor withheld
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
+                            wait_s=2)
+            with pytest.raises(RelayError):
+                await client.pull(2)
+            assert client.installed_version() is None
+    run(body())

@@ -1,0 +1,174 @@
+"""Delta versions on the tiny model's real weights: made smaller than the full weights, reconstructed bit for
+bit, refused with typed errors against another base or when the result is not the signed weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from protocol.identity import Identity
+from shardcast.delta import INDEX_FILE, VALUES_FILE, apply_delta
+from shardcast.errors import DeltaBaseError, DeltaError, DeltaMismatchError
+from shardcast.manifest import Manifest, SignedManifest, table_hash
+from shardcast.publisher import DeltaBase, build_version, weights_table
+
+SHARD = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def tiny_state() -> dict[str, torch.Tensor]:
+    from models.loading import load
+    from protocol.model_spec import TinyModelSpec
+
+    model = load(TinyModelSpec()).model
+    return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+
+
+def _version(directory: Path, state: dict[str, torch.Tensor]) -> Path:
+    directory.mkdir(parents=True)
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return directory
+
+
+def _step(state: dict[str, torch.Tensor], seed: int, fraction: float = 0.02) -> dict[str, torch.Tensor]:
+    """An RL-like step: a small share of the weights moves (in bf16 most updates round to no change)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, tensor in state.items():
+        mask = torch.rand(tensor.shape, generator=gen) < fraction
+        out[name] = torch.where(mask, tensor * 1.5 + 0.01, tensor).contiguous()
+    return out
+
+
+def _publish(tmp: Path, source: Path, version: int, base: tuple[Path, Manifest] | None = None) -> SignedManifest:
+    return build_version(source, tmp / "store" / "versions", identity=IDENTITY, run_id="r", version=version,
+                         shard_size=SHARD, dtype="bfloat16",
+                         base=None if base is None else DeltaBase(base[0], base[1]))
+
+
+def _delta_files(tmp: Path, version: int) -> Path:
+    """The delta's files as a client assembles them from the version's shards."""
+    vdir = tmp / "store" / "versions" / str(version)
+    manifest = SignedManifest.parse((vdir / "manifest.json").read_bytes()).manifest
+    out = tmp / f"delta-{version}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    for f_index, entry in enumerate(manifest.files):
+        with open(out / entry.path, "wb") as fh:
+            for shard in manifest.shards:
+                if shard.file == f_index:
+                    fh.write((vdir / "shards" / str(shard.index)).read_bytes())
+    return out
+
+
+IDENTITY = Identity.create()
+
+
+def test_a_small_step_travels_as_a_delta_that_rebuilds_the_full_weights_bit_for_bit(
+        tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
+    v1 = _version(tmp_path / "v1", tiny_state)
+    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1))
+    anchor = _publish(tmp_path, v1, 1).manifest
+    assert anchor.delta is None and anchor.dtype == "bfloat16"
+    delta = _publish(tmp_path, v2, 2, base=(v1, anchor)).manifest
+    assert delta.delta is not None and delta.delta.base_version == 1
+    assert delta.delta.base_weights == anchor.weights_hash()
+    # 2% of bf16 weights changed: positions (4 B) + values (2 B) is ~6% of the full 2 B per weight
+    assert delta.total_bytes < 0.1 * delta.full_bytes
+    # the full-weight hash is what an anchor of the same weights would carry
+    assert delta.weights_hash() == table_hash(*weights_table(v2, SHARD))
+    out = tmp_path / "rebuilt"
+    apply_delta(v1, anchor, _delta_files(tmp_path, 2), delta, out)
+    for name in ("model.safetensors", "config.json"):
+        assert (out / name).read_bytes() == (v2 / name).read_bytes()
+    rebuilt = load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(rebuilt[k].view(torch.int16), _step(tiny_state, seed=1)[k].view(torch.int16))
+               for k in rebuilt)
+    assert (v1 / "model.safetensors").read_bytes() != (v2 / "model.safetensors").read_bytes()  # base untouched
+
+
+def test_a_delta_against_another_base_is_refused(tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
+    v1 = _version(tmp_path / "v1", tiny_state)
+    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1))
+    v3 = _version(tmp_path / "v3", _step(_step(tiny_state, seed=1), seed=2))
+    m1 = _publish(tmp_path, v1, 1).manifest
+    m2 = _publish(tmp_path, v2, 2, base=(v1, m1)).manifest
+    m3 = _publish(tmp_path, v3, 3, base=(v2, m2)).manifest
+    with pytest.raises(DeltaBaseError):  # v3 is made against v2, and v1 is offered
+        apply_delta(v1, m1, _delta_files(tmp_path, 3), m3, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # a base that claims to be v2 but holds other weights (its manifest is v1's, relabelled) is refused as well
+    forged = m1.model_copy(update={"version": 2})
+    with pytest.raises(DeltaBaseError):
+        apply_delta(v1, forged, _delta_files(tmp_path, 3), m3, tmp_path / "out")
+
+
+def test_a_result_that_is_not_the_signed_weights_is_refused(tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
+    v1 = _version(tmp_path / "v1", tiny_state)
+    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1))
+    m1 = _publish(tmp_path, v1, 1).manifest
+    m2 = _publish(tmp_path, v2, 2, base=(v1, m1)).manifest
+    files = _delta_files(tmp_path, 2)
+    values = bytearray((files / VALUES_FILE).read_bytes())
+    values[-1] ^= 0x01  # one bit of one new value
+    (files / VALUES_FILE).write_bytes(bytes(values))
+    with pytest.raises(DeltaMismatchError):
+        apply_delta(v1, m1, files, m2, tmp_path / "out")
+    # so is a base file damaged on disk under a manifest that still names the right weights
+    files = _delta_files(tmp_path, 2)
+    damaged = tmp_path / "v1-damaged"
+    shutil.copytree(v1, damaged)
+    raw = bytearray((damaged / "model.safetensors").read_bytes())
+    raw[-2] ^= 0x40
+    (damaged / "model.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(DeltaMismatchError):
+        apply_delta(damaged, m1, files, m2, tmp_path / "out2")
+
+
+@pytest.mark.parametrize("change", ["op", "size", "positions", "past_values", "files"])
+def test_a_malformed_delta_index_is_a_typed_error(tmp_path: Path, tiny_state: dict[str, torch.Tensor], change: str) -> None:
+    v1 = _version(tmp_path / "v1", tiny_state)
+    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1))
+    m1 = _publish(tmp_path, v1, 1).manifest
+    m2 = _publish(tmp_path, v2, 2, base=(v1, m1)).manifest
+    files = _delta_files(tmp_path, 2)
+    index = json.loads((files / INDEX_FILE).read_text())
+    patch = next(e for e in index["files"] if e["op"] == "patch")
+    region = patch["regions"][0]
+    if change == "op":
+        patch["op"] = "exec"
+    elif change == "size":
+        patch["size"] += 1
+    elif change == "positions":
+        region["stop"] = region["start"] + region["width"]  # positions now point past the region
+    elif change == "past_values":
+        region["at"] = (files / VALUES_FILE).stat().st_size
+    else:
+        index["files"].reverse()
+    (files / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(DeltaError):
+        apply_delta(v1, m1, files, m2, tmp_path / "out")
+
+
+def test_a_delta_that_would_not_be_smaller_goes_out_as_an_anchor(tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
+    v1 = _version(tmp_path / "v1", tiny_state)
+    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1, fraction=1.0))  # every weight moved
+    m1 = _publish(tmp_path, v1, 1).manifest
+    m2 = _publish(tmp_path, v2, 2, base=(v1, m1)).manifest
+    assert m2.delta is None and m2.total_bytes == m2.full_bytes
+    assert not list((tmp_path / "store" / "versions").glob(".delta-*"))  # the scratch delta is gone
+
+
+def test_manifests_without_dtype_or_delta_sign_as_before(tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
+    v1 = _version(tmp_path / "v1", tiny_state)
+    signed = build_version(v1, tmp_path / "store" / "versions", identity=IDENTITY, run_id="r", version=1,
+                           shard_size=SHARD)
+    raw = json.loads(signed.manifest.canonical_bytes())
+    assert "dtype" not in raw and "delta" not in raw  # the bytes a manifest made before the fields was signed over
+    assert SignedManifest.parse(signed.to_bytes()).verify(IDENTITY.address).version == 1
