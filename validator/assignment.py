@@ -93,7 +93,18 @@ class Assignment:
                 return address
         return self.me  # pragma: no cover - the loop returns at our own address at the latest
 
-    def counter_problem(self, sub: Submission) -> CounterOutOfOrderError | None:
+    def counter_base(self, node: str, version: int) -> int | None:
+        """Where counter order starts for (node, version) here, read before the submission spends its nonce: 0 at
+        the rendezvous-first validator, the chain's frontier (`chain_frontier`) at one covering for it, None where
+        no counter is checked here (another validator takes it, or the version is not on chain). `ChainError` if
+        the chain cannot be read: our failure, which intake answers with a retry, never a verdict."""
+        if self.first(node, version) == self.me:
+            return 0
+        if self.taker(node, version) != self.me or self.chain.manifest_hash(version) is None:
+            return None
+        return self.chain_frontier(node, version)
+
+    def counter_problem(self, sub: Submission, base: int | None = None) -> CounterOutOfOrderError | None:
         """Counters in order, with a small bounded gap (docs/protocol/assignment.md, "Counters"): for (node,
         version) let m be the smallest counter this validator holds no row for, counting from 0 where it is the
         assigned (rendezvous-first) validator; `sub.counter` must be in [m, m + counter_gap]. A validator that took the
@@ -101,11 +112,11 @@ class Assignment:
         counts from `chain_frontier` (the smallest counter whose work key the chain has not seen). So a
         node cannot search counters for tasks it likes (the next one is fixed) nor hold back a batch that scored
         badly: until that counter arrives, nothing beyond the gap is taken at that version, and `count_holes`
-        counts it against the node once the version is stale."""
-        if self.first(sub.node, sub.policy_version) == self.me:
-            base = 0
-        else:
-            base = self.chain_frontier(sub.node, sub.policy_version)
+        counts it against the node once the version is stale. `base` is `counter_base`'s answer when the caller
+        read it already; `ChainError` if it must be read and the chain cannot be."""
+        if base is None:
+            base = 0 if self.first(sub.node, sub.policy_version) == self.me else \
+                self.chain_frontier(sub.node, sub.policy_version)
         expected = self.ledger.next_counter(sub.node, sub.policy_version, base=base)
         gap = self.counter_gap
         if expected is None or expected <= sub.counter <= expected + gap:
