@@ -89,7 +89,8 @@ class SimNode:
                 prompts.append(ids)
                 seed_counter = (0 if counter else 1) if cheat == "cached_repeat" else counter
                 seed = sampling_seed(self.identity.address, version, task.task_id, i, run_id=run.run_id,
-                                     chain_id=chain_id, pool=pool, counter=seed_counter)
+                                     chain_id=chain_id, pool=pool, counter=seed_counter,
+                                     manifest_hash=self.manifest_hash)
                 seeds.append(seed + 1 if cheat == "other_seed" else seed)
         params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
         gens = Engine(gen_model).generate(prompts, params, seeds, run.max_new_tokens)
@@ -232,7 +233,8 @@ def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: floa
                 ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
                 for i in range(run.samples_per_task):
                     prompts.append(ids)
-                    seeds.append(sampling_seed(key.address, version, task.task_id, i, counter=0, **where))
+                    seeds.append(sampling_seed(key.address, version, task.task_id, i, counter=0,
+                                               manifest_hash=manifest_hash, **where))
                     owners.append(key)
         for g, prompt, seed, key in zip(Engine(loaded).generate(prompts, params, seeds, run.max_new_tokens), prompts,
                                         seeds, owners, strict=True):

@@ -49,7 +49,8 @@ def requests_of(engine: Any, run: Any, node: str, counter: int, chain_id: int, p
     where = {"run_id": run.run_id, "chain_id": chain_id, "pool": pool}
     for task in env.sample(task_seed(node, 1, counter, manifest_hash=manifest_hash, **where), run.tasks_per_batch):
         ids = prompt_ids(engine.tokenizer, task)
-        out += [Request(ids, sampling_seed(node, 1, task.task_id, i, counter=counter, **where))
+        out += [Request(ids, sampling_seed(node, 1, task.task_id, i, counter=counter,
+                                           manifest_hash=manifest_hash, **where))
                 for i in range(run.samples_per_task)]
     return out
 

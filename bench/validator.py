@@ -235,7 +235,8 @@ class NodeSide:
                 ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
                 for s in range(run.samples_per_task):
                     prompts.append(ids)
-                    seeds.append(sampling_seed(node.address, 1, task.task_id, s, counter=counter, **where))
+                    seeds.append(sampling_seed(node.address, 1, task.task_id, s, counter=counter,
+                                               manifest_hash=manifest, **where))
             self.jobs.append((node, counter, tasks, prompts, seeds))
         self.engine.generate([self.jobs[0][3][0]], self.params, [1], 4)  # warm-up
         self.tokens = self.prompt_tokens = self.distinct_prompt_tokens = self.sequences = 0

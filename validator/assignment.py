@@ -77,9 +77,11 @@ class Assignment:
         return work_key(self.run.run_id, node, version, counter, chain_id=self.chain_id, pool=self.pool)
 
     def sampling_seed(self, sub: Submission, task_id: str, sample: int) -> int:
-        """The seed of sample `sample` of task `task_id` in `sub`'s assignment."""
+        """The seed of sample `sample` of task `task_id` in `sub`'s assignment, at the manifest hash `sub` names
+        (the cheap checks have matched it against the one the chain records for its version before any replay)."""
         return sampling_seed(sub.node, sub.policy_version, task_id, sample, run_id=self.run.run_id,
-                             chain_id=self.chain_id, pool=self.pool, counter=sub.counter)
+                             chain_id=self.chain_id, pool=self.pool, counter=sub.counter,
+                             manifest_hash=sub.manifest_hash)
 
     def first(self, node: str, version: int) -> str:
         """The rendezvous-first validator of (node, version): the one assigned when everyone is up."""

@@ -43,7 +43,8 @@ def _failures(loaded: LoadedModel, sub: Submission, run: RunSpec, chain_id: int,
                                  pool=pool, manifest_hash=bytes(sub.manifest_hash)), run.tasks_per_batch)
     rollouts = [Rollout(prompt_tokens(loaded, task), list(s.tokens), list(s.proofs),
                         sampling_seed(sub.node, sub.policy_version, task.task_id, i, run_id=run.run_id,
-                                      chain_id=chain_id, pool=pool, counter=sub.counter), run.max_new_tokens)
+                                      chain_id=chain_id, pool=pool, counter=sub.counter,
+                                      manifest_hash=bytes(sub.manifest_hash)), run.max_new_tokens)
                 for task, tr in zip(tasks, sub.tasks, strict=True) for i, s in enumerate(tr.samples)]
     c = CheckSettings()
     th = ToplocThresholds(max_exp_mismatches=c.max_exp_mismatches, max_mant_err_mean=c.max_mant_err_mean,

@@ -24,8 +24,8 @@ def test_known_answers() -> None:
     assert task_seed(ADDR, 7, 3, run_id="run-1", manifest_hash=MANIFEST, **v) == 4085103335309757024
     assert task_seed(ADDR, 7, 3, run_id="run-2", manifest_hash=MANIFEST, **v) == 2621072763221337741
     assert task_seed(ADDR, 7, 3, run_id="run-1", chain_id=1, pool=POOL, manifest_hash=MANIFEST) == 1969476936201023534
-    assert sampling_seed(ADDR, 7, "gsm8k:12", 0, run_id="run-1", counter=3, **v) == 3632497214133513096
-    assert sampling_seed(ADDR, 7, 12, 1, run_id="run-1", counter=3, **v) == 7279611965153137106
+    assert sampling_seed(ADDR, 7, "gsm8k:12", 0, run_id="run-1", counter=3, manifest_hash=MANIFEST, **v) == 7731083329742626080
+    assert sampling_seed(ADDR, 7, 12, 1, run_id="run-1", counter=3, manifest_hash=MANIFEST, **v) == 8464355764146964275
     assert work_key("run-1", ADDR, 7, 3, **v).hex() == "5f4537dd1a881459d919a054831ac41f8cab54089ddf8cb04ddfd5a5ee8eda18"
 
 
@@ -50,15 +50,16 @@ def test_matches_documented_encoding() -> None:
     expected = int.from_bytes(hashlib.sha256(b"prime/task-seed/v3\x00" + fields + b"\x04" + MANIFEST).digest()[:8],
                               "big") >> 1
     assert task_seed(ADDR, 7, 3, run_id="run-1", chain_id=31337, pool=POOL, manifest_hash=MANIFEST) == expected
-    msg = b"prime/sampling-seed/v2\x00" + b"\x04" + key + _text("gsm8k:12") + _uint(0)
+    msg = b"prime/sampling-seed/v3\x00" + b"\x04" + key + b"\x04" + MANIFEST + _text("gsm8k:12") + _uint(0)
     expected = int.from_bytes(hashlib.sha256(msg).digest()[:8], "big") >> 1
-    assert sampling_seed(ADDR, 7, "gsm8k:12", 0, run_id="run-1", chain_id=31337, pool=POOL, counter=3) == expected
+    assert sampling_seed(ADDR, 7, "gsm8k:12", 0, run_id="run-1", chain_id=31337, pool=POOL, counter=3,
+                         manifest_hash=MANIFEST) == expected
 
 
 def test_address_case_does_not_matter() -> None:
     for variant in (ADDR.lower(), "0x" + ADDR[2:].upper()):
         assert task_seed(variant, 1, 2, **TASK) == task_seed(ADDR, 1, 2, **TASK)
-        assert sampling_seed(variant, 1, "t", 2, counter=0, **AT) == sampling_seed(ADDR, 1, "t", 2, counter=0, **AT)
+        assert sampling_seed(variant, 1, "t", 2, counter=0, **TASK) == sampling_seed(ADDR, 1, "t", 2, counter=0, **TASK)
         assert work_key("r", ADDR, 1, 2, chain_id=1, pool=POOL.lower()) == work_key("r", ADDR, 1, 2, chain_id=1,
                                                                                      pool=POOL)
 
@@ -71,21 +72,21 @@ def test_range_and_spread() -> None:
 
 
 def test_fields_are_separated() -> None:
-    base = sampling_seed(ADDR, 1, 5, 0, counter=0, **AT)
-    assert sampling_seed(ADDR, 1, "5", 0, counter=0, **AT) != base  # int and str task ids differ
-    assert sampling_seed(ADDR, 1, 5, 1, counter=0, **AT) != base
-    assert sampling_seed(ADDR, 2, 5, 0, counter=0, **AT) != base
-    assert sampling_seed(ADDR, 1, 5, 0, counter=0, **{**AT, "run_id": "r2"}) != base
+    base = sampling_seed(ADDR, 1, 5, 0, counter=0, **TASK)
+    assert sampling_seed(ADDR, 1, "5", 0, counter=0, **TASK) != base  # int and str task ids differ
+    assert sampling_seed(ADDR, 1, 5, 1, counter=0, **TASK) != base
+    assert sampling_seed(ADDR, 2, 5, 0, counter=0, **TASK) != base
+    assert sampling_seed(ADDR, 1, 5, 0, counter=0, **{**TASK, "run_id": "r2"}) != base
     other = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"  # anvil dev account #1
-    assert sampling_seed(other, 1, 5, 0, counter=0, **AT) != base
+    assert sampling_seed(other, 1, 5, 0, counter=0, **TASK) != base
     # Same numbers, different purpose: task and sampling seeds never coincide by construction.
-    assert task_seed(ADDR, 1, 5, **TASK) != sampling_seed(ADDR, 1, 5, 0, counter=0, **AT)
+    assert task_seed(ADDR, 1, 5, **TASK) != sampling_seed(ADDR, 1, 5, 0, counter=0, **TASK)
 
 
 def test_the_same_task_drawn_again_is_sampled_afresh() -> None:
     # Issue 23 item 5: the sampling seed binds the work key, so a task a node draws at two counters of one
     # version is sampled with unrelated seeds (a cached answer is never the right one).
-    assert sampling_seed(ADDR, 1, "t", 0, counter=0, **AT) != sampling_seed(ADDR, 1, "t", 0, counter=1, **AT)
+    assert sampling_seed(ADDR, 1, "t", 0, counter=0, **TASK) != sampling_seed(ADDR, 1, "t", 0, counter=1, **TASK)
 
 
 def test_chain_and_pool_are_bound() -> None:
@@ -96,7 +97,7 @@ def test_chain_and_pool_are_bound() -> None:
         assert work_key("r", ADDR, 1, 2, chain_id=at["chain_id"], pool=at["pool"]) != \
             work_key("r", ADDR, 1, 2, chain_id=31337, pool=POOL)
         assert task_seed(ADDR, 1, 2, manifest_hash=MANIFEST, **at) != task_seed(ADDR, 1, 2, **TASK)
-        assert sampling_seed(ADDR, 1, "t", 0, counter=2, **at) != sampling_seed(ADDR, 1, "t", 0, counter=2, **AT)
+        assert sampling_seed(ADDR, 1, "t", 0, counter=2, manifest_hash=MANIFEST, **at) != sampling_seed(ADDR, 1, "t", 0, counter=2, **TASK)
 
 
 @pytest.mark.parametrize(
@@ -126,3 +127,15 @@ def test_keys_ground_before_a_version_is_published_cannot_predict_its_tasks() ->
         ground = [task_seed(ADDR, 8, c, **AT, manifest_hash=guess) for c in range(64)]
         drawn = [task_seed(ADDR, 8, c, **AT, manifest_hash=published) for c in range(64)]
         assert not set(ground) & set(drawn)
+
+
+def test_keys_ground_before_a_version_is_published_cannot_predict_its_sampling() -> None:
+    # Issue 35 item 4: the sampling seed mixes the published manifest hash too, so a key ground offline for the
+    # sampling draws of the next version (which tokens win where the replay is close) learns nothing about them.
+    published = hashlib.sha256(b"the manifest the trainer publishes").digest()
+    for guess in (bytes(32), MANIFEST, hashlib.sha256(b"the manifest an attacker expects").digest()):
+        ground = {sampling_seed(ADDR, 8, t, i, counter=c, **{**TASK, "manifest_hash": guess})
+                  for c in range(8) for t in range(8) for i in range(4)}
+        drawn = {sampling_seed(ADDR, 8, t, i, counter=c, **{**TASK, "manifest_hash": published})
+                 for c in range(8) for t in range(8) for i in range(4)}
+        assert not ground & drawn
