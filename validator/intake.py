@@ -81,6 +81,13 @@ class ChainUnavailableError(RetryLaterError):
     code = "chain_unavailable"
 
 
+class TooManyHolesError(RateLimitedError):
+    """The signer skipped more assignments here than `flood.max_holes` at the last `flood.holes_window` versions:
+    refused until enough of them leave the window (docs/protocol/assignment.md, "Skipping")."""
+
+    code = "too_many_holes"
+
+
 class OverloadedError(RetryLaterError):
     """This validator takes no more work now (backlog full or global rate reached); retry after `retry_after`."""
 
@@ -115,8 +122,8 @@ def _take(b: _Bucket, rate: float, burst: int, now: float) -> float:
 
 class Admission:
     """Whether an authenticated sender may spend a nonce here, cheapest first: active on chain, within its rate,
-    within the global rate, within its bytes for the window, no hard verdict of it pending here, room in the
-    backlog. `admit` raises to refuse (the nonce stays unconsumed); `admitted` counts the bytes of a request
+    within the global rate, within its bytes for the window, no hard verdict of it pending here, within its
+    skipped assignments (`flood.max_holes`), room in the backlog. `admit` raises to refuse (the nonce stays unconsumed); `admitted` counts the bytes of a request
     that got past the replay guard."""
 
     def __init__(self, chain: ChainView, ledger: Ledger, cfg: ValidatorConfig) -> None:
@@ -158,6 +165,14 @@ class Admission:
             raise NodeQuotaError(f"{signer} has {stored} bytes stored here (limit {f.node_stored_bytes})", f.window_s)
         if f.hold_slashable and self.ledger.hard_pending(signer, reported_since=time.time() - self.read_back_s):
             raise NodeQuotaError(f"{signer} has a hard verdict here that is not on chain yet", self.retry_hold_s)
+        current = self.chain.current_version()
+        if current is not None:
+            since = max(0, current - f.holes_window + 1)
+            holes = self.ledger.holes_since(signer, since)
+            if holes > f.max_holes:
+                raise TooManyHolesError(f"{signer} skipped {holes} assignments here at v{since}..v{current} (limit "
+                                        f"{f.max_holes}): refused until they leave the window of {f.holes_window} "
+                                        f"versions", f.window_s)
         backlog = self.ledger.backlog()
         if backlog >= f.max_backlog:
             raise OverloadedError(f"{backlog} submissions wait to be checked or reported (limit {f.max_backlog})",
