@@ -43,6 +43,8 @@ class SimNode:
     domain: str
     run: RunSpec = RUN
     manifest_hash: bytes = MANIFEST_V0
+    ground_manifest: bytes | None = None
+    """The manifest hash a `ground_tasks` cheat drew its tasks under (a guess, ground before the version)."""
     counter: int = 0
     sealed: list[bytes] = field(default_factory=list)
 
@@ -57,7 +59,9 @@ class SimNode:
         the 0.5 tolerance), `skip_eos` (every EOS that wins the seeded draw by at most the sampling
         tolerance is replaced by the best other token and generation goes on; `narrow_eos_node` finds keys
         whose first assignment has one), `cached_repeat` (the assigned tasks answered with samples another
-        assignment's seeds drew: what replaying a cache for a task drawn again gives)."""
+        assignment's seeds drew: what replaying a cache for a task drawn again gives), `ground_tasks` (the tasks
+        drawn under `ground_manifest`, the hash a key was ground for in advance, sampled and sealed honestly
+        under `manifest_hash`)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         chain_id, pool = submission_venue(self.domain)
@@ -72,8 +76,9 @@ class SimNode:
             return self._junk(version, counter)
         gen_model = model or self.loaded
         draw_counter = counter + 1000 if cheat == "unassigned_task" else counter
+        drawn_under = self.ground_manifest if cheat == "ground_tasks" and self.ground_manifest else self.manifest_hash
         tasks = env.sample(task_seed(self.identity.address, version, draw_counter, run_id=run.run_id,
-                                     chain_id=chain_id, pool=pool, manifest_hash=self.manifest_hash),
+                                     chain_id=chain_id, pool=pool, manifest_hash=drawn_under),
                            run.tasks_per_batch)
         tok = self.loaded.tokenizer
         prompts, seeds = [], []
