@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_FRONTIERS_KEPT = 4096
+"""(node, version) chain frontiers cached before those of stale versions are dropped."""
+
 
 class CounterOutOfOrderError(ProtocolError):
     """The counter is not the one this validator expects next for (node, version) (nor within the gap).
@@ -138,6 +141,9 @@ class Assignment:
         counter = self._frontier.get((node, version), 0)
         while self.chain.work_known(self.work_key(node, version, counter)):
             counter += 1
+        if len(self._frontier) >= _FRONTIERS_KEPT:  # forget versions outside the async window (never asked again)
+            current = self.chain.current_version() or 0
+            self._frontier = {k: v for k, v in self._frontier.items() if k[1] >= current - self.run.async_level}
         self._frontier[(node, version)] = counter
         return counter
 
