@@ -43,6 +43,8 @@ class SimNode:
     domain: str
     run: RunSpec = RUN
     manifest_hash: bytes = MANIFEST_V0
+    ground_manifest: bytes | None = None
+    """The manifest hash a `ground_tasks` cheat drew its tasks under (a guess, ground before the version)."""
     counter: int = 0
     sealed: list[bytes] = field(default_factory=list)
 
@@ -57,7 +59,9 @@ class SimNode:
         the 0.5 tolerance), `skip_eos` (every EOS that wins the seeded draw by at most the sampling
         tolerance is replaced by the best other token and generation goes on; `narrow_eos_node` finds keys
         whose first assignment has one), `cached_repeat` (the assigned tasks answered with samples another
-        assignment's seeds drew: what replaying a cache for a task drawn again gives)."""
+        assignment's seeds drew: what replaying a cache for a task drawn again gives), `ground_tasks` (the tasks
+        drawn under `ground_manifest`, the hash a key was ground for in advance, sampled and sealed honestly
+        under `manifest_hash`)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         chain_id, pool = submission_venue(self.domain)
@@ -72,8 +76,10 @@ class SimNode:
             return self._junk(version, counter)
         gen_model = model or self.loaded
         draw_counter = counter + 1000 if cheat == "unassigned_task" else counter
+        drawn_under = self.ground_manifest if cheat == "ground_tasks" and self.ground_manifest else self.manifest_hash
         tasks = env.sample(task_seed(self.identity.address, version, draw_counter, run_id=run.run_id,
-                                     chain_id=chain_id, pool=pool), run.tasks_per_batch)
+                                     chain_id=chain_id, pool=pool, manifest_hash=drawn_under),
+                           run.tasks_per_batch)
         tok = self.loaded.tokenizer
         prompts, seeds = [], []
         for task in tasks:
@@ -88,7 +94,8 @@ class SimNode:
                 prompts.append(ids)
                 seed_counter = (0 if counter else 1) if cheat == "cached_repeat" else counter
                 seed = sampling_seed(self.identity.address, version, task.task_id, i, run_id=run.run_id,
-                                     chain_id=chain_id, pool=pool, counter=seed_counter)
+                                     chain_id=chain_id, pool=pool, counter=seed_counter,
+                                     manifest_hash=self.manifest_hash)
                 seeds.append(seed + 1 if cheat == "other_seed" else seed)
         params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
         gens = Engine(gen_model).generate(prompts, params, seeds, run.max_new_tokens)
@@ -137,7 +144,7 @@ class SimNode:
         run, env = self.run, get_environment(self.run.env, self.run.env_version)
         chain_id, pool = submission_venue(self.domain)
         tasks = env.sample(task_seed(self.identity.address, version, counter, run_id=run.run_id, chain_id=chain_id,
-                                     pool=pool), run.tasks_per_batch)
+                                     pool=pool, manifest_hash=self.manifest_hash), run.tasks_per_batch)
         junk = SampleRollout(tokens=(5,), logprobs=(-1.0,), finish_reason="length", reward=0.0,
                              proofs=(bytes(258),))
         sub = Submission(run_id=run.run_id, node=self.identity.address, policy_version=version,
@@ -213,7 +220,7 @@ def skip_narrow_eos(loaded: LoadedModel, prompt: list[int], seed: int, params: S
 
 
 def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: float, *, domain: str,
-                    tries: int = 512) -> Identity:
+                    manifest_hash: bytes, tries: int = 512) -> Identity:
     """A fresh key whose assignment #0 at `version` in `domain`'s pool, generated honestly, ends a sample at an
     EOS before its last allowed token that won the seeded draw by more than `above` and at most
     `EOS_SKIP_TOLERANCE` (the EOS a `skip_eos` node replaces)."""
@@ -225,12 +232,14 @@ def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: floa
         keys = [Identity.create() for _ in range(32)]
         prompts, seeds, owners = [], [], []
         for key in keys:
-            for task in env.sample(task_seed(key.address, version, 0, **where), run.tasks_per_batch):
+            for task in env.sample(task_seed(key.address, version, 0, manifest_hash=manifest_hash, **where),
+                                   run.tasks_per_batch):
                 ids = render_prompt(loaded.tokenizer, task, tokenize=True)
                 ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
                 for i in range(run.samples_per_task):
                     prompts.append(ids)
-                    seeds.append(sampling_seed(key.address, version, task.task_id, i, counter=0, **where))
+                    seeds.append(sampling_seed(key.address, version, task.task_id, i, counter=0,
+                                               manifest_hash=manifest_hash, **where))
                     owners.append(key)
         for g, prompt, seed, key in zip(Engine(loaded).generate(prompts, params, seeds, run.max_new_tokens), prompts,
                                         seeds, owners, strict=True):

@@ -737,10 +737,10 @@ def eos_skip(net: Any, trial: int) -> Trial:
     """Issue 23 item 9: a node replaces every EOS that won the seeded draw by at most the sampling margin and keeps
     generating (a key whose first assignment has such an EOS, found offline)."""
     from bench.adversaries import SimNode, narrow_eos_node
-    from bench.loopback import SETTINGS
+    from bench.loopback import MANIFEST_V0, SETTINGS
 
     drift = net.validators[0].service.cfg.checks.eos_tie_drift
-    identity = narrow_eos_node(net.loaded, net.run, VERSION, above=drift, domain=net.domain)
+    identity = narrow_eos_node(net.loaded, net.run, VERSION, above=drift, domain=net.domain, manifest_hash=MANIFEST_V0)
     net.pools.operator.register(identity, SETTINGS.min_stake)
     net.wait_active(identity.address)
     node = SimNode(identity, net.loaded, net.domain)
@@ -1029,6 +1029,46 @@ def counter_grind(net: Any, trial: int) -> Trial:
                  note=f"expected counter {body.get('expected_counter')}")
 
 
+GRIND_KEYS = 256
+"""Keys an attacker grinds offline per trial (the issue's 1,416 took 0.2 s; each here costs a task draw)."""
+
+
+def grind_before_publish(net: Any, trial: int) -> Trial:
+    """Issue 35 item 4: before a version is published, the attacker grinds keys offline for the tasks it likes
+    (the least text to reverse at assignment #0) under the manifest hash it expects, registers the best one, and
+    once the chain records the real hash (which it could not know) sends the tasks it ground for, honestly
+    generated, as that assignment. The tasks mix the published manifest hash, so they are not the key's:
+    `wrong_task` (hard), and the key's real tasks share nothing with the ones it ground for (it gained nothing).
+    Before, the seed bound only what is known in advance: the ground tasks were the key's, accepted and paid."""
+    from bench.adversaries import SimNode
+    from bench.loopback import MANIFEST_V0, SETTINGS
+    from environments import get as get_environment
+    from protocol.identity import Identity
+    from protocol.seeds import task_seed
+
+    env, run = get_environment(net.run.env, net.run.env_version), net.run
+    guess = hashlib.sha256(f"the manifest an attacker expects, trial {trial}".encode()).digest()
+
+    def tasks(address: str, manifest: bytes) -> list[Any]:
+        return env.sample(task_seed(address, VERSION, 0, run_id=run.run_id, chain_id=net.chain_id, pool=net.pool,
+                                    manifest_hash=manifest), run.tasks_per_batch)
+
+    def liked(drawn: list[Any]) -> int:  # what the attacker minimises: text to reverse
+        return sum(len(t.messages[-1].content) for t in drawn)
+
+    best = min((Identity.create() for _ in range(GRIND_KEYS)), key=lambda k: liked(tasks(k.address, guess)))
+    ground, drawn = tasks(best.address, guess), tasks(best.address, MANIFEST_V0)
+    net.pools.operator.register(best, SETTINGS.min_stake)  # registered after the grind, before the version
+    net.wait_active(best.address)
+    node = SimNode(best, net.loaded, net.domain, ground_manifest=guess)
+    _, data = node.build(version=VERSION, counter=0, cheat="ground_tasks")  # sampled with the published hash
+    t = net.submit(node, data, expect_reasons={"wrong_task"})
+    shared = {x.task_id for x in ground} & {x.task_id for x in drawn}
+    t.detected = t.detected and not shared
+    t.note = f"best of {GRIND_KEYS} keys: {liked(ground)} chars ground, {liked(drawn)} drawn; {len(shared)} shared"
+    return t
+
+
 def second_pool(net: Any, trial: int) -> Trial:
     """Issue 23 item 7: rollouts accepted in one pool, resealed for a second pool with the same run id and
     weights (the node is registered in both): another assignment there, refused (never paid twice)."""
@@ -1090,6 +1130,7 @@ ATTACKS = [
     Attack("steered_logprobs", "logprobs steered 0.49 by advantage (trainer input)", "accepted", steered_logprobs),
     Attack("cached_repeat", "cached work paid twice (a repeated task's samples replayed)", "hard", cached_repeat),
     Attack("counter_grind", "counter grinding (liked tasks first / bad batch held back)", "refused", counter_grind),
+    Attack("grind_keys", "keys ground before the version for liked tasks", "hard", grind_before_publish),
     Attack("second_pool", "second-pool replay (same run id and weights)", "hard", second_pool),
     Attack("malformed_proofs", "malformed or crashing proofs", "hard", malformed_proofs),
     Attack("oversized", "oversized payload", "refused", oversized),

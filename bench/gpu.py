@@ -64,7 +64,7 @@ from bench import harness
 NODE = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"  # anvil's public dev account 1 (an address, no key)
 POOL = "0x5FbDB2315678afecb367f032d93F642f64180aa3"  # anvil's first contract address
 ASSIGNMENT: dict[str, Any] = {"chain_id": 31337, "pool": POOL, "run_id": "gpu-path", "node": NODE,
-                              "policy_version": 0, "counter": 0}
+                              "policy_version": 0, "counter": 0, "manifest_hash": "ab" * 32}
 """The assignment whose sampling seeds the rollouts use (protocol.seeds); the check recomputes them."""
 PARAMS: dict[str, Any] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 """The run's sampling parameters (the RL default: temperature 1, no truncation)."""
@@ -121,7 +121,8 @@ def seeds_of(tid: str, samples: int, assignment: dict[str, Any]) -> list[int]:
 
     a = assignment
     return [sampling_seed(a["node"], a["policy_version"], tid, j, run_id=a["run_id"], chain_id=a["chain_id"],
-                          pool=a["pool"], counter=a["counter"]) for j in range(samples)]
+                          pool=a["pool"], counter=a["counter"], manifest_hash=bytes.fromhex(a["manifest_hash"]))
+            for j in range(samples)]
 
 
 def make_inputs(size_name: str, models: list[str] | None = None) -> dict[str, Any]:

@@ -45,7 +45,8 @@ Everything runs as real processes on 127.0.0.1:
       defaults   the shipped `flood` bounds: a key with a hard verdict pending is held (429) until its
                  slash lands (the systemic window is shortened to `slash_after_s` so it does in the run),
                  then refused as inactive (403);
-      unheld     as if every slash were held back (a systemic window of an hour, the hold off) and each
+      unheld     as if every slash were held back (a systemic window of `UNHELD_WINDOW_S`, longer than the
+                 flood, the hold off) and each
                  key were many (per-node rate 100/s): what bounds the ledger is then the bytes per node
                  per window and the global backlog cap (both set small so the run reaches them).
     Sampled every 0.5 s: the validator's RSS and its ledger's size on disk (database + WAL) and row count.
@@ -175,6 +176,9 @@ def validator_config(state: Path, deployment: Path, rpc_url: str, spec: Validato
         "chain": {"deployment": deployment, "rpc_url": rpc_url, "poll_s": 0.5},
         "key": {"key_env": vhttp.KEY_ENV}, "reporter": {"interval_s": 0.5, "max_backoff_s": loopback.REPORTER_MAX_BACKOFF_S},
         "max_age_s": 3600.0,  # honest work is built before the traffic starts
+        # the systemic window plus the reporter's back-off must stay below the loopback pool's invalidation window
+        # (the validator refuses to start otherwise); the default 300 s does not
+        "systemic": {"window_s": 60.0},
         "rate_per_node": spec.rate, "rate_burst": spec.burst,
         # the global bounds are part (c)'s subject; here 100+ connections at once are the point
         "flood": {"max_concurrent": 1024, "rate": 100_000.0, "burst": 100_000},
@@ -582,6 +586,11 @@ class FloodLoad:
     threads: int = 1
 
 
+UNHELD_WINDOW_S = 75.0
+"""The `unheld` configuration's systemic window: past the default flood (60 s; a longer `--flood-s` sees slashes land), and with the reporter's back-off
+below the loopback pool's invalidation window (100 s), as the validator requires to start."""
+
+
 def flood_config(state: Path, deployment: Path, rpc_url: str, spec: FloodLoad, unheld: bool) -> Any:
     from validator.config import ValidatorConfig
 
@@ -593,7 +602,7 @@ def flood_config(state: Path, deployment: Path, rpc_url: str, spec: FloodLoad, u
         "systemic": {"window_s": spec.slash_after_s, "min_nodes": 1_000_000, "fraction": 1.0},
     }
     if unheld:
-        values.update(rate_per_node=100.0, rate_burst=100, systemic={"window_s": 3600.0, "min_nodes": 1_000_000,
+        values.update(rate_per_node=100.0, rate_burst=100, systemic={"window_s": UNHELD_WINDOW_S, "min_nodes": 1_000_000,
                                                                       "fraction": 1.0},
                       flood={"hold_slashable": False, "node_bytes_per_window": spec.node_bytes_per_window,
                              "max_backlog": spec.max_backlog})

@@ -32,8 +32,12 @@ from typing import Any
 
 from bench import harness
 
+_MANIFEST = hashlib.sha256(b"bench manifest v1").digest()
+"""The manifest hash the timed assignments are drawn at (tasks mix it in; any published one times the same)."""
 
-def requests_of(engine: Any, run: Any, node: str, counter: int, chain_id: int, pool: str) -> list[Any]:
+
+def requests_of(engine: Any, run: Any, node: str, counter: int, chain_id: int, pool: str,
+                manifest_hash: bytes) -> list[Any]:
     """The requests `node.rollouts.build_submission` makes for assignment (node, v1, counter) in `pool`."""
     from environments import get as get_environment
     from node.engines import Request
@@ -43,9 +47,10 @@ def requests_of(engine: Any, run: Any, node: str, counter: int, chain_id: int, p
     env = get_environment(run.env, run.env_version)
     out = []
     where = {"run_id": run.run_id, "chain_id": chain_id, "pool": pool}
-    for task in env.sample(task_seed(node, 1, counter, **where), run.tasks_per_batch):
+    for task in env.sample(task_seed(node, 1, counter, manifest_hash=manifest_hash, **where), run.tasks_per_batch):
         ids = prompt_ids(engine.tokenizer, task)
-        out += [Request(ids, sampling_seed(node, 1, task.task_id, i, counter=counter, **where))
+        out += [Request(ids, sampling_seed(node, 1, task.task_id, i, counter=counter,
+                                           manifest_hash=manifest_hash, **where))
                 for i in range(run.samples_per_task)]
     return out
 
@@ -90,7 +95,8 @@ def bench_model(name: str, model: Any, run: Any, batches: int, threads: int, dty
         started = time.perf_counter()
         engine = build_engine(cfg.engine, model)
         start_s = time.perf_counter() - started
-        all_requests = [requests_of(engine, run, node.address, k, c.chain_id, c.pool) for k in range(batches)]
+        all_requests = [requests_of(engine, run, node.address, k, c.chain_id, c.pool, _MANIFEST)
+                        for k in range(batches)]
         if engine_type == "cpu":
             from models.engine import Engine
 

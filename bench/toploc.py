@@ -118,7 +118,7 @@ def bench_model(n_seqs: int, new_tokens: int, batch1_seqs: int, threads: int, re
         enc = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
         prompts.append(list(enc if isinstance(enc, list) else enc["input_ids"]))
     params = SamplingParams(temperature=1.0)
-    seeds = [sampling_seed("0x70997970C51812dc3A010C7d01b50e0d17dc79C8", 0, i, 0, run_id="bench", chain_id=31337, pool="0x5FbDB2315678afecb367f032d93F642f64180aa3", counter=0) for i in range(n_seqs)]
+    seeds = [sampling_seed("0x70997970C51812dc3A010C7d01b50e0d17dc79C8", 0, i, 0, run_id="bench", chain_id=31337, pool="0x5FbDB2315678afecb367f032d93F642f64180aa3", counter=0, manifest_hash=bytes(32)) for i in range(n_seqs)]
     cfg = ToplocThresholds()
 
     t = time.perf_counter()

@@ -52,7 +52,7 @@ def run(model_name: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
         qs = [f"Tell me one fact about the number {i}." for i in range(n)]
         prompts = [chat(q, "You are a helpful assistant.") for q in qs]
         alt_prompts = [chat(q, "You are a pirate. Answer in pirate speak.") for q in qs]
-    seeds = [sampling_seed("0x70997970C51812dc3A010C7d01b50e0d17dc79C8", 1, i, 0, run_id="margins", chain_id=31337, pool="0x5FbDB2315678afecb367f032d93F642f64180aa3", counter=0) for i in range(n)]
+    seeds = [sampling_seed("0x70997970C51812dc3A010C7d01b50e0d17dc79C8", 1, i, 0, run_id="margins", chain_id=31337, pool="0x5FbDB2315678afecb367f032d93F642f64180aa3", counter=0, manifest_hash=bytes(32)) for i in range(n)]
 
     def perturbed(scale: float, seed: int) -> Any:
         m = load(spec)

@@ -212,7 +212,8 @@ def fresh_pipeline(service: Any, state: Path) -> tuple[Any, Callable[[], None]]:
 class NodeSide:
     """Honest submissions built like `SimNode.build`; `generate_pass` re-times `Engine.generate` alone."""
 
-    def __init__(self, loaded: Any, nodes: list[Any], n_subs: int, run: Any, chain_id: int, pool: str) -> None:
+    def __init__(self, loaded: Any, nodes: list[Any], n_subs: int, run: Any, chain_id: int, pool: str,
+                 manifest: bytes) -> None:
         from environments import get as get_environment
         from environments import render_prompt
         from models.engine import Engine
@@ -227,14 +228,16 @@ class NodeSide:
         for i in range(n_subs):
             node, counter = nodes[i % len(nodes)], i // len(nodes)
             where = {"run_id": run.run_id, "chain_id": chain_id, "pool": pool}
-            tasks = self.env.sample(task_seed(node.address, 1, counter, **where), run.tasks_per_batch)
+            tasks = self.env.sample(task_seed(node.address, 1, counter, manifest_hash=manifest, **where),
+                                    run.tasks_per_batch)
             prompts, seeds = [], []
             for task in tasks:
                 ids = render_prompt(loaded.tokenizer, task, tokenize=True)
                 ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
                 for s in range(run.samples_per_task):
                     prompts.append(ids)
-                    seeds.append(sampling_seed(node.address, 1, task.task_id, s, counter=counter, **where))
+                    seeds.append(sampling_seed(node.address, 1, task.task_id, s, counter=counter,
+                                               manifest_hash=manifest, **where))
             self.jobs.append((node, counter, tasks, prompts, seeds))
         self.engine.generate([self.jobs[0][3][0]], self.params, [1], 4)  # warm-up
         self.tokens = self.prompt_tokens = self.distinct_prompt_tokens = self.sequences = 0
@@ -360,7 +363,7 @@ def bench_model(name: str, chain: Chain, deployment: Path, run: Any, args: Any, 
     n_subs = args.tiny_submissions if name.startswith("tiny") else args.smollm2_submissions
     print(f"{name} ({dtype}): model loaded in {load_s:.1f} s; {n_subs} submissions of {run.tasks_per_batch}x"
           f"{run.samples_per_task} rollouts, up to {run.max_new_tokens} new tokens", flush=True)
-    node = NodeSide(loaded, chain.nodes, n_subs, run, chain.deployment.chain_id, chain.deployment.pool)
+    node = NodeSide(loaded, chain.nodes, n_subs, run, chain.deployment.chain_id, chain.deployment.pool, manifest)
     from models.scoring import Scorer
 
     Scorer.of(loaded)  # the validator's fused weights, built once per weights version (as the node's Engine is)

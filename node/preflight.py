@@ -117,13 +117,14 @@ def run_preflight(engine: InferenceEngine, model: ModelSpec, run: RunSpec, check
     reference = load(model, dtype=dtype)  # the validator's prefill: the run's model in its dtype
     rollouts, claimed, reward_errors = [], [], []
     for sub in subs:
-        tasks = env.sample(task_seed(node, 1, sub.counter, run_id=run.run_id, chain_id=_CHAIN_ID, pool=_POOL),
+        tasks = env.sample(task_seed(node, 1, sub.counter, run_id=run.run_id, chain_id=_CHAIN_ID, pool=_POOL,
+                                     manifest_hash=_MANIFEST),
                            run.tasks_per_batch)
         for task, group in zip(tasks, sub.tasks, strict=True):
             prompt = prompt_ids(reference.tokenizer, task)
             for i, s in enumerate(group.samples):
                 seed = sampling_seed(node, 1, task.task_id, i, run_id=run.run_id, chain_id=_CHAIN_ID, pool=_POOL,
-                                     counter=sub.counter)
+                                     counter=sub.counter, manifest_hash=_MANIFEST)
                 rollouts.append(Rollout(prompt, list(s.tokens), list(s.proofs), seed, run.max_new_tokens))
                 claimed.append(s)
                 text = str(reference.tokenizer.decode(list(s.tokens), skip_special_tokens=True))

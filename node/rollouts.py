@@ -23,16 +23,19 @@ def prompt_ids(tokenizer: object, task: object) -> list[int]:
 def build_submission(engine: InferenceEngine, run: RunSpec, node: str, version: int, counter: int,
                      manifest_hash: bytes, *, chain_id: int, pool: str) -> Submission:
     """The unsigned `Submission` of assignment (`node`, `version`, `counter`) in `run`, in the pool contract
-    `pool` on chain `chain_id` (both are bound into the tasks and the sampling seeds)."""
+    `pool` on chain `chain_id`, at the version published with `manifest_hash` (all bound into the tasks and the
+    sampling seeds)."""
     env = get_environment(run.env, run.env_version)
-    tasks = env.sample(task_seed(node, version, counter, run_id=run.run_id, chain_id=chain_id, pool=pool),
+    tasks = env.sample(task_seed(node, version, counter, run_id=run.run_id, chain_id=chain_id, pool=pool,
+                                 manifest_hash=manifest_hash),
                        run.tasks_per_batch)
     tok = engine.tokenizer
     requests = []
     for task in tasks:
         ids = prompt_ids(tok, task)
         requests += [Request(ids, sampling_seed(node, version, task.task_id, i, run_id=run.run_id, chain_id=chain_id,
-                                                pool=pool, counter=counter))
+                                                pool=pool, counter=counter,
+                                                manifest_hash=manifest_hash))
                      for i in range(run.samples_per_task)]
     completions = engine.generate(requests, run)
     groups = []

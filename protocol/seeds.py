@@ -8,7 +8,7 @@ it (the pool pays a work key at most once), its **task seed** draws its tasks, a
 another chain) never share a sample's randomness. A validator recomputes all three to check that the
 node answered the task it was assigned and sampled every token with the seed it was given.
 
-Encoding (version 2, pinned by known-answer tests; other implementations follow it byte for byte):
+Encoding (version 3, pinned by known-answer tests; other implementations follow it byte for byte):
 SHA-256 over
 
     tag || 0x00 || field_1 || field_2 || ...
@@ -19,14 +19,16 @@ never produce the same bytes:
     0x01 || 20 raw address bytes                   (addresses, so letter case never matters)
     0x02 || uint64 big-endian                      (non-negative integers below 2**64)
     0x03 || uint32 big-endian length || UTF-8      (strings)
-    0x04 || 32 raw bytes                           (a digest: the work key inside a sampling seed)
+    0x04 || 32 raw bytes                           (a digest: the work key, a manifest hash)
 
 The derivations (fields in this order):
 
     work_key      = SHA-256("prime/work-key/v2"      0x00  uint chain_id, address pool, text run_id,
                                                            address node, uint policy_version, uint counter)
-    task_seed     = seed("prime/task-seed/v2"        0x00  the same six fields as the work key)
-    sampling_seed = seed("prime/sampling-seed/v2"    0x00  digest work_key, task_id, uint sample_index)
+    task_seed     = seed("prime/task-seed/v3"        0x00  the same six fields as the work key,
+                                                           digest manifest_hash of the version on chain)
+    sampling_seed = seed("prime/sampling-seed/v3"    0x00  digest work_key, digest manifest_hash,
+                                                           task_id, uint sample_index)
 
 with `task_id` a uint64 field for an int and a text field for a str. A seed is the first 8 digest
 bytes read big-endian, shifted right by one: a 63-bit non-negative integer, safe as a signed 64-bit
@@ -35,7 +37,11 @@ value (torch generators, SQLite, Java/Go peers). The work key is the full 32-byt
 Version 1 bound (run, node, version, counter) only: the same work was payable in a second pool with
 the same run id, and a task drawn twice by one node within a version repeated its samples exactly
 (a cached answer earned full pay). Version 2 binds chain and pool everywhere and the counter into
-every sampling seed. The validator rendezvous (`validator_ranking`) is unchanged (`.../v1`).
+every sampling seed. Version 3 mixes the version's manifest hash as the chain records it
+(`publishPolicy(version, manifestHash)`) into the task and the sampling seeds: nobody knows it before the
+version is published, so keys ground beforehand can predict neither their tasks nor their sampling there
+(docs/protocol/assignment.md, "Grinding"); the work key does not need it (it names the assignment, it draws
+nothing). The validator rendezvous (`validator_ranking`) is unchanged (`.../v1`).
 """
 
 from __future__ import annotations
@@ -111,25 +117,29 @@ def work_key(run_id: str, node_address: str, policy_version: int, counter: int, 
 
 
 def task_seed(node_address: str, policy_version: int, counter: int, *, run_id: str, chain_id: int,
-              pool: str) -> int:
+              pool: str, manifest_hash: bytes) -> int:
     """The seed from which the environment builds the `counter`-th task batch of a node at a version.
 
-    Bound to the whole assignment (chain, pool, run): the same node, version and counter give an
-    unrelated seed in another run, pool or chain.
+    Bound to the whole assignment (chain, pool, run) and to the version's `manifest_hash` as the chain
+    records it (`publishPolicy(version, manifestHash)`): nobody knows it before the version is published,
+    so a key ground beforehand cannot predict its tasks there (docs/protocol/assignment.md, "Grinding").
     """
-    return _seed(b"prime/task-seed/v2", _assignment(chain_id, pool, run_id, node_address, policy_version, counter))
+    return _seed(b"prime/task-seed/v3", _assignment(chain_id, pool, run_id, node_address, policy_version, counter),
+                 _digest32(manifest_hash, "manifest_hash"))
 
 
 def sampling_seed(
     node_address: str, policy_version: int, task_id: int | str, sample_index: int, *, run_id: str, chain_id: int,
-    pool: str, counter: int,
+    pool: str, counter: int, manifest_hash: bytes,
 ) -> int:
     """The seed of the sampler for sample `sample_index` of task `task_id` (ints and strings differ) in
     assignment `counter`: derived from the assignment's work key, so a task drawn again by the same
-    node at the same version (another counter) is sampled afresh, never replayed from a cache."""
+    node at the same version (another counter) is sampled afresh, never replayed from a cache; and from the
+    version's `manifest_hash` as the chain records it, so no key ground before the version is published can
+    know its sampling draws there (docs/protocol/assignment.md, "Grinding")."""
     key = work_key(run_id, node_address, policy_version, counter, chain_id=chain_id, pool=pool)
-    return _seed(b"prime/sampling-seed/v2", _digest32(key, "work_key"), _task_id(task_id),
-                 _uint(sample_index, "sample_index"))
+    return _seed(b"prime/sampling-seed/v3", _digest32(key, "work_key"), _digest32(manifest_hash, "manifest_hash"),
+                 _task_id(task_id), _uint(sample_index, "sample_index"))
 
 
 def validator_ranking(run_id: str, node_address: str, policy_version: int, validators: list[str]) -> list[str]:

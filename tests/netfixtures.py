@@ -94,11 +94,12 @@ class ProxyProcess:
     behind it then accepts connections (the kernel's backlog) and never answers, exactly as a stopped role
     does, while the role itself keeps running in the test's process."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, port: int | None = None) -> None:
+        """`port`: listen there (a proxy started again where a killed one listened), else on a free port."""
         import subprocess
         import sys
 
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-c", _PROXY, str(self.port), str(target_port)],
                                      stdout=subprocess.PIPE, text=True)

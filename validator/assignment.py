@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_FRONTIERS_KEPT = 4096
+"""(node, version) chain frontiers cached before those of stale versions are dropped."""
+
 
 class CounterOutOfOrderError(ProtocolError):
     """The counter is not the one this validator expects next for (node, version) (nor within the gap).
@@ -58,13 +61,18 @@ class Assignment:
         self.env: Environment = get_environment(run.env, run.env_version)
         """The run's environment: tasks come from it, and the checker grades with it."""
         self._holes_below = 0  # versions below this have had their skipped counters counted
+        self._frontier: dict[tuple[str, int], int] = {}  # (node, version) -> chain frontier last read (it only grows)
 
     def validators(self) -> list[str]:
         """The validators announced for the run (this one alone when none are configured)."""
         return self._validators
 
     def tasks(self, node: str, version: int, counter: int) -> list[Task]:
-        seed = task_seed(node, version, counter, run_id=self.run.run_id, chain_id=self.chain_id, pool=self.pool)
+        manifest = self.chain.manifest_hash(version)
+        if manifest is None:
+            raise ProtocolError(f"v{version} is not published on chain: its tasks are not drawn yet")
+        seed = task_seed(node, version, counter, run_id=self.run.run_id, chain_id=self.chain_id, pool=self.pool,
+                         manifest_hash=manifest)
         return self.env.sample(seed, self.run.tasks_per_batch)
 
     def work_key(self, node: str, version: int, counter: int) -> bytes:
@@ -72,9 +80,11 @@ class Assignment:
         return work_key(self.run.run_id, node, version, counter, chain_id=self.chain_id, pool=self.pool)
 
     def sampling_seed(self, sub: Submission, task_id: str, sample: int) -> int:
-        """The seed of sample `sample` of task `task_id` in `sub`'s assignment."""
+        """The seed of sample `sample` of task `task_id` in `sub`'s assignment, at the manifest hash `sub` names
+        (the cheap checks have matched it against the one the chain records for its version before any replay)."""
         return sampling_seed(sub.node, sub.policy_version, task_id, sample, run_id=self.run.run_id,
-                             chain_id=self.chain_id, pool=self.pool, counter=sub.counter)
+                             chain_id=self.chain_id, pool=self.pool, counter=sub.counter,
+                             manifest_hash=sub.manifest_hash)
 
     def first(self, node: str, version: int) -> str:
         """The rendezvous-first validator of (node, version): the one assigned when everyone is up."""
@@ -88,15 +98,30 @@ class Assignment:
                 return address
         return self.me  # pragma: no cover - the loop returns at our own address at the latest
 
-    def counter_problem(self, sub: Submission) -> CounterOutOfOrderError | None:
+    def counter_base(self, node: str, version: int) -> int | None:
+        """Where counter order starts for (node, version) here, read before the submission spends its nonce: 0 at
+        the rendezvous-first validator, the chain's frontier (`chain_frontier`) at one covering for it, None where
+        no counter is checked here (another validator takes it, or the version is not on chain). `ChainError` if
+        the chain cannot be read: our failure, which intake answers with a retry, never a verdict."""
+        if self.first(node, version) == self.me:
+            return 0
+        if self.taker(node, version) != self.me or self.chain.manifest_hash(version) is None:
+            return None
+        return self.chain_frontier(node, version)
+
+    def counter_problem(self, sub: Submission, base: int | None = None) -> CounterOutOfOrderError | None:
         """Counters in order, with a small bounded gap (docs/protocol/assignment.md, "Counters"): for (node,
         version) let m be the smallest counter this validator holds no row for, counting from 0 where it is the
         assigned (rendezvous-first) validator; `sub.counter` must be in [m, m + counter_gap]. A validator that took the
-        node over (the first one down) starts at the first counter it is sent, and is in order from there. So a
+        node over (the first one down) continues from what the pool knows, never from a counter the node picks: m
+        counts from `chain_frontier` (the smallest counter whose work key the chain has not seen). So a
         node cannot search counters for tasks it likes (the next one is fixed) nor hold back a batch that scored
         badly: until that counter arrives, nothing beyond the gap is taken at that version, and `count_holes`
-        counts it against the node once the version is stale."""
-        base = 0 if self.first(sub.node, sub.policy_version) == self.me else None
+        counts it against the node once the version is stale. `base` is `counter_base`'s answer when the caller
+        read it already; `ChainError` if it must be read and the chain cannot be."""
+        if base is None:
+            base = 0 if self.first(sub.node, sub.policy_version) == self.me else \
+                self.chain_frontier(sub.node, sub.policy_version)
         expected = self.ledger.next_counter(sub.node, sub.policy_version, base=base)
         gap = self.counter_gap
         if expected is None or expected <= sub.counter <= expected + gap:
@@ -107,6 +132,20 @@ class Assignment:
         return CounterOutOfOrderError(
             f"counter {sub.counter} at v{sub.policy_version}: this validator takes counter {expected} next (at most "
             f"{gap} ahead); send the assignments in counter order", expected)
+
+    def chain_frontier(self, node: str, version: int) -> int:
+        """The smallest counter of (node, version) whose work key the pool has not seen (recorded or invalidated):
+        where a covering validator continues the node's sequence. Work the down peer took but has not reported
+        yet is not on chain, so the node may be told an earlier counter (soft, no row) until it is; that costs
+        the node a wait, never a counter of its choosing. `ChainError` if the chain cannot be read."""
+        counter = self._frontier.get((node, version), 0)
+        while self.chain.work_known(self.work_key(node, version, counter)):
+            counter += 1
+        if len(self._frontier) >= _FRONTIERS_KEPT:  # forget versions outside the async window (never asked again)
+            current = self.chain.current_version() or 0
+            self._frontier = {k: v for k, v in self._frontier.items() if k[1] >= current - self.run.async_level}
+        self._frontier[(node, version)] = counter
+        return counter
 
     def count_holes(self) -> int:
         """Count, once per (node, version) that left the async window, the counters the node skipped here

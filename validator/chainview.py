@@ -160,6 +160,12 @@ class ChainView:
         with self._lock:
             return self._manifests.get(version)
 
+    def work_known(self, key: bytes) -> bool:
+        """Whether the pool has seen work key `key` (recorded or invalidated): read from the chain, not cached,
+        since a covering validator continues a node's counters from it (docs/protocol/assignment.md, "Counters").
+        `ChainError` if unreachable."""
+        return self.pool.get_work(key).known
+
     def versions(self) -> list[int]:
         with self._lock:
             return sorted(self._manifests)

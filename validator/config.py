@@ -155,6 +155,13 @@ class FloodSettings(Section):
     """A node with a hard verdict here that is not on chain yet sends nothing more until it is (its slash
     is coming: 429 + Retry-After), so it cannot keep filling the ledger while the verdict waits out the
     systemic window."""
+    max_holes: int = Field(8, ge=0)
+    """Skipped assignments (`counter_holes`, counted here once a version leaves the async window) a node may
+    have at the last `holes_window` policy versions; with more, its submissions are refused (429
+    `too_many_holes` + Retry-After, no row) until enough of those versions are older than the window: what
+    skipping costs (docs/protocol/assignment.md, "Skipping")."""
+    holes_window: int = Field(16, ge=1)
+    """The policy versions over which `max_holes` counts (the current one and the `holes_window - 1` before)."""
 
 
 class GateSettings(Section):

@@ -3,7 +3,9 @@
 `Intake.receive(bytes)` runs in the HTTP handler, cheapest first: size, identity (the same bytes again return
 the same answer), envelope (domain, age, signature, canonical body), admission (the sender's chain status,
 rate and quota, room in the backlog: `Admission`, `open_envelope`'s admission hook, *before* its nonce is
-consumed, so a refused node can resend the same envelope), then who checks it (`validator.assignment`: this
+consumed, so a refused node can resend the same envelope; there too a validator covering for a down peer reads
+the node's counter frontier on chain, and a chain that cannot be read is our failure, answered 503 + Retry-After:
+`ChainUnavailableError`), then who checks it (`validator.assignment`: this
 validator, a version on chain), the cheap checks (run, version window, manifest, counter, tasks, schema and
 limits) and counter order. A failure there is decided at once; a pass is a `received` ledger row for the
 checker (`validator.checker`). Every 200 or 202 carries our signed `Receipt` naming the bytes it answers: the same
@@ -20,6 +22,7 @@ and `verdict.seal` for the verdicts decided here.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
-from protocol.errors import OversizeError, PrimeError, ProtocolError, ReplayError, SignatureError
+from protocol.errors import ChainError, OversizeError, PrimeError, ProtocolError, ReplayError, SignatureError
 from protocol.nonce import random_nonce
 from protocol.rollout import Outcome, Reason, Receipt, Submission, submission_hash
 from protocol.timing import StageTimer, stage
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
     from toploc.thresholds import ToplocThresholds
     from validator.config import ValidatorConfig
     from validator.stats import Stats
+
+log = logging.getLogger(__name__)
 
 PROOF_BYTES = 258
 """One TOPLOC proof chunk in the reference byte format."""
@@ -69,6 +74,21 @@ class NodeQuotaError(RateLimitedError):
     """The signer stored its share of bytes for this window, or has a hard verdict here not yet on chain."""
 
     code = "node_quota"
+
+
+class ChainUnavailableError(RetryLaterError):
+    """What this submission needs from the chain could not be read (the counter frontier of a node this validator
+    covers for): our failure, answered 503 + Retry-After before the nonce is spent, never a verdict or a refusal
+    counted against the node ("a failure on the validator's own side is never a hard verdict")."""
+
+    code = "chain_unavailable"
+
+
+class TooManyHolesError(RateLimitedError):
+    """The signer skipped more assignments here than `flood.max_holes` at the last `flood.holes_window` versions:
+    refused until enough of them leave the window (docs/protocol/assignment.md, "Skipping")."""
+
+    code = "too_many_holes"
 
 
 class OverloadedError(RetryLaterError):
@@ -105,8 +125,8 @@ def _take(b: _Bucket, rate: float, burst: int, now: float) -> float:
 
 class Admission:
     """Whether an authenticated sender may spend a nonce here, cheapest first: active on chain, within its rate,
-    within the global rate, within its bytes for the window, no hard verdict of it pending here, room in the
-    backlog. `admit` raises to refuse (the nonce stays unconsumed); `admitted` counts the bytes of a request
+    within the global rate, within its bytes for the window, no hard verdict of it pending here, within its
+    skipped assignments (`flood.max_holes`), room in the backlog. `admit` raises to refuse (the nonce stays unconsumed); `admitted` counts the bytes of a request
     that got past the replay guard."""
 
     def __init__(self, chain: ChainView, ledger: Ledger, cfg: ValidatorConfig) -> None:
@@ -148,6 +168,14 @@ class Admission:
             raise NodeQuotaError(f"{signer} has {stored} bytes stored here (limit {f.node_stored_bytes})", f.window_s)
         if f.hold_slashable and self.ledger.hard_pending(signer, reported_since=time.time() - self.read_back_s):
             raise NodeQuotaError(f"{signer} has a hard verdict here that is not on chain yet", self.retry_hold_s)
+        current = self.chain.current_version()
+        if current is not None:
+            since = max(0, current - f.holes_window + 1)
+            holes = self.ledger.holes_since(signer, since)
+            if holes > f.max_holes:
+                raise TooManyHolesError(f"{signer} skipped {holes} assignments here at v{since}..v{current} (limit "
+                                        f"{f.max_holes}): refused until they leave the window of {f.holes_window} "
+                                        f"versions", f.window_s)
         backlog = self.ledger.backlog()
         if backlog >= f.max_backlog:
             raise OverloadedError(f"{backlog} submissions wait to be checked or reported (limit {f.max_backlog})",
@@ -224,10 +252,14 @@ class Intake:
         if known is not None:  # the same bytes again (a resend): the same answer, never a second row or a strike
             return self._taken(known, sub_hash)
         envelope: Envelope | None = None
+        counter_base: list[int | None] = []
 
         def admit(signer: str) -> None:
             with stage(timer, "intake.gate"):
                 self.admission.admit(signer, len(data))
+            assert envelope is not None  # the body is a valid Submission by now (open_envelope's order)
+            with stage(timer, "intake.assignment"):  # chain reads before the nonce is spent: a retry resends it
+                counter_base.append(self._counter_base(signer, int(envelope.body["policy_version"])))
 
         try:
             with stage(timer, "intake.parse"):
@@ -242,8 +274,9 @@ class Intake:
         except NodeInactiveError as exc:
             return self._refuse(403, exc, envelope.signer if envelope else None)
         except RetryLaterError as exc:
+            ours = isinstance(exc, ChainUnavailableError)  # our failure: never counted against the node
             answer = self._refuse(429 if isinstance(exc, RateLimitedError) else 503, exc,
-                                  envelope.signer if envelope else None)
+                                  envelope.signer if envelope and not ours else None)
             answer.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
             return answer
         except ReplayError as exc:
@@ -265,7 +298,13 @@ class Intake:
                 return early
             with stage(timer, "intake.cheap_checks"):
                 decision = self._cheap_checks(body, data)
-                out_of_order = self.assignment.counter_problem(body) if decision is None else None
+                try:
+                    out_of_order = self.assignment.counter_problem(body, counter_base[0] if counter_base else None) \
+                        if decision is None else None
+                except ChainError as exc:  # read before the nonce was spent, so only a race lands here
+                    answer = self._refuse(503, self._chain_unavailable(body.node, exc), None)
+                    answer.headers["Retry-After"] = str(max(1, math.ceil(self._chain_retry_s())))
+                    return answer
             if out_of_order is not None:
                 answer = self._refuse(409, out_of_order, body.node)
                 answer.body.update(outcome=Outcome.REJECTED_SOFT.value, expected_counter=out_of_order.expected)
@@ -298,6 +337,21 @@ class Intake:
             # a random nonce: a receipt is a record (the node keys it by the envelope's hash), no counter to persist
             sealed = seal(self.verdicts.identity, receipt, domain=self.domain, nonce=random_nonce())
         return Answer(status, {**row_status(row), "receipt": sealed.to_bytes().decode()})
+
+    def _chain_retry_s(self) -> float:
+        return 2 * self.cfg.chain.poll_s + 1.0
+
+    def _chain_unavailable(self, node: str, exc: ChainError) -> ChainUnavailableError:
+        log.warning("cannot read the chain for %s's counter frontier (%s): answered with a retry", node, exc)
+        return ChainUnavailableError(f"this validator cannot read the chain now ({exc}); resend later",
+                                     self._chain_retry_s())
+
+    def _counter_base(self, node: str, version: int) -> int | None:
+        """`Assignment.counter_base`, a chain that cannot be read turned into a retry (`ChainUnavailableError`)."""
+        try:
+            return self.assignment.counter_base(node, version)
+        except ChainError as exc:
+            raise self._chain_unavailable(node, exc) from exc
 
     def _refuse(self, status: int, exc: PrimeError, sender: str | None) -> Answer:
         self.stats.count(f"refused_{exc.code}")

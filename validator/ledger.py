@@ -823,6 +823,12 @@ class Ledger:
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING node",
             (node, policy_version, first, last, holes, t)))
 
+    def holes_since(self, node: str, from_version: int) -> int:
+        """Assignments `node` skipped here at versions `from_version` and later (as counted by `record_holes`)."""
+        rows = self._db.execute("SELECT COALESCE(SUM(holes), 0) FROM counter_holes WHERE node = ? AND "
+                                "policy_version >= ?", (node, from_version))
+        return int(rows[0][0])
+
     def counter_holes(self) -> dict[str, int]:
         """Per node with any: assignments skipped (never submitted here inside their window), all versions."""
         return {str(n): int(h) for n, h in self._db.execute(

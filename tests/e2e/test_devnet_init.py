@@ -40,10 +40,11 @@ def _failures(loaded: LoadedModel, sub: Submission, run: RunSpec, chain_id: int,
     """The validator's model checks of `sub` (TOPLOC, sampling replay) run with `loaded`'s weights: what fails."""
     env = get_environment(run.env, run.env_version)
     tasks = env.sample(task_seed(sub.node, sub.policy_version, sub.counter, run_id=run.run_id, chain_id=chain_id,
-                                 pool=pool), run.tasks_per_batch)
+                                 pool=pool, manifest_hash=bytes(sub.manifest_hash)), run.tasks_per_batch)
     rollouts = [Rollout(prompt_tokens(loaded, task), list(s.tokens), list(s.proofs),
                         sampling_seed(sub.node, sub.policy_version, task.task_id, i, run_id=run.run_id,
-                                      chain_id=chain_id, pool=pool, counter=sub.counter), run.max_new_tokens)
+                                      chain_id=chain_id, pool=pool, counter=sub.counter,
+                                      manifest_hash=bytes(sub.manifest_hash)), run.max_new_tokens)
                 for task, tr in zip(tasks, sub.tasks, strict=True) for i, s in enumerate(tr.samples)]
     c = CheckSettings()
     th = ToplocThresholds(max_exp_mismatches=c.max_exp_mismatches, max_mant_err_mean=c.max_mant_err_mean,

@@ -156,3 +156,41 @@ def test_a_node_grinding_counters_gains_nothing(make_validator, make_node, publi
     assert status == 410 and (body["outcome"], body["error"]) == ("rejected_soft", "stale_version"), body
     assert core.stats.get("counter_holes") == 1
     assert core.stats.get("refused_counter_out_of_order") == 2
+
+
+def test_skipping_past_the_hole_budget_is_refused_until_the_holes_leave_the_window(make_validator, make_node,
+                                                                                    published) -> None:
+    """Issue 35 item 4: a skipped assignment costs something real and stated. Past `flood.max_holes` holes at the
+    last `flood.holes_window` versions, every submission of the node is refused (429 `too_many_holes`, no row)
+    until those versions leave the window; a node that skipped nothing is taken as before."""
+    skipper: SimNode = make_node()
+    honest: SimNode = make_node()
+    v = make_validator(flood={"max_holes": 0, "holes_window": 4})
+    for counter in (0, 2):  # counter 1 skipped (inside the gap, so #2 is taken)
+        status, body = _post(v, skipper.build(counter=counter)[1])
+        assert status == 202, body
+    status, body = _post(v, honest.build(counter=0)[1])
+    assert status == 202, body
+
+    published.trainer.publish_policy(2, MANIFEST_V0)
+    published.trainer.publish_policy(3, MANIFEST_V0)  # v1 leaves the async window: its hole is counted
+    deadline = time.monotonic() + 60
+    with v.client() as c:
+        while c.get("/v1/audit").json()["counter_holes"] != {skipper.identity.address: 1}:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    status, body = _post(v, honest.build(version=3, counter=0)[1])
+    assert status == 202, body
+    _, data = skipper.build(version=3, counter=0)
+    status, body = _post(v, data)
+    assert (status, body["error"]) == (429, "too_many_holes"), body
+    assert v.service.ledger.get("0x" + published.work_key(RUN.run_id, skipper.identity.address, 3, 0).hex()) is None
+
+    published.trainer.publish_policy(4, MANIFEST_V0)
+    published.trainer.publish_policy(5, MANIFEST_V0)  # v1 is older than the last 4 versions: the hole has aged out
+    deadline = time.monotonic() + 60
+    while v.service.chain.current_version() != 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    status, body = _post(v, skipper.build(version=5, counter=0)[1])
+    assert status == 202, body

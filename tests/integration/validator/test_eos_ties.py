@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from bench.adversaries import SimNode, narrow_eos_node
-from bench.loopback import RUN
+from bench.loopback import MANIFEST_V0, RUN
 from contracts.pool import WorkStatus
 from protocol.envelope import Envelope, open_envelope
 from protocol.replay import ReplayGuard
@@ -27,7 +27,8 @@ def _post(v: Any, data: bytes) -> str:
 def _narrow_eos_node(v: Any, make_node: Any, published: Any, tiny_model: Any, above: float) -> SimNode:
     """A staked node whose assignment #0 at v1 has an EOS that wins the draw by more than `above` and at most the
     sampling margin (`narrow_eos_node`), once `v` sees it active on chain."""
-    key = narrow_eos_node(tiny_model, RUN, 1, above=above, domain=make_node(register=False).domain)
+    key = narrow_eos_node(tiny_model, RUN, 1, above=above, domain=make_node(register=False).domain,
+                          manifest_hash=MANIFEST_V0)
     published.operator.register(key, published.admin.params().min_stake)
     deadline = time.monotonic() + 30
     while not v.service.chain.node_active(key.address):

@@ -183,6 +183,13 @@ def test_keys_with_history_cheating_first_at_a_fresh_version_are_slashed(make_va
     (hard, slashed), where it used to fail open (all three softened). A rich key counts at most `stake_cap`
     minimum stakes in the guard, and the self-test never re-checks the failing nodes' own work."""
     v = make_validator(systemic=GUARD)
+    # v2 is published first: its tasks mix its manifest hash, so which keys fail in the drift band there can only
+    # be measured once it is on chain (v1 stays inside the async window for the history below)
+    published.trainer.publish_policy(2, MANIFEST_V0)
+    deadline = time.monotonic() + 30
+    while v.service.chain.current_version() != 2:
+        assert time.monotonic() < deadline, "v2 never seen"
+        time.sleep(0.05)
     cheaters = _established_failing_at(v, make_node, perturbed(tiny_model, 0.07, 5), 2, 3)
     for c in cheaters:
         published.operator.register(c.identity, published.admin.params().min_stake)
@@ -193,11 +200,6 @@ def test_keys_with_history_cheating_first_at_a_fresh_version_are_slashed(make_va
     # their v1 work is the only known-good work here; the nodes suspected never supply the self-test's rows
     assert guard.self_test(1, time.time(), set()).checked > 0
     assert guard.self_test(1, time.time(), addresses).checked == 0
-    published.trainer.publish_policy(2, MANIFEST_V0)
-    deadline = time.monotonic() + 30
-    while v.service.chain.current_version() != 2:
-        assert time.monotonic() < deadline, "v2 never seen"
-        time.sleep(0.05)
     keys = [_post(v, c.build(version=2, counter=0, cheat="other_weights", model=perturbed(tiny_model, 0.07, 5))[1])
             for c in cheaters]
     rows = [v.wait_reported(k) for k in keys]

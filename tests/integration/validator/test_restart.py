@@ -24,7 +24,7 @@ from netfixtures import free_port, wait_http
 from pgcluster import pg_cluster, pg_dsn  # noqa: F401 - fixtures of the postgres parameter
 
 from bench.adversaries import SimNode
-from bench.loopback import RUN, TINY
+from bench.loopback import REPORTER_MAX_BACKOFF_S, RUN, TINY
 from contracts.devchain import dev_key
 from contracts.pool import WorkStatus
 from validator.ledger import Ledger
@@ -117,7 +117,8 @@ def test_killed_while_checking_then_restarted_every_row_finishes_once(
     state = tmp_path / "state"
     argv = ["--state-dir", str(state), "--chain.deployment", str(dep), "--chain.rpc-url", published.chain.rpc_url,
             "--chain.poll-s", "0.2", "--key.key-env", KEY_ENV, "--checks.batch-submissions", "1",
-            "--reporter.interval-s", "0.2", "--systemic.window-s", "0.5",
+            "--reporter.interval-s", "0.2", "--reporter.max-backoff-s", str(REPORTER_MAX_BACKOFF_S),
+            "--systemic.window-s", "0.5",
             *_flags("run.", RUN.model_dump(exclude_defaults=True)),
             *_flags("model.", {"type": TINY.type, **TINY.model_dump(exclude_defaults=True)})]
     if "dsn" in ledger_target:

@@ -38,7 +38,7 @@ def chat(model: LoadedModel, question: str, system: str = SYSTEM) -> list[int]:
 
 
 def seeds(n: int) -> list[int]:
-    return [sampling_seed(NODE, 1, task, 0, run_id="toploc-slow", chain_id=31337, pool="0x5FbDB2315678afecb367f032d93F642f64180aa3", counter=0) for task in range(n)]
+    return [sampling_seed(NODE, 1, task, 0, run_id="toploc-slow", chain_id=31337, pool="0x5FbDB2315678afecb367f032d93F642f64180aa3", counter=0, manifest_hash=bytes(32)) for task in range(n)]
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ def prompts() -> list[list[int]]:
 
 
 def seeds(n: int) -> list[int]:
-    return [sampling_seed(NODE, 3, task, 0, run_id="toploc-test", chain_id=31337, pool="0x5FbDB2315678afecb367f032d93F642f64180aa3", counter=0) for task in range(n)]
+    return [sampling_seed(NODE, 3, task, 0, run_id="toploc-test", chain_id=31337, pool="0x5FbDB2315678afecb367f032d93F642f64180aa3", counter=0, manifest_hash=bytes(32)) for task in range(n)]
 
 
 @pytest.fixture(scope="module")
