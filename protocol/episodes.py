@@ -38,6 +38,15 @@ Ending = Literal["done", "max_turns", "max_tokens"]
 run's token budget for the episode ran out first. The validator's replay must agree."""
 
 
+def episode_ending(done: bool, turns: int, max_turns: int) -> Ending:
+    """How an episode of `turns` model turns ended, given whether the environment is done and its `max_turns`
+    (node and validator call this one rule: an environment that says done on its last allowed turn ended
+    by `max_turns`)."""
+    if turns >= max_turns:
+        return "max_turns"
+    return "done" if done else "max_tokens"
+
+
 def environment_digest(spans: Sequence[Sequence[int]]) -> bytes:
     """SHA-256 over the environment spans an episode appended, in order: for each span a uint32 big-endian
     count, then each id as uint32 big-endian. An episode with no environment span (one turn) digests `b""`."""

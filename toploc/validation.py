@@ -75,6 +75,9 @@ class Rollout:
     """The protocol's sampling seed for this sequence (`protocol.seeds.sampling_seed`)."""
     max_tokens: int
     """The task's generation limit."""
+    step_offset: int = 0
+    """The sampler step of the first token (a multi-turn episode's later turn continues its sample's stream:
+    the count of the episode's model tokens before it)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,8 @@ def _replay(
         hidden = torch.cat([h for _, h in items])
         tokens = torch.tensor([t for r, _ in items for t in r.tokens], dtype=torch.long, device=hidden.device)
         seeds = torch.tensor([r.seed for r, _ in items for _ in r.tokens], dtype=torch.long, device=hidden.device)
-        steps = torch.cat([torch.arange(len(r.tokens), dtype=torch.long) for r, _ in items]).to(hidden.device)
+        steps = torch.cat([torch.arange(r.step_offset, r.step_offset + len(r.tokens), dtype=torch.long)
+                           for r, _ in items]).to(hidden.device)
     margins: list[float] = []
     winners: list[int] = []
     logprobs: list[float] = []

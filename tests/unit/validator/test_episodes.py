@@ -1,0 +1,166 @@
+"""Multi-turn round trip on the tiny model: the node's episode loop (`node.episodes`, the `models/` engine) ->
+the validator's turn-by-turn check (`validator.episodes`) -> the trainer's feed, and the cheats it names."""
+
+from __future__ import annotations
+
+import pytest
+
+from environments import ChatRenderer
+from environments import get as get_environment
+from models import load
+from models.loading import LoadedModel
+from node.engines import ModelsEngine
+from node.episodes import build_episode_submission
+from protocol.episodes import EpisodeRollout, EpisodeSubmission, TaskEpisodes, TurnRollout, environment_digest
+from protocol.model_spec import TinyModelSpec
+from protocol.rollout import Reason, RunSpec
+from protocol.seeds import env_seed, sampling_seed, task_seed
+from toploc import ToplocThresholds
+from toploc.validation import prove
+from validator.episodes import EpisodeCheck, check_episodes
+
+SPEC = TinyModelSpec(seed=0, hidden_size=128, intermediate_size=256, num_layers=2, vocab_size=512)
+NODE = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"  # anvil dev account #1 (well-known)
+POOL = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+CHAIN = 31337
+TH = ToplocThresholds()
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return load(SPEC)
+
+
+@pytest.fixture(scope="module")
+def renderer(model: LoadedModel) -> ChatRenderer:
+    return ChatRenderer(model.tokenizer)
+
+
+def _run(env: str) -> RunSpec:
+    return RunSpec(run_id="episodes", env=env, env_version="1", tasks_per_batch=2, samples_per_task=2,
+                   max_new_tokens=12)
+
+
+def _submit(model: LoadedModel, renderer: ChatRenderer, run: RunSpec) -> EpisodeSubmission:
+    return build_episode_submission(ModelsEngine(model), run, NODE, 3, 0, b"\x11" * 32, chain_id=CHAIN, pool=POOL,
+                                    renderer=renderer)
+
+
+def _check(model: LoadedModel, renderer: ChatRenderer, run: RunSpec, sub: EpisodeSubmission) -> EpisodeCheck:
+    env = get_environment(run.env, run.env_version)
+    tasks = env.sample(task_seed(NODE, 3, 0, run_id=run.run_id, chain_id=CHAIN, pool=POOL), run.tasks_per_batch)
+    at = {"run_id": run.run_id, "chain_id": CHAIN, "pool": POOL, "counter": 0}
+    return check_episodes(
+        model, renderer, sub, tasks,
+        env_seeds=[env_seed(NODE, 3, t.task_id, **at) for t in tasks],  # type: ignore[arg-type]
+        seeds=[[sampling_seed(NODE, 3, t.task_id, i, **at) for i in range(len(tr.samples))]  # type: ignore[arg-type]
+               for t, tr in zip(tasks, sub.tasks, strict=True)],
+        run=run, thresholds=TH, reward_tolerance=1e-6, logprob_tolerance=0.05, eos_tie_drift=0.5)
+
+
+@pytest.fixture(scope="module")
+def sorted_run() -> RunSpec:
+    return _run("alphabet-sort")
+
+
+@pytest.fixture(scope="module")
+def honest(model: LoadedModel, renderer: ChatRenderer, sorted_run: RunSpec) -> EpisodeSubmission:
+    return _submit(model, renderer, sorted_run)
+
+
+def _replace_sample(sub: EpisodeSubmission, sample: EpisodeRollout) -> EpisodeSubmission:
+    first = sub.tasks[0]
+    task = TaskEpisodes(task_id=first.task_id, samples=(sample, *first.samples[1:]))
+    return sub.model_copy(update={"tasks": (task, *sub.tasks[1:])})
+
+
+def test_honest_multi_turn_round_trip_is_accepted_with_the_loss_mask_on_model_tokens(
+        model: LoadedModel, renderer: ChatRenderer, sorted_run: RunSpec, honest: EpisodeSubmission) -> None:
+    # the scripted user of alphabet-sort answers every turn: several turns per episode, environment spans between
+    assert all(len(s.turns) >= 2 for tr in honest.tasks for s in tr.samples)
+    got = _check(model, renderer, sorted_run, honest)
+    assert got.failure is None, got.failure
+    assert got.paid_tokens is not None and got.paid_tokens <= honest.n_tokens()  # model tokens only
+    for tr, group, rewards in zip(honest.tasks, got.groups, got.rewards, strict=True):
+        for s, fed, reward in zip(tr.samples, group.samples, rewards, strict=True):
+            assert fed.reward == reward == pytest.approx(s.reward)
+            mask = fed.loss_mask()
+            model_tokens = [t for turn in s.turns for t in turn.tokens]
+            # every loss position holds the node's model token, in order; the holes are the environment's
+            assert [t for t, m in zip(fed.tokens, mask, strict=True) if m] == model_tokens
+            assert len(fed.tokens) > len(model_tokens) and not all(mask)
+            assert len(fed.logprobs) == len(model_tokens)
+            claimed = [lp for turn in s.turns for lp in turn.logprobs]
+            assert max(abs(a - b) for a, b in zip(fed.logprobs, claimed, strict=True)) < 0.05
+
+
+def test_calc_arith_episodes_round_trip(model: LoadedModel, renderer: ChatRenderer) -> None:
+    run = _run("calc-arith")
+    sub = _submit(model, renderer, run)
+    got = _check(model, renderer, run, sub)
+    assert got.failure is None, got.failure
+    assert [s.reward for tr in sub.tasks for s in tr.samples] == [r for rs in got.rewards for r in rs]
+
+
+def test_a_faked_environment_span_is_env_mismatch(model: LoadedModel, renderer: ChatRenderer, sorted_run: RunSpec,
+                                                  honest: EpisodeSubmission) -> None:
+    # the node claims it saw another environment reply (a faked tool output / an injected hint): its digest names it
+    s = honest.tasks[0].samples[0]
+    faked = s.model_copy(update={"env_digest": environment_digest([[5, 6, 7]])})
+    got = _check(model, renderer, sorted_run, _replace_sample(honest, faked))
+    assert got.failure is not None and got.failure[0] is Reason.ENV_MISMATCH
+
+
+def test_a_redrawn_turn_is_sampling_mismatch(model: LoadedModel, renderer: ChatRenderer, sorted_run: RunSpec,
+                                             honest: EpisodeSubmission) -> None:
+    # the last turn drawn again from another seed (with its own valid proofs and logprobs): the environment's
+    # replay still matches (the last turn has no reply after it), the seeded sampler does not
+    from models.engine import Engine
+    from models.sampling import SamplingParams
+
+    s = honest.tasks[0].samples[0]
+    env = get_environment(sorted_run.env, "1")
+    tasks = env.sample(task_seed(NODE, 3, 0, run_id=sorted_run.run_id, chain_id=CHAIN, pool=POOL), 2)
+    at = {"run_id": sorted_run.run_id, "chain_id": CHAIN, "pool": POOL, "counter": 0}
+    from environments import render_episode
+    r = render_episode(renderer, env, tasks[0], env_seed(NODE, 3, tasks[0].task_id, **at),  # type: ignore[arg-type]
+                       [t.tokens for t in s.turns])
+    context = list(r.ids[:r.model_spans[-1][0]])
+    steps = sum(len(t.tokens) for t in s.turns[:-1])
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    for other_seed in range(1, 40):
+        g = Engine(model).generate([context], params, [other_seed], sorted_run.max_new_tokens, [steps])[0]
+        if g.tokens != list(s.turns[-1].tokens) and g.finish_reason == s.turns[-1].finish_reason:
+            break
+    assert g.tokens != list(s.turns[-1].tokens)
+    redrawn = TurnRollout(tokens=tuple(g.tokens), logprobs=tuple(g.logprobs), finish_reason=g.finish_reason,
+                          proofs=tuple(prove(g.hidden_states)))
+    reward = env.episode_reward(tasks[0], r.episode.env_seed, [*r.episode.turns[:-1], renderer.decode(g.tokens)])
+    cheat = s.model_copy(update={"turns": (*s.turns[:-1], redrawn), "reward": reward})
+    got = _check(model, renderer, sorted_run, _replace_sample(honest, cheat))
+    assert got.failure is not None and got.failure[0] is Reason.SAMPLING_MISMATCH, got.failure
+
+
+def test_a_turn_after_the_end_is_env_mismatch(model: LoadedModel, renderer: ChatRenderer, sorted_run: RunSpec,
+                                              honest: EpisodeSubmission) -> None:
+    s = honest.tasks[0].samples[0]
+    assert s.ended in ("done", "max_turns")
+    cheat = s.model_copy(update={"turns": (*s.turns, s.turns[-1])})
+    got = _check(model, renderer, sorted_run, _replace_sample(honest, cheat))
+    assert got.failure is not None and got.failure[0] is Reason.ENV_MISMATCH, got.failure
+
+
+def test_stopping_before_the_environment_ended_is_env_mismatch(
+        model: LoadedModel, renderer: ChatRenderer, sorted_run: RunSpec, honest: EpisodeSubmission) -> None:
+    s = honest.tasks[0].samples[0]
+    cheat = s.model_copy(update={"turns": s.turns[:1], "ended": "max_tokens", "env_digest": environment_digest([])})
+    got = _check(model, renderer, sorted_run, _replace_sample(honest, cheat))
+    assert got.failure is not None and got.failure[0] is Reason.ENV_MISMATCH, got.failure
+
+
+def test_an_inflated_reward_is_reward_mismatch(model: LoadedModel, renderer: ChatRenderer, sorted_run: RunSpec,
+                                               honest: EpisodeSubmission) -> None:
+    s = honest.tasks[0].samples[0]
+    cheat = s.model_copy(update={"reward": 1.0 if s.reward < 0.5 else 0.0})
+    got = _check(model, renderer, sorted_run, _replace_sample(honest, cheat))
+    assert got.failure is not None and got.failure[0] is Reason.REWARD_MISMATCH, got.failure
