@@ -3,6 +3,8 @@ the validator's turn-by-turn check (`validator.episodes`) -> the trainer's feed,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from environments import ChatRenderer
@@ -11,9 +13,17 @@ from models import load
 from models.loading import LoadedModel
 from node.engines import ModelsEngine
 from node.episodes import build_episode_submission
-from protocol.episodes import EpisodeRollout, EpisodeSubmission, TaskEpisodes, TurnRollout, environment_digest
+from protocol.episodes import (
+    EpisodeFeedItem,
+    EpisodeRollout,
+    EpisodeSubmission,
+    TaskEpisodes,
+    TurnRollout,
+    environment_digest,
+)
 from protocol.model_spec import TinyModelSpec
 from protocol.rollout import Reason, RunSpec
+from protocol.rollout_files import feed_groups, read_rollouts, write_rollouts
 from protocol.seeds import env_seed, sampling_seed, task_seed
 from toploc import ToplocThresholds
 from toploc.validation import prove
@@ -92,6 +102,36 @@ def test_honest_multi_turn_round_trip_is_accepted_with_the_loss_mask_on_model_to
             assert len(fed.logprobs) == len(model_tokens)
             claimed = [lp for turn in s.turns for lp in turn.logprobs]
             assert max(abs(a - b) for a, b in zip(fed.logprobs, claimed, strict=True)) < 0.05
+
+
+def test_the_trainer_trains_only_on_model_tokens_of_accepted_episodes(
+        model: LoadedModel, renderer: ChatRenderer, sorted_run: RunSpec, honest: EpisodeSubmission,
+        tmp_path: Path) -> None:
+    got = _check(model, renderer, sorted_run, honest)
+    assert got.failure is None, got.failure
+    item = EpisodeFeedItem(run_id=honest.run_id, work_key=b"\x22" * 32, node=honest.node, policy_version=3,
+                           env=honest.env, env_version=honest.env_version, groups=got.groups)
+    groups = feed_groups(item)
+    path = write_rollouts(tmp_path / "r.parquet", [s for g in groups for s in g])
+    back = read_rollouts(path, vocab_size=SPEC.vocab_size)  # validates: holes in the mask are allowed
+    assert [s.tokens for s in back] == [s.tokens for g in groups for s in g]
+    for tr, group, fed_group in zip(honest.tasks, groups, got.groups, strict=True):
+        for s, sample, fed in zip(tr.samples, group, fed_group.samples, strict=True):
+            p = len(fed_group.prompt_tokens)
+            assert sample.tokens == fed_group.prompt_tokens + fed.tokens
+            assert sample.loss_mask == (False,) * p + fed.loss_mask()
+            assert [t for t, m in zip(sample.tokens, sample.loss_mask, strict=True) if m] == \
+                [t for turn in s.turns for t in turn.tokens]
+            assert [lp for lp, m in zip(sample.sampling_logprobs, sample.loss_mask, strict=True) if m] == \
+                list(fed.logprobs)
+            assert all(lp == 0.0 for lp, m in zip(sample.sampling_logprobs, sample.loss_mask, strict=True) if not m)
+            assert sample.n_loss_tokens == sum(len(turn.tokens) for turn in s.turns)
+    # one advantage per episode, spread over its model tokens only (packing zeroes the environment's holes)
+    from trainer.packing import pack
+
+    flat = [s for g in groups for s in g]
+    rows = pack(flat, [1.0] * len(flat), [1.0] * len(flat), seq_len=max(len(s.tokens) for s in flat))
+    assert int((rows.advantages != 0).sum()) == sum(s.n_loss_tokens for s in flat)
 
 
 def test_calc_arith_episodes_round_trip(model: LoadedModel, renderer: ChatRenderer) -> None:
