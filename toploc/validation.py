@@ -121,9 +121,12 @@ def measure(
     *,
     batch_tokens: int = 8192,
     timer: StageTimer | None = None,
+    hidden_states: Sequence[torch.Tensor] | None = None,
 ) -> list[SequenceReport]:
     """Measure every rollout with batched prefills of at most ~`batch_tokens` (padded) tokens (`timer`: see the
-    module docstring)."""
+    module docstring). `hidden_states[i]`: rollout i's rows ([len(tokens), H]) already computed by the caller's
+    own prefill (a multi-turn episode's turns, all cut from one prefill over the whole sequence); no prefill
+    then runs here."""
     import torch
 
     from models.scoring import Scorer
@@ -143,10 +146,12 @@ def measure(
     prompt_ids: dict[tuple[int, ...], int] = {}
     for i in todo:
         prompt_ids.setdefault(tuple(rollouts[i].prompt_tokens), len(prompt_ids))
+    if hidden_states is not None and len(hidden_states) != len(rollouts):
+        raise ModelError(f"{len(hidden_states)} hidden-state blocks for {len(rollouts)} rollouts")
     try:
         with stage(timer, "measure.prefill"):
             scorer = Scorer.of(loaded)
-            hiddens = scorer.hidden(list(prompt_ids), [list(rollouts[i].tokens) for i in todo],
+            hiddens = [hidden_states[i] for i in todo] if hidden_states is not None else scorer.hidden(list(prompt_ids), [list(rollouts[i].tokens) for i in todo],
                                     [prompt_ids[tuple(rollouts[i].prompt_tokens)] for i in todo],
                                     batch_tokens=batch_tokens)
     except ModelError as exc:  # prechecked, so this is the model failing: fail the batch loudly

@@ -8,9 +8,10 @@ For each episode (`protocol.episodes.EpisodeRollout`), cheapest first:
    reach is `env_mismatch`. An episode may end `max_tokens` only where its next turn could not fit the
    model's context (the rule the node's loop applies);
 2. the reward recomputed from the replayed transcript (`reward_mismatch`);
-3. the model: each turn measured after the rebuilt sequence before it (`toploc.validation.measure`), its
-   sampler replayed from the step after the previous turn's last token, TOPLOC proofs per turn, termination
-   per turn against `run.max_new_tokens`, and judged by the single-turn rules (`validator.judge`).
+3. the model: one prefill over each episode's whole rebuilt sequence (`turn_states`), its rows cut per model
+   turn and measured there only (`toploc.validation.measure`): the sampler replayed from the step after the
+   previous turn's last token, TOPLOC proofs per turn, termination per turn against `run.max_new_tokens`,
+   judged by the single-turn rules (`validator.judge`).
 
 Accepted episodes become `EpisodeFeedGroup`s: the rebuilt sequence, its model spans and the replayed logprobs.
 Paid units count model tokens only (each turn up to the replay's first EOS). A failure of the environment's
@@ -44,11 +45,13 @@ from validator.judge import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from environments.renderer import RenderedEpisode
     from models.loading import LoadedModel
     from toploc.thresholds import ToplocThresholds
 
-ORDER = (Reason.ENV_MISMATCH, Reason.REWARD_MISMATCH, *PRECEDENCE)
+ORDER = (Reason.SCHEMA, Reason.ENV_MISMATCH, Reason.REWARD_MISMATCH, *PRECEDENCE)
 """When an episode submission fails several checks, the verdict names the first of these."""
 
 
@@ -81,6 +84,22 @@ def replay_problem(rendered: RenderedEpisode, sample_digest: bytes, ended: str, 
     return None
 
 
+def turn_states(loaded: LoadedModel, rendered: Sequence[RenderedEpisode], batch_tokens: int) -> list[torch.Tensor]:
+    """One prefill per episode over its whole interleaved sequence (a task's prompt shared by its samples,
+    `models.scoring.Scorer`), cut into the rows that produced each model turn, episode after episode."""
+    from models.scoring import Scorer
+
+    prompts: dict[tuple[int, ...], int] = {}
+    index = [prompts.setdefault(tuple(r.ids[:r.prompt_len]), len(prompts)) for r in rendered]
+    states = Scorer.of(loaded).hidden([list(p) for p in prompts], [list(r.ids[r.prompt_len:]) for r in rendered],
+                                      index, batch_tokens=batch_tokens)
+    out = []
+    for r, h in zip(rendered, states, strict=True):
+        # row k of `h` produced the k-th id after the prompt: a span at `offset` starts at row offset - prompt_len
+        out += [h[offset - r.prompt_len:offset - r.prompt_len + n] for offset, n in r.model_spans]
+    return out
+
+
 def check_episodes(loaded: LoadedModel, renderer: ChatRenderer, sub: EpisodeSubmission, tasks: Sequence[Task], *,
                    env_seeds: Sequence[int], seeds: Sequence[Sequence[int]], run: RunSpec,
                    thresholds: ToplocThresholds, reward_tolerance: float, logprob_tolerance: float,
@@ -100,6 +119,9 @@ def check_episodes(loaded: LoadedModel, renderer: ChatRenderer, sub: EpisodeSubm
         rewards.append([])
         for i, sample in enumerate(tr.samples):
             where = f"task {t} sample {i}"
+            if any(tok >= loaded.vocab_size for turn in sample.turns for tok in turn.tokens):
+                failures.setdefault(Reason.SCHEMA, f"{where}: token ids outside the vocabulary")
+                continue
             try:
                 r = render_episode(renderer, env, task, env_seeds[t], [turn.tokens for turn in sample.turns])
             except TaskEnvironmentError as exc:  # a turn after the end (UngradableError, ours, propagates)
@@ -108,6 +130,8 @@ def check_episodes(loaded: LoadedModel, renderer: ChatRenderer, sub: EpisodeSubm
             problem = replay_problem(r, bytes(sample.env_digest), sample.ended, env, run, loaded.max_context)
             if problem is not None:
                 failures.setdefault(Reason.ENV_MISMATCH, f"{where}: {problem}")
+            if len(r.ids) - 1 > loaded.max_context:
+                failures.setdefault(Reason.SCHEMA, f"{where}: {len(r.ids)} tokens, longer than the model's context")
             rewards[-1].append(r.episode.reward)
             if abs(sample.reward - r.episode.reward) > reward_tolerance:
                 failures.setdefault(Reason.REWARD_MISMATCH, f"{where}: claimed reward {sample.reward}, "
@@ -129,7 +153,8 @@ def check_episodes(loaded: LoadedModel, renderer: ChatRenderer, sub: EpisodeSubm
                                          finish_reason=turn.finish_reason, reward=0.0, proofs=turn.proofs))
             steps += len(turn.tokens)
     params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
-    reports = measure(loaded, rollouts, params, thresholds, batch_tokens=batch_tokens)
+    reports = measure(loaded, rollouts, params, thresholds, batch_tokens=batch_tokens,
+                      hidden_states=turn_states(loaded, rendered, batch_tokens))
     per_turn: list[SampleMeasurement] = []
     for j, (rep, c) in enumerate(zip(reports, claimed, strict=True)):
         m = measure_sample(rep, c, thresholds, eos_tie_drift)

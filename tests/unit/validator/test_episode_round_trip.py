@@ -204,3 +204,33 @@ def test_an_inflated_reward_is_reward_mismatch(model: LoadedModel, renderer: Cha
     cheat = s.model_copy(update={"reward": 1.0 if s.reward < 0.5 else 0.0})
     got = _check(model, renderer, sorted_run, _replace_sample(honest, cheat))
     assert got.failure is not None and got.failure[0] is Reason.REWARD_MISMATCH, got.failure
+
+
+def test_one_prefill_per_episode_gives_each_turns_rows(model: LoadedModel, renderer: ChatRenderer,
+                                                        sorted_run: RunSpec, honest: EpisodeSubmission) -> None:
+    # the rows cut from one prefill over the whole sequence are those a prefill of the turn's own context gives
+    import torch
+
+    from environments import render_episode
+    from models.scoring import Scorer
+    from validator.episodes import turn_states
+
+    env = get_environment(sorted_run.env, "1")
+    tasks = env.sample(task_seed(NODE, 3, 0, run_id=sorted_run.run_id, chain_id=CHAIN, pool=POOL), 2)
+    s = honest.tasks[0].samples[0]
+    r = render_episode(renderer, env, tasks[0], env_seed(NODE, 3, tasks[0].task_id, run_id=sorted_run.run_id,
+                                                         chain_id=CHAIN, pool=POOL, counter=0),
+                       [t.tokens for t in s.turns])
+    rows = turn_states(model, [r], 8192)
+    assert len(rows) == len(s.turns) >= 2
+    for (offset, n), got in zip(r.model_spans, rows, strict=True):
+        alone = Scorer.of(model).hidden([list(r.ids[:offset])], [list(r.ids[offset:offset + n])], [0])[0]
+        torch.testing.assert_close(got.float(), alone.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_token_ids_outside_the_vocabulary_are_schema(model: LoadedModel, renderer: ChatRenderer,
+                                                      sorted_run: RunSpec, honest: EpisodeSubmission) -> None:
+    s = honest.tasks[0].samples[0]
+    bad = s.turns[0].model_copy(update={"tokens": (SPEC.vocab_size + 5, *s.turns[0].tokens[1:])})
+    got = _check(model, renderer, sorted_run, _replace_sample(honest, s.model_copy(update={"turns": (bad, *s.turns[1:])})))
+    assert got.failure is not None and got.failure[0] is Reason.SCHEMA, got.failure
