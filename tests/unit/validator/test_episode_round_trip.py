@@ -234,3 +234,44 @@ def test_token_ids_outside_the_vocabulary_are_schema(model: LoadedModel, rendere
     bad = s.turns[0].model_copy(update={"tokens": (SPEC.vocab_size + 5, *s.turns[0].tokens[1:])})
     got = _check(model, renderer, sorted_run, _replace_sample(honest, s.model_copy(update={"turns": (bad, *s.turns[1:])})))
     assert got.failure is not None and got.failure[0] is Reason.SCHEMA, got.failure
+
+
+def test_a_turn_generated_after_an_injected_hint_is_caught(model: LoadedModel, renderer: ChatRenderer,
+                                                            sorted_run: RunSpec, honest: EpisodeSubmission) -> None:
+    # The node swaps the environment's first reply for its own (a hint, a faked tool result) and generates turn 2
+    # after it with the right seed and step. Committing to what it saw names it (env_mismatch); forging the digest
+    # to the replay's leaves turn 2 drawn in a context the validator never rebuilds (sampling or proofs).
+    from environments import Message, render_episode
+    from models.engine import Engine
+    from models.sampling import SamplingParams
+
+    env = get_environment(sorted_run.env, "1")
+    tasks = env.sample(task_seed(NODE, 3, 0, run_id=sorted_run.run_id, chain_id=CHAIN, pool=POOL), 2)
+    at = {"run_id": sorted_run.run_id, "chain_id": CHAIN, "pool": POOL, "counter": 0}
+    e_seed = env_seed(NODE, 3, tasks[0].task_id, **at)  # type: ignore[arg-type]
+    s = honest.tasks[0].samples[0]
+    first = list(s.turns[0].tokens)
+    context = renderer.prompt_ids(tasks[0].messages) + first
+    hint = renderer.env_span(context, [Message(role="user", content="Hint: the answer is Zed, Ann, Bob.")])
+    g = Engine(model).generate([context + hint], SamplingParams(temperature=1.0), [sampling_seed(
+        NODE, 3, tasks[0].task_id, 0, **at)], sorted_run.max_new_tokens, [len(first)])[0]  # type: ignore[arg-type]
+    turn2 = TurnRollout(tokens=tuple(g.tokens), logprobs=tuple(g.logprobs), finish_reason=g.finish_reason,
+                        proofs=tuple(prove(g.hidden_states)))
+    truth = render_episode(renderer, env, tasks[0], e_seed, [first, g.tokens])
+    true_spans = [truth.ids[o:o + n] for o, n in truth.env_spans]
+    ended = "max_tokens" if not truth.episode.done else ("max_turns" if len(truth.model_spans) >= env.max_turns
+                                                         else "done")
+    seen = s.model_copy(update={"turns": (s.turns[0], turn2), "env_digest": environment_digest([hint, *true_spans[1:]]),
+                                "ended": ended, "reward": truth.episode.reward})
+    got = _check(model, renderer, sorted_run, _replace_sample(honest, seen))
+    assert got.failure is not None and got.failure[0] is Reason.ENV_MISMATCH, got.failure
+    if ended == "max_tokens":
+        return  # the replay's episode goes on after turn 2: the forged variant would fail on its ending first
+    forged = seen.model_copy(update={"env_digest": environment_digest(true_spans)})
+    got = _check(model, renderer, sorted_run, _replace_sample(honest, forged))
+    if tuple(g.tokens) == s.turns[1].tokens:
+        # the tiny random model's draws hardly depend on the context: the hint changed no token, and the forged
+        # submission is the honest one (nothing gained, nothing to slash). A real policy's draws move with it.
+        assert got.failure is None
+        return
+    assert got.failure is not None and got.failure[0] in (Reason.PROOF_MISMATCH, Reason.SAMPLING_MISMATCH), got.failure
