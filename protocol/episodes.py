@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from protocol.canonical import Address, Hash32, HexBytes
 from protocol.envelope import Body
 from protocol.errors import ProtocolError
-from protocol.rollout import TOKEN_ID
+from protocol.rollout import TOKEN_ID, Submission
 from protocol.run import MAX_SAMPLES, MAX_TASKS, MAX_TOKENS
 
 MAX_TURNS = 64
@@ -149,6 +149,10 @@ class EpisodeSubmission(Body):
     def n_tokens(self) -> int:
         """Model tokens of every episode (what work is counted in)."""
         return sum(s.n_tokens() for t in self.tasks for s in t.samples)
+
+
+AnySubmission = Submission | EpisodeSubmission
+"""A submission of either version (single-turn v1, multi-turn v2), as a validator holds it."""
 
 
 class EpisodeFeedSample(BaseModel):

@@ -20,6 +20,7 @@ own code (`UngradableError`) propagates: the caller treats it as ours, never the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ from protocol.errors import TaskEnvironmentError
 from protocol.rollout import Reason, RunSpec, SampleRollout
 from validator.judge import (
     PRECEDENCE,
+    PROOF_BYTES,
     Failure,
     SampleMeasurement,
     measure_sample,
@@ -68,6 +70,29 @@ class EpisodeCheck:
     """Model tokens paid for (None when not measured)."""
     groups: tuple[EpisodeFeedGroup, ...] = ()
     """The trainer's view of the accepted submission (empty unless accepted)."""
+
+
+def episode_schema_problem(sub: EpisodeSubmission, run: RunSpec, proof_block: int) -> str | None:
+    """The first way `sub` breaks the run's shape and limits (samples, turns, per-turn lengths and proofs,
+    numbers), or None: `validator.intake`'s cheap check for version 2 (per turn what version 1 checks per sample)."""
+    for t, task in enumerate(sub.tasks):
+        if len(task.samples) != run.samples_per_task:
+            return f"task {t} has {len(task.samples)} samples, the run asks {run.samples_per_task}"
+        for i, s in enumerate(task.samples):
+            if not math.isfinite(s.reward):
+                return f"task {t} sample {i}: reward not finite"
+            for k, turn in enumerate(s.turns):
+                where = f"task {t} sample {i} turn {k}"
+                if len(turn.tokens) > run.max_new_tokens:
+                    return f"{where}: {len(turn.tokens)} tokens > max_new_tokens {run.max_new_tokens}"
+                if turn.finish_reason == "length" and len(turn.tokens) != run.max_new_tokens:
+                    return f"{where}: finish_reason length with {len(turn.tokens)} of {run.max_new_tokens} tokens"
+                if (len(turn.proofs) != -(-len(turn.tokens) // proof_block)
+                        or any(len(p) != PROOF_BYTES for p in turn.proofs)):
+                    return f"{where}: {len(turn.proofs)} proofs for {len(turn.tokens)} tokens"
+                if not all(math.isfinite(x) and x <= 0.0 for x in turn.logprobs):
+                    return f"{where}: logprobs must be finite and <= 0"
+    return None
 
 
 def replay_problem(rendered: RenderedEpisode, sample_digest: bytes, ended: str, env: MultiTurnEnvironment,
