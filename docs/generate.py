@@ -376,11 +376,12 @@ _PACKAGES = {"protocol", "models", "toploc", "shardcast", "contracts", "environm
 def _message_models() -> list[type[BaseModel]]:
     import discovery.messages  # noqa: F401 - registers the announcement bodies
     import protocol.appeal  # noqa: F401
+    import protocol.episodes  # noqa: F401
     import protocol.info_proof  # noqa: F401
     import protocol.rollout  # noqa: F401
     from protocol.envelope import Envelope, registered_bodies
 
-    modules = ["protocol.rollout", "protocol.info_proof", "protocol.appeal", "discovery.messages"]
+    modules = ["protocol.rollout", "protocol.episodes", "protocol.info_proof", "protocol.appeal", "discovery.messages"]
 
     def place(body: type[BaseModel]) -> tuple[int, int]:
         rank = modules.index(body.__module__) if body.__module__ in modules else len(modules)
@@ -421,7 +422,8 @@ def messages_page() -> str:
 
     models = _message_models()
     names = {m.__name__ for m in models}
-    lines = [_header("`protocol.envelope`, `protocol.rollout`, `protocol.appeal` and `discovery.messages`"),
+    lines = [_header("`protocol.envelope`, `protocol.rollout`, `protocol.episodes`, `protocol.appeal` and "
+                     "`discovery.messages`"),
              "# Wire messages\n\n",
              "Every message that crosses a process boundary is an `Envelope` whose `body` is one of the message "
              "types below, selected by (`kind`, `version`), signed by its sender over canonical JSON. How an "

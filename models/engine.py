@@ -9,7 +9,8 @@
 - a sequence that emits an EOS token or reaches ``max_new_tokens`` leaves the batch at once
   (its cache rows are compacted away), so work tracks the live sequences;
 - sampling by ``models.sampling`` with the caller's per-sequence seed; generated token ``i`` of a
-  sequence uses ``step = i``, so a verifier replays it from (seed, i) alone.
+  sequence uses ``step = i`` (``step_offsets[k] + i`` when given: a multi-turn episode's later turn
+  continues its sample's sampler stream), so a verifier replays it from (seed, step) alone.
 
 For every generated token the engine returns the final hidden state (after the final norm, in
 the model dtype) *at the position that produced it*: token 0 comes from the last prompt position,
@@ -97,16 +98,21 @@ class Engine:
             check_context(self.loaded, len(p) + max_new_tokens)
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new_tokens: int
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new_tokens: int,
+        step_offsets: list[int] | None = None,
     ) -> list[Generation]:
-        """Generate up to ``max_new_tokens`` per prompt; sequence ``i`` samples with ``seeds[i]``."""
+        """Generate up to ``max_new_tokens`` per prompt; sequence ``i`` samples with ``seeds[i]`` from sampler
+        step ``step_offsets[i]`` (default 0) on."""
         self._validate(prompts, seeds, max_new_tokens)
+        offsets = [0] * len(prompts) if step_offsets is None else list(step_offsets)
+        if len(offsets) != len(prompts) or any(not 0 <= o < (1 << 62) for o in offsets):
+            raise ModelError(f"need one step offset in [0, 2**62) per prompt, got {len(offsets)}")
         if not prompts:
             return []
         with torch.inference_mode():
             if self._fast is not None:
-                return self._generate_fast(prompts, params, seeds, max_new_tokens)
-            return self._generate_hf(prompts, params, seeds, max_new_tokens)
+                return self._generate_fast(prompts, params, seeds, max_new_tokens, offsets)
+            return self._generate_hf(prompts, params, seeds, max_new_tokens, offsets)
 
     # -- shared bookkeeping -------------------------------------------------------------------------
 
@@ -140,7 +146,7 @@ class Engine:
     # -- fast path ------------------------------------------------------------------------------------
 
     def _generate_fast(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new: int
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new: int, offsets: list[int]
     ) -> list[Generation]:
         fast = self._fast
         assert fast is not None
@@ -178,12 +184,12 @@ class Engine:
         rows = torch.arange(b, device=device)  # live batch index -> sequence index
         live = list(range(b))
         seed_t = seed_tensor(seeds)
+        offset_t = torch.tensor(offsets, dtype=torch.long)
         next_pos = positions[:, -1] + 1
         hidden = last_hidden
         for step in range(max_new):
             logits = fast.logits(hidden)
-            steps_t = torch.full((len(live),), step, dtype=torch.long)
-            tok, lp = sample(logits, params, seed_t[live], steps_t)
+            tok, lp = sample(logits, params, seed_t[live], offset_t[live] + step)
             out_tokens[rows, step] = tok
             out_lp[rows, step] = lp
             out_hidden[rows, step] = hidden
@@ -218,7 +224,7 @@ class Engine:
     # -- generic path ----------------------------------------------------------------------------------
 
     def _generate_hf(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new: int
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], max_new: int, offsets: list[int]
     ) -> list[Generation]:
         device, dtype = self.loaded.device, self.loaded.dtype
         b = len(prompts)
@@ -233,8 +239,9 @@ class Engine:
         eos_hit = [False] * b
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         seed_t = seed_tensor(seeds)
+        offset_t = torch.tensor(offsets, dtype=torch.long)
         for step in range(max_new):
-            tok, lp = sample(logits, params, seed_t, torch.full((b,), step, dtype=torch.long))
+            tok, lp = sample(logits, params, seed_t, offset_t + step)
             live = ~finished
             out_tokens[live, step] = tok[live]
             out_lp[live, step] = lp[live]

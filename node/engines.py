@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 class ModelsEngine(InferenceEngine):
     """The `models/` engine (`type = "cpu"`): CPU, or one CUDA device through `engine.device`."""
 
+    step_offsets = True
+
     def __init__(self, loaded: LoadedModel, *, fast_path: bool | None = None) -> None:
         """`fast_path`: the engine's decode path (`models.engine.Engine`): None picks the fast path where the
         model supports it, False forces the generic Hugging Face one (benchmarks compare both)."""
@@ -55,7 +57,7 @@ class ModelsEngine(InferenceEngine):
         check_context(requests, run, self.context_limit)
         params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
         gens = self._engine.generate([r.prompt for r in requests], params, [r.seed for r in requests],
-                                     run.max_new_tokens)
+                                     run.max_new_tokens, [r.step_offset for r in requests])
         return [Completion(tokens=[int(t) for t in g.tokens], logprobs=[float(x) for x in g.logprobs],
                            finish_reason=g.finish_reason, proofs=list(prove(g.hidden_states))) for g in gens]
 

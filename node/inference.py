@@ -20,6 +20,9 @@ class Request:
 
     prompt: list[int]
     seed: int
+    step_offset: int = 0
+    """The sampler step of the first generated token (a multi-turn episode's later turn continues at the count of
+    the episode's model tokens so far; `protocol.episodes`)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,10 @@ class Completion:
 
 class InferenceEngine(abc.ABC):
     """Generate with the protocol's seeded sampler and prove what was generated."""
+
+    step_offsets: bool = False
+    """Whether the engine honours `Request.step_offset` (multi-turn episodes need it; one that does not is
+    refused for them rather than sampling every turn from step 0)."""
 
     @property
     @abc.abstractmethod

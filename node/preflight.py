@@ -16,13 +16,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from environments import MultiTurnEnvironment
 from environments import get as get_environment
 from node.engines import InferenceEngine
+from node.episodes import build_episode_submission
 from node.rollouts import build_submission, prompt_ids
+from protocol.episodes import AnySubmission, EpisodeRollout, TaskEpisodes, TurnRollout
 from protocol.identity import Identity
 from protocol.model_spec import ModelSpec
-from protocol.rollout import RunSpec
-from protocol.seeds import sampling_seed, task_seed
+from protocol.rollout import RunSpec, SampleRollout, TaskRollouts
+from protocol.seeds import env_seed, sampling_seed, task_seed
 
 logger = logging.getLogger(__name__)
 
@@ -110,21 +113,37 @@ def run_preflight(engine: InferenceEngine, model: ModelSpec, run: RunSpec, check
                                    f"`engine.max_model_len` (vLLM)")
             return report
     started = time.monotonic()
-    subs = [build_submission(engine, run, node, 1, counter, _MANIFEST, chain_id=_CHAIN_ID, pool=_POOL)
-            for counter in range(batches)]
+    # A multi-turn run's episodes are measured on their first turns (a completion of the prompt from sampler
+    # step 0, the single-turn shape); their rewards are replayed over every turn.
+    subs: list[AnySubmission] = [
+        (build_episode_submission if isinstance(env, MultiTurnEnvironment) else build_submission)(
+            engine, run, node, 1, counter, _MANIFEST, chain_id=_CHAIN_ID, pool=_POOL) for counter in range(batches)]
     report.generation_s = time.monotonic() - started
     started = time.monotonic()
     reference = load(model, dtype=dtype)  # the validator's prefill: the run's model in its dtype
-    rollouts, claimed, reward_errors = [], [], []
+    rollouts: list[Rollout] = []
+    claimed: list[SampleRollout | TurnRollout] = []
+    reward_errors: list[float] = []
     for sub in subs:
         tasks = env.sample(task_seed(node, 1, sub.counter, run_id=run.run_id, chain_id=_CHAIN_ID, pool=_POOL,
                                      manifest_hash=_MANIFEST),
                            run.tasks_per_batch)
-        for task, group in zip(tasks, sub.tasks, strict=True):
+        groups: tuple[TaskRollouts | TaskEpisodes, ...] = sub.tasks
+        for task, group in zip(tasks, groups, strict=True):
             prompt = prompt_ids(reference.tokenizer, task)
             for i, s in enumerate(group.samples):
                 seed = sampling_seed(node, 1, task.task_id, i, run_id=run.run_id, chain_id=_CHAIN_ID, pool=_POOL,
                                      counter=sub.counter, manifest_hash=_MANIFEST)
+                if isinstance(s, EpisodeRollout) and isinstance(env, MultiTurnEnvironment):
+                    first = s.turns[0]
+                    texts = [str(reference.tokenizer.decode(list(t.tokens), skip_special_tokens=True)) for t in s.turns]
+                    e_seed = env_seed(node, 1, task.task_id, run_id=run.run_id, chain_id=_CHAIN_ID, pool=_POOL,
+                                      counter=sub.counter, manifest_hash=_MANIFEST)
+                    rollouts.append(Rollout(prompt, list(first.tokens), list(first.proofs), seed, run.max_new_tokens))
+                    claimed.append(first)
+                    reward_errors.append(abs(s.reward - env.episode_reward(task, e_seed, texts)))
+                    continue
+                assert isinstance(s, SampleRollout)
                 rollouts.append(Rollout(prompt, list(s.tokens), list(s.proofs), seed, run.max_new_tokens))
                 claimed.append(s)
                 text = str(reference.tokenizer.decode(list(s.tokens), skip_special_tokens=True))

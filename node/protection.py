@@ -43,8 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from node.errors import DoubleSignError, ProtectionImportError
 from protocol.canonical import canonical_bytes
+from protocol.episodes import AnySubmission, EpisodeSubmission
 from protocol.errors import PrimeError
 from protocol.identity import checksum
 from protocol.rollout import Submission
@@ -97,7 +100,7 @@ STATES = ("signed", "submitted", "decided", "imported", "refused")
 """`refused`: its validator will not take it (counter out of order there); never resent, never signed again."""
 
 
-def payload_hash(sub: Submission) -> str:
+def payload_hash(sub: AnySubmission) -> str:
     """The hex SHA-256 of a submission body's canonical JSON: what the protection record compares."""
     return "0x" + hashlib.sha256(canonical_bytes(sub.model_dump(mode="json"))).hexdigest()
 
@@ -133,8 +136,13 @@ class Record:
     payload: str | None
     state: str
 
-    def submission(self) -> Submission | None:
-        return None if self.payload is None else Submission.model_validate_json(self.payload)
+    def submission(self) -> AnySubmission | None:
+        if self.payload is None:
+            return None
+        try:  # the body's JSON names no version; the two versions' shapes never both validate (extra="forbid")
+            return Submission.model_validate_json(self.payload)
+        except ValidationError:
+            return EpisodeSubmission.model_validate_json(self.payload)
 
 
 class SlashingProtection:
@@ -162,7 +170,7 @@ class SlashingProtection:
 
     # -- signing --------------------------------------------------------------------------------
 
-    def check_and_record(self, sub: Submission) -> bool:
+    def check_and_record(self, sub: AnySubmission) -> bool:
         """Record `sub` as signed before it is signed. True: new record; False: the same payload was
         recorded before (sealing it again is safe). `DoubleSignError` for a different payload."""
         digest = payload_hash(sub)
@@ -205,7 +213,7 @@ class SlashingProtection:
 
     # -- what was sent and what came back (for appeals) ------------------------------------------
 
-    def record_sent(self, sub: Submission, envelope: bytes) -> None:
+    def record_sent(self, sub: AnySubmission, envelope: bytes) -> None:
         """Keep a sealed envelope before it is sent: a hard verdict names its SHA-256."""
         digest = "0x" + hashlib.sha256(envelope).hexdigest()
         with self._lock:

@@ -56,7 +56,10 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from environments import MultiTurnEnvironment
+from environments import get as get_environment
 from node.config import NodeConfig
+from node.episodes import build_episode_submission
 from node.errors import NodeStopped
 from node.protection import SlashingProtection
 from node.rollouts import build_submission
@@ -64,6 +67,7 @@ from node.weights import PolicyWeights, Waiting
 from protocol import deadline
 from protocol.canonical import to_hex
 from protocol.envelope import Envelope, open_envelope, seal
+from protocol.episodes import AnySubmission
 from protocol.errors import PrimeError, SignatureError, UngradableError
 from protocol.identity import Identity, checksum
 from protocol.info_proof import read_info
@@ -74,7 +78,6 @@ from protocol.rollout import (
     Reason,
     Receipt,
     RunSpec,
-    Submission,
     Verdict,
     submission_hash,
     submission_venue,
@@ -280,6 +283,8 @@ class Worker:
                  protection: SlashingProtection, validators: ValidatorDirectory,
                  is_active: Callable[[], bool] | None = None) -> None:
         self.cfg, self.identity, self.run, self.domain = cfg, identity, run, domain
+        self.multi_turn = isinstance(get_environment(run.env, run.env_version), MultiTurnEnvironment)
+        """The run's environment answers between turns: assignments are episodes (`node.episodes`, v2)."""
         self.chain_id, self.pool = submission_venue(domain)  # bound into every work key and seed
         self.weights, self.protection, self.validators = weights, protection, validators
         if not validators.domain:
@@ -360,8 +365,9 @@ class Worker:
                 continue
             started = time.monotonic()
             try:
-                sub = build_submission(policy.engine, self.run, self.node, version, counter, manifest,
-                                       chain_id=self.chain_id, pool=self.pool)
+                build = build_episode_submission if self.multi_turn else build_submission
+                sub = build(policy.engine, self.run, self.node, version, counter, manifest, chain_id=self.chain_id,
+                            pool=self.pool)
             except UngradableError as exc:  # our grader failed: a guessed reward would be a slashable lie
                 self._wait("grader", f"v{version} #{counter}: could not grade locally ({exc}); nothing signed, "
                            f"retrying", self.cfg.chain.poll_s)
@@ -432,7 +438,7 @@ class Worker:
 
     # -- submitting ----------------------------------------------------------------------------
 
-    def submit(self, sub: Submission, *, resealed: bool = False) -> dict[str, Any]:
+    def submit(self, sub: AnySubmission, *, resealed: bool = False) -> dict[str, Any]:
         """Record, seal and POST one submission to the validator that takes it; its answer ({} when kept).
 
         The validators are tried in rendezvous order: the assigned one first, the next one when the
@@ -450,7 +456,7 @@ class Worker:
         self.protection.record_sent(sub, data)  # kept until its verdict: a hard one may be appealed with it
         return self._deliver(sub, data, ranking, resealed=resealed)
 
-    def _deliver(self, sub: Submission, data: bytes, ranking: list[str], *, resealed: bool) -> dict[str, Any]:
+    def _deliver(self, sub: AnySubmission, data: bytes, ranking: list[str], *, resealed: bool) -> dict[str, Any]:
         """POST the sealed `data` of `sub` down `ranking` (see `submit`); the answer believed, or {} when kept."""
         now = time.monotonic()
         reachable = [a for a in ranking if self.validators.url_of(a) and self._down_until.get(a, 0.0) <= now]
@@ -532,7 +538,7 @@ class Worker:
             raise Transient(f"HTTP {r.status_code} with an unparseable body: {r.text[:80]!r}") from exc
         return r.status_code, body
 
-    def _handle(self, sub: Submission, validator: str, url: str, status: int, body: dict[str, Any], *, sent: bytes,
+    def _handle(self, sub: AnySubmission, validator: str, url: str, status: int, body: dict[str, Any], *, sent: bytes,
                 resealed: bool = False) -> dict[str, Any] | None:
         """Act on one validator's answer to the envelope hashing to `sent`; None when it is not believed (the caller
         backs off and fails over)."""
@@ -588,7 +594,7 @@ class Worker:
                        "(check the run, chain and clock settings against its /v1/info)", where, status, error, detail)
         return None
 
-    def _out_of_order(self, sub: Submission, validator: str, where: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _out_of_order(self, sub: AnySubmission, validator: str, where: str, body: dict[str, Any]) -> dict[str, Any]:
         """The validator takes another counter first. Ours are used strictly in order, so either that one is
         still here unsent (then this one is kept and resent after it), or the validator will never get it
         from us (it went to another validator while this one was down, or the state dir was lost): then
@@ -643,7 +649,7 @@ class Worker:
                     self._apply(verdict, str(body["verdict"]), str(body.get("detail") or ""))
                 break
 
-    def verified_receipt(self, sub: Submission, body: dict[str, Any], validator: str, url: str, sent: bytes) -> bool:
+    def verified_receipt(self, sub: AnySubmission, body: dict[str, Any], validator: str, url: str, sent: bytes) -> bool:
         """Whether `body` carries `validator`'s signed `Receipt`, in this run's domain, for exactly the envelope this
         node just sent (`sent`, its SHA-256) for `sub`'s assignment. Else False, with the URL distrusted for
         `validator` and the answer counted in `Tally.peer_errors` (`unsigned_receipt`, `forged_receipt`,

@@ -127,6 +127,9 @@ class Reason(StrEnum):
     SAMPLING_MISMATCH = "sampling_mismatch"
     LOGPROB_MISMATCH = "logprob_mismatch"
     TERMINATION = "termination"
+    # a multi-turn episode's environment digest, turn count or ending is not the validator's replay of the
+    # environment on the node's own turns (a faked tool output, an injected hint, a turn after the end)
+    ENV_MISMATCH = "env_mismatch"
 
     @property
     def code(self) -> int:

@@ -24,10 +24,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from protocol.episodes import EpisodeFeedItem, EpisodeFeedSample
 from protocol.errors import ProtocolError, UnknownVersionError
 from protocol.rollout import FeedItem
 
@@ -151,12 +153,39 @@ def read_rollouts(path: str | Path, vocab_size: int | None = None) -> list[Sampl
     return out
 
 
-def feed_groups(item: FeedItem) -> list[list[Sample]]:
-    """A validator's accepted submission as trainer samples: one GRPO group per task.
+def episode_sample(prompt: Sequence[int], fed: EpisodeFeedSample, **fields: Any) -> Sample:
+    """One accepted multi-turn episode as a trainer sample: prompt, then the rebuilt interleaved sequence; the
+    loss mask true exactly on the model spans (holes at environment spans), the validator's replayed logprobs
+    there and 0 elsewhere. `RolloutError` unless every loss position holds the feed's model token, in order."""
+    p = len(prompt)
+    mask = [False] * p + list(fed.loss_mask())
+    logprobs = [0.0] * (p + len(fed.tokens))
+    model_tokens: list[int] = []
+    it = iter(fed.logprobs)
+    for offset, length in fed.spans:
+        model_tokens += fed.tokens[offset:offset + length]
+        for k in range(p + offset, p + offset + length):
+            logprobs[k] = next(it)
+    tokens = tuple(prompt) + tuple(fed.tokens)
+    if [t for t, m in zip(tokens, mask, strict=True) if m] != model_tokens:
+        raise RolloutError("an episode's loss positions do not hold its model tokens (span offsets are off)")
+    return Sample(tokens=tokens, loss_mask=tuple(mask), sampling_logprobs=tuple(logprobs), reward=float(fed.reward),
+                  **fields)
+
+
+def feed_groups(item: FeedItem | EpisodeFeedItem) -> list[list[Sample]]:
+    """A validator's accepted submission as trainer samples: one GRPO group per task (the advantage of a
+    multi-turn episode is one per episode, over all its model tokens).
 
     Every number is the validator's: the prompt rebuilt from the task, the completion the node sampled
-    (replayed exactly), its sampling logprobs from the validator's replay and the recomputed reward.
+    (replayed exactly; for an episode, the environment spans rebuilt by the validator's replay), its sampling
+    logprobs from the validator's replay and the recomputed reward.
     """
+    if isinstance(item, EpisodeFeedItem):
+        return [[episode_sample(g.prompt_tokens, s, group_id=f"{item.work_key.hex()[:24]}-{t}",
+                                policy_version=item.policy_version, task_id=g.task_id, env_name=item.env,
+                                env_version=item.env_version) for s in g.samples]
+                for t, g in enumerate(item.groups)]
     groups = []
     for t, g in enumerate(item.groups):
         p = g.prompt_tokens

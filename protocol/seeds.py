@@ -29,10 +29,16 @@ The derivations (fields in this order):
                                                            digest manifest_hash of the version on chain)
     sampling_seed = seed("prime/sampling-seed/v3"    0x00  digest work_key, digest manifest_hash,
                                                            task_id, uint sample_index)
+    env_seed      = seed("prime/env-seed/v1"         0x00  digest work_key, digest manifest_hash, task_id)
 
 with `task_id` a uint64 field for an int and a text field for a str. A seed is the first 8 digest
 bytes read big-endian, shifted right by one: a 63-bit non-negative integer, safe as a signed 64-bit
 value (torch generators, SQLite, Java/Go peers). The work key is the full 32-byte digest.
+
+The environment seed of a multi-turn episode (a game's hidden word, a scripted user's draws) is one per
+(work key, task), not per sample: the samples of a task form one GRPO group, and a group whose members
+met different environments would compare the environment's luck, not the policy's turns. The node
+cannot choose it (the work key is fixed by the assignment) nor re-draw it (counters are used in order).
 
 Version 1 bound (run, node, version, counter) only: the same work was payable in a second pool with
 the same run id, and a task drawn twice by one node within a version repeated its samples exactly
@@ -140,6 +146,19 @@ def sampling_seed(
     key = work_key(run_id, node_address, policy_version, counter, chain_id=chain_id, pool=pool)
     return _seed(b"prime/sampling-seed/v3", _digest32(key, "work_key"), _digest32(manifest_hash, "manifest_hash"),
                  _task_id(task_id), _uint(sample_index, "sample_index"))
+
+
+def env_seed(
+    node_address: str, policy_version: int, task_id: int | str, *, run_id: str, chain_id: int, pool: str,
+    counter: int, manifest_hash: bytes,
+) -> int:
+    """The seed a multi-turn environment plays task `task_id` of assignment `counter` from (one per task:
+    every sample of the task meets the same environment; see the module docstring), mixing the version's
+    `manifest_hash` as the chain records it like the task and sampling seeds (no key ground before the version
+    is published can know what its environments will do)."""
+    key = work_key(run_id, node_address, policy_version, counter, chain_id=chain_id, pool=pool)
+    return _seed(b"prime/env-seed/v1", _digest32(key, "work_key"), _digest32(manifest_hash, "manifest_hash"),
+                 _task_id(task_id))
 
 
 def validator_ranking(run_id: str, node_address: str, policy_version: int, validators: list[str]) -> list[str]:

@@ -75,6 +75,9 @@ class Rollout:
     """The protocol's sampling seed for this sequence (`protocol.seeds.sampling_seed`)."""
     max_tokens: int
     """The task's generation limit."""
+    step_offset: int = 0
+    """The sampler step of the first token (a multi-turn episode's later turn continues its sample's stream:
+    the count of the episode's model tokens before it)."""
 
 
 @dataclass(frozen=True)
@@ -118,9 +121,12 @@ def measure(
     *,
     batch_tokens: int = 8192,
     timer: StageTimer | None = None,
+    hidden_states: Sequence[torch.Tensor] | None = None,
 ) -> list[SequenceReport]:
     """Measure every rollout with batched prefills of at most ~`batch_tokens` (padded) tokens (`timer`: see the
-    module docstring)."""
+    module docstring). `hidden_states[i]`: rollout i's rows ([len(tokens), H]) already computed by the caller's
+    own prefill (a multi-turn episode's turns, all cut from one prefill over the whole sequence); no prefill
+    then runs here."""
     import torch
 
     from models.scoring import Scorer
@@ -140,10 +146,12 @@ def measure(
     prompt_ids: dict[tuple[int, ...], int] = {}
     for i in todo:
         prompt_ids.setdefault(tuple(rollouts[i].prompt_tokens), len(prompt_ids))
+    if hidden_states is not None and len(hidden_states) != len(rollouts):
+        raise ModelError(f"{len(hidden_states)} hidden-state blocks for {len(rollouts)} rollouts")
     try:
         with stage(timer, "measure.prefill"):
             scorer = Scorer.of(loaded)
-            hiddens = scorer.hidden(list(prompt_ids), [list(rollouts[i].tokens) for i in todo],
+            hiddens = [hidden_states[i] for i in todo] if hidden_states is not None else scorer.hidden(list(prompt_ids), [list(rollouts[i].tokens) for i in todo],
                                     [prompt_ids[tuple(rollouts[i].prompt_tokens)] for i in todo],
                                     batch_tokens=batch_tokens)
     except ModelError as exc:  # prechecked, so this is the model failing: fail the batch loudly
@@ -202,7 +210,8 @@ def _replay(
         hidden = torch.cat([h for _, h in items])
         tokens = torch.tensor([t for r, _ in items for t in r.tokens], dtype=torch.long, device=hidden.device)
         seeds = torch.tensor([r.seed for r, _ in items for _ in r.tokens], dtype=torch.long, device=hidden.device)
-        steps = torch.cat([torch.arange(len(r.tokens), dtype=torch.long) for r, _ in items]).to(hidden.device)
+        steps = torch.cat([torch.arange(r.step_offset, r.step_offset + len(r.tokens), dtype=torch.long)
+                           for r, _ in items]).to(hidden.device)
     margins: list[float] = []
     winners: list[int] = []
     logprobs: list[float] = []

@@ -3,7 +3,8 @@
 A validator serves `GET /v1/feed?after=<seq>&limit=<n>` (validator/app.py): a listing
 `{"validator", "domain", "items": [{"seq", "work_key", "envelope"}], "next"}` whose items are
 `FeedItem` envelopes it signed. Nothing in the listing is trusted: each item is opened with
-`open_envelope` (our domain, the validator's address, `FeedItem` only), its listed work key must be
+`open_envelope` (our domain, the validator's address, `FeedItem` or, for multi-turn episodes,
+`EpisodeFeedItem` only), its listed work key must be
 the signed one, and its samples must be valid rollout samples. A refused item is logged and counted
 (`rejected_files`), never trained on and never retried; a refused response (too large, not JSON,
 wrong shape, items out of order) is counted the same way and asked for again at the next poll; an
@@ -57,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from protocol.canonical import parse_json, to_hex
 from protocol.deadline import deadline_client, request_deadline
 from protocol.envelope import Envelope, open_envelope
+from protocol.episodes import EpisodeFeedItem
 from protocol.errors import OversizeError, PrimeError, ProtocolError, SignatureError
 from protocol.identity import checksum
 from protocol.rollout import FeedItem, FeedPage, feed_item_hash
@@ -464,17 +466,17 @@ class ValidatorFeedSource(RolloutSource):
         self.stats["items"] += 1
         self.stats["groups"] += len(groups) - done
 
-    def _open(self, feed: _Feed, entry: _Entry) -> FeedItem:
+    def _open(self, feed: _Feed, entry: _Entry) -> FeedItem | EpisodeFeedItem:
         envelope = Envelope.from_bytes(entry.envelope.encode(), max_bytes=self.max_item_bytes)
         body = open_envelope(
             envelope,
             domain=self.domain,
             replay_guard=self._guard,
             expected_signer=feed.signer,
-            body_types=[FeedItem],
+            body_types=[FeedItem, EpisodeFeedItem],
             max_age_s=self.max_item_age_s,
         )
-        assert isinstance(body, FeedItem)
+        assert isinstance(body, FeedItem | EpisodeFeedItem)
         if feed.signer is None and envelope.signer not in self.accepted:
             raise SignatureError(f"signed by {envelope.signer}, not an accepted validator")
         if to_hex(body.work_key) != entry.work_key:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 from environments import Environment, render_prompt
 from environments import get as get_environment
+from protocol.episodes import AnySubmission
 from protocol.errors import ProtocolError
-from protocol.rollout import RunSpec, Submission
-from protocol.seeds import sampling_seed, task_seed, validator_ranking, work_key
+from protocol.rollout import RunSpec
+from protocol.seeds import env_seed, sampling_seed, task_seed, validator_ranking, work_key
 
 if TYPE_CHECKING:
     from environments import Task
@@ -79,12 +80,17 @@ class Assignment:
         """`protocol.seeds.work_key` of an assignment in this validator's run, pool and chain."""
         return work_key(self.run.run_id, node, version, counter, chain_id=self.chain_id, pool=self.pool)
 
-    def sampling_seed(self, sub: Submission, task_id: str, sample: int) -> int:
+    def sampling_seed(self, sub: AnySubmission, task_id: str, sample: int) -> int:
         """The seed of sample `sample` of task `task_id` in `sub`'s assignment, at the manifest hash `sub` names
         (the cheap checks have matched it against the one the chain records for its version before any replay)."""
         return sampling_seed(sub.node, sub.policy_version, task_id, sample, run_id=self.run.run_id,
                              chain_id=self.chain_id, pool=self.pool, counter=sub.counter,
                              manifest_hash=sub.manifest_hash)
+
+    def env_seed(self, sub: AnySubmission, task_id: str) -> int:
+        """The seed task `task_id`'s multi-turn environment plays from in `sub`'s assignment."""
+        return env_seed(sub.node, sub.policy_version, task_id, run_id=self.run.run_id, chain_id=self.chain_id,
+                        pool=self.pool, counter=sub.counter, manifest_hash=sub.manifest_hash)
 
     def first(self, node: str, version: int) -> str:
         """The rendezvous-first validator of (node, version): the one assigned when everyone is up."""
@@ -109,7 +115,7 @@ class Assignment:
             return None
         return self.chain_frontier(node, version)
 
-    def counter_problem(self, sub: Submission, base: int | None = None) -> CounterOutOfOrderError | None:
+    def counter_problem(self, sub: AnySubmission, base: int | None = None) -> CounterOutOfOrderError | None:
         """Counters in order, with a small bounded gap (docs/protocol/assignment.md, "Counters"): for (node,
         version) let m be the smallest counter this validator holds no row for, counting from 0 where it is the
         assigned (rendezvous-first) validator; `sub.counter` must be in [m, m + counter_gap]. A validator that took the

@@ -13,10 +13,12 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from protocol.episodes import EpisodeFeedItem, EpisodeSubmission
 from protocol.errors import ModelError, UngradableError
 from protocol.rollout import Outcome, Reason, Submission
 from protocol.timing import StageTimer, stage
 from validator.assignment import prompt_tokens
+from validator.episodes import EpisodeCheck, check_episodes
 from validator.guard import SystemicGuard
 from validator.judge import (
     Judgement,
@@ -32,7 +34,7 @@ from validator.verdicts import stored_submission
 from validator.weights import WeightsUnavailable
 
 if TYPE_CHECKING:
-    from environments import Task
+    from environments import ChatRenderer, Task
     from models.loading import LoadedModel
     from toploc.thresholds import ToplocThresholds
     from toploc.validation import SequenceReport
@@ -58,6 +60,7 @@ class Checker:
         self.thresholds_hash = thresholds_hash(cfg.checks, cfg.run)
         self.guard = SystemicGuard(cfg, ledger, chain, thresholds, stats, self)
         self.timer: StageTimer | None = None
+        self._renderer: tuple[object, ChatRenderer] | None = None
 
     def check_pending(self, limit: int | None = None) -> int:
         """Check a batch of received rows; returns how many were decided."""
@@ -97,7 +100,11 @@ class Checker:
             subs = [(row, stored_submission(row)) for row in rows]
         prepared: list[tuple[Row, Submission, list[Task], list[list[float]]]] = []
         decided = 0
-        for row, sub in subs:
+        for row, any_sub in subs:
+            if isinstance(any_sub, EpisodeSubmission):
+                decided += self._check_episodes(loaded, row, any_sub)
+                continue
+            sub = any_sub
             with stage(timer, "check.tasks"):
                 tasks = self.assignment.tasks(sub.node, sub.policy_version, sub.counter)
             try:
@@ -134,6 +141,57 @@ class Checker:
                 self.ledger.decide(row.work_key, decision)
             decided += 1
         return decided
+
+    # -- multi-turn episodes (validator.episodes) ------------------------------------------------------------
+
+    def _episodes(self, loaded: LoadedModel, sub: EpisodeSubmission) -> EpisodeCheck:
+        """`validator.episodes.check_episodes` of `sub` under this validator's run and checks."""
+        from environments import ChatRenderer
+
+        if self._renderer is None or self._renderer[0] is not loaded.tokenizer:
+            self._renderer = (loaded.tokenizer, ChatRenderer(loaded.tokenizer))
+        tasks = self.assignment.tasks(sub.node, sub.policy_version, sub.counter)
+        c = self.cfg.checks
+        return check_episodes(
+            loaded, self._renderer[1], sub, tasks,
+            env_seeds=[self.assignment.env_seed(sub, t.task_id) for t in tasks],
+            seeds=[[self.assignment.sampling_seed(sub, t.task_id, i) for i in range(len(tr.samples))]
+                   for t, tr in zip(tasks, sub.tasks, strict=True)],
+            run=self.cfg.run, thresholds=self.thresholds, reward_tolerance=c.reward_tolerance,
+            logprob_tolerance=c.logprob_tolerance, eos_tie_drift=c.eos_tie_drift, batch_tokens=c.batch_tokens)
+
+    def _check_episodes(self, loaded: LoadedModel, row: Row, sub: EpisodeSubmission) -> int:
+        try:
+            with stage(self.timer, "check.episodes"):
+                got = self._episodes(loaded, sub)
+        except UngradableError as exc:
+            return self._ours_failed(row, f"environment: {exc}", Reason.UNGRADABLE)
+        except (ModelError, RuntimeError, MemoryError) as exc:  # the model failing is ours, whatever it raised
+            return self._ours_failed(row, f"model stage: {exc}")
+        turns = tuple(m for per_episode in got.turns for m in per_episode)
+        measurements = Measurements(
+            samples=turns, rewards=got.rewards, thresholds_hash=self.thresholds_hash,
+            units=units(sub, self.cfg.reporter.units_per_token, got.paid_tokens) if got.turns else None,
+            near_ties=sum(m.near_ties for m in turns), eos_near_ties=sum(len(m.eos_near_ties) for m in turns))
+        if got.failure is not None:
+            reason, detail = got.failure
+            if reason.hard and turns:
+                in_band = self.guard.in_band(reason, turns)
+                if self.guard.softens(sub, reason, turns):
+                    detail = f"{reason.value} ({detail}) and our self-test of v{sub.policy_version} failed: " \
+                             "suspecting ourselves"
+                    reason, in_band = Reason.SUSPECTED_SYSTEMIC, False
+                measurements = replace(measurements, drift_band=in_band)
+            decision = self.verdicts.reject(sub, row.envelope, reason, detail, measurements)
+        else:
+            feed = EpisodeFeedItem(run_id=sub.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=sub.node,
+                                   policy_version=sub.policy_version, env=sub.env, env_version=sub.env_version,
+                                   groups=got.groups)
+            decision = self.verdicts.decide(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
+                                            f"{sub.n_samples()} episodes, {sub.n_tokens()} model tokens",
+                                            measurements, feed=feed)
+        self.ledger.decide(row.work_key, decision)
+        return 1
 
     def judge(self, sub: Submission, reports: list[SequenceReport], thresholds: ToplocThresholds | None = None
               ) -> Judgement:
@@ -198,10 +256,12 @@ class Checker:
         """Stored submissions of `version` judged again with the current weights and thresholds (the guard's
         self-test); `WeightsUnavailable`, `ModelError` or the model's own errors when that cannot run."""
         loaded = self.weights.get(version)
-        subs = [stored_submission(r) for r in rows]
-        reports = self.measure(loaded, [(sub, self.assignment.tasks(sub.node, sub.policy_version, sub.counter))
-                                        for sub in subs])
-        return [self.judge(sub, rep).failure for sub, rep in zip(subs, reports, strict=True)]
+        stored = [stored_submission(r) for r in rows]
+        subs = [s for s in stored if isinstance(s, Submission)]
+        reports = iter(self.measure(loaded, [(sub, self.assignment.tasks(sub.node, sub.policy_version, sub.counter))
+                                             for sub in subs]))
+        return [self._episodes(loaded, s).failure if isinstance(s, EpisodeSubmission)
+                else self.judge(s, next(reports)).failure for s in stored]
 
     def soften_unreported(self, version: int) -> None:
         self.verdicts.soften_unreported(version)

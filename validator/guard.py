@@ -46,7 +46,7 @@ from protocol.errors import PrimeError
 from protocol.rollout import Reason
 
 if TYPE_CHECKING:
-    from protocol.rollout import Submission
+    from protocol.episodes import AnySubmission
     from toploc.thresholds import ToplocThresholds
     from validator.chainview import ChainView
     from validator.config import ValidatorConfig
@@ -135,7 +135,7 @@ class SystemicGuard:
         """`drift_band` under this validator's thresholds."""
         return drift_band(reason, samples, self.thresholds, self.checks.logprob_tolerance, self.cfg.drift_band_factor)
 
-    def softens(self, sub: Submission, reason: Reason, samples: Sequence[SampleMeasurement],
+    def softens(self, sub: AnySubmission, reason: Reason, samples: Sequence[SampleMeasurement],
                 now: float | None = None) -> bool:
         """True when this hard failure is to be recorded as soft `suspected_systemic`."""
         s = self.cfg

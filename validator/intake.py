@@ -29,13 +29,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from environments import MultiTurnEnvironment
 from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
+from protocol.episodes import AnySubmission, EpisodeSubmission
 from protocol.errors import ChainError, OversizeError, PrimeError, ProtocolError, ReplayError, SignatureError
 from protocol.nonce import random_nonce
 from protocol.rollout import Outcome, Reason, Receipt, Submission, submission_hash
 from protocol.timing import StageTimer, stage
 from validator.assignment import Assignment
 from validator.chainview import CATCHUP_S, ChainView
+from validator.episodes import episode_schema_problem
+from validator.judge import PROOF_BYTES
 from validator.ledger import Decision, Ledger, Row
 from validator.verdicts import Verdicts, stored_submission
 
@@ -45,10 +49,6 @@ if TYPE_CHECKING:
     from validator.stats import Stats
 
 log = logging.getLogger(__name__)
-
-PROOF_BYTES = 258
-"""One TOPLOC proof chunk in the reference byte format."""
-
 
 class NodeInactiveError(ProtocolError):
     """The signer is not a registered, active, staked node of this pool."""
@@ -266,7 +266,7 @@ class Intake:
                 envelope = Envelope.from_bytes(data, max_bytes=self.cfg.max_submission_bytes)
             with stage(timer, "intake.open"):
                 body = open_envelope(envelope, domain=self.domain, replay_guard=self.replay_guard, admit=admit,
-                                     body_types=[Submission], max_age_s=self.cfg.max_age_s)
+                                     body_types=[Submission, EpisodeSubmission], max_age_s=self.cfg.max_age_s)
         except OversizeError as exc:
             return self._refuse(413, exc, None)
         except SignatureError as exc:
@@ -283,7 +283,7 @@ class Intake:
             return self._refuse(409, exc, envelope.signer if envelope else None)
         except ProtocolError as exc:  # malformed, expired, wrong domain, unknown version, body invalid
             return self._refuse(400, exc, None)
-        assert isinstance(body, Submission)
+        assert isinstance(body, Submission | EpisodeSubmission)
         self.admission.admitted(envelope.signer, len(data))
         if body.node != envelope.signer:
             return self._refuse(400, ProtocolError(f"submission names node {body.node}, signed by {envelope.signer}"),
@@ -361,7 +361,7 @@ class Intake:
             self.ledger.count_refusal(sender, exc.code)
         return Answer(status, {"error": exc.code, "detail": str(exc)})
 
-    def _equivocation(self, existing: Row, body: Submission, data: bytes) -> Answer:
+    def _equivocation(self, existing: Row, body: AnySubmission, data: bytes) -> Answer:
         """A second, different payload signed for an assignment that already has a row."""
         if existing.outcome != Outcome.REJECTED_HARD.value:
             decision = self.verdicts.reject(body, data, Reason.EQUIVOCATION,
@@ -378,7 +378,7 @@ class Intake:
         return Answer(409, {"error": "duplicate_work", "detail": "this assignment was already submitted",
                             **row_status(row)})
 
-    def _not_ours_yet(self, sub: Submission) -> Answer | None:
+    def _not_ours_yet(self, sub: AnySubmission) -> Answer | None:
         """Work another validator must check, or of a version our chain view has not seen yet: refused
         without a ledger row (soft, counted), so the assignment stays free for the right place and time. Work
         of a version that left the async window is refused the same way (410): it can never be paid, so it
@@ -404,11 +404,11 @@ class Intake:
                                           f"{self.cfg.run.async_level}: outside the async window for good"})
         return None
 
-    def _cheap_checks(self, sub: Submission, data: bytes) -> Decision | None:
+    def _cheap_checks(self, sub: AnySubmission, data: bytes) -> Decision | None:
         problem = self.cheap_problem(sub, version_window=True)
         return None if problem is None else self.verdicts.reject(sub, data, *problem)
 
-    def cheap_problem(self, sub: Submission, *, version_window: bool) -> tuple[Reason, str] | None:
+    def cheap_problem(self, sub: AnySubmission, *, version_window: bool) -> tuple[Reason, str] | None:
         """The first cheap check `sub` fails (no side effects). `version_window=False` skips the async window
         (an appeal re-checks work that was inside it when it was submitted)."""
         run = self.cfg.run
@@ -428,7 +428,13 @@ class Intake:
         claimed = [t.task_id for t in sub.tasks]
         if claimed != assigned:
             return Reason.WRONG_TASK, f"tasks {claimed} are not the assigned {assigned}"
-        problem = schema_problem(sub, self.cfg, self.thresholds.decode_batching_size)
+        if isinstance(sub, EpisodeSubmission) != isinstance(self.assignment.env, MultiTurnEnvironment):
+            return Reason.SCHEMA, (f"submission version {type(sub).version} for {run.env}@{run.env_version} (a "
+                                   "multi-turn environment takes version 2, a single-turn one version 1)")
+        if isinstance(sub, EpisodeSubmission):
+            problem = episode_schema_problem(sub, run, self.thresholds.decode_batching_size)
+        else:
+            problem = schema_problem(sub, self.cfg, self.thresholds.decode_batching_size)
         if problem is not None:
             return Reason.SCHEMA, problem
         return None

@@ -22,6 +22,7 @@ from protocol.canonical import canonical_bytes
 from protocol.rollout import Reason, SampleRollout, Submission
 
 if TYPE_CHECKING:
+    from protocol.episodes import AnySubmission
     from protocol.rollout import RunSpec
     from toploc.thresholds import ToplocThresholds
     from toploc.validation import SequenceReport
@@ -32,6 +33,9 @@ PRECEDENCE = (Reason.SCHEMA, Reason.PROOF_MISMATCH, Reason.SAMPLING_MISMATCH, Re
 """When a submission fails several checks, the verdict names the first of these it fails."""
 
 Failure = tuple[Reason, str]
+
+PROOF_BYTES = 258
+"""One TOPLOC proof chunk in the reference byte format."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +236,7 @@ def paid_tokens(samples: Iterable[SampleMeasurement]) -> int | None:
     return sum(int(m.paid_tokens or 0) for m in listed)
 
 
-def units(sub: Submission, units_per_token: float, paid: int | None = None) -> int:
+def units(sub: AnySubmission, units_per_token: float, paid: int | None = None) -> int:
     """Work units for `sub`: `paid` tokens (counted from the replay, see `paid_tokens`) or all its tokens."""
     return max(1, math.ceil((sub.n_tokens() if paid is None else paid) * units_per_token))
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.canonical import canonical_bytes
 from protocol.envelope import Envelope, seal
+from protocol.episodes import AnySubmission, EpisodeFeedItem, EpisodeSubmission
 from protocol.errors import UngradableError
 from protocol.rollout import (
     FeedGroup,
@@ -53,9 +54,11 @@ def _hex(data: bytes) -> str:
     return "0x" + data.hex()
 
 
-def stored_submission(row: Row) -> Submission:
-    """A stored envelope's body (it passed every envelope check when it arrived)."""
+def stored_submission(row: Row) -> AnySubmission:
+    """A stored envelope's body (it passed every envelope check when it arrived), of its version."""
     envelope = Envelope.model_validate_json(row.envelope)
+    if envelope.version == EpisodeSubmission.version:
+        return EpisodeSubmission.model_validate(envelope.body)
     return Submission.model_validate(envelope.body)
 
 
@@ -68,12 +71,12 @@ class Verdicts:
         self.assignment, self.grader, self.ledger, self.stats = assignment, grader, ledger, stats
         self.timer: StageTimer | None = None
 
-    def _seal(self, body: Verdict | FeedItem) -> bytes:
+    def _seal(self, body: Verdict | FeedItem | EpisodeFeedItem) -> bytes:
         with stage(self.timer, "verdict.seal"):
             return seal(self.identity, body, domain=self.domain, nonce=self.nonces.next(self.domain)).to_bytes()
 
-    def decide(self, sub: Submission, envelope_bytes: bytes, outcome: Outcome, reason: Reason, detail: str,
-               measurements: Measurements | None = None, feed: FeedItem | None = None,
+    def decide(self, sub: AnySubmission, envelope_bytes: bytes, outcome: Outcome, reason: Reason, detail: str,
+               measurements: Measurements | None = None, feed: FeedItem | EpisodeFeedItem | None = None,
                extra_evidence: dict[str, Any] | None = None) -> Decision:
         """The signed verdict (and for a hard one its evidence; for accepted work its feed item) as a ledger
         `Decision`."""
@@ -102,7 +105,7 @@ class Verdicts:
             outcome=outcome.value, reason=reason.value, detail=detail, measurements=recorded,
             evidence=evidence, evidence_hash=evidence_hash, verdict=self._seal(verdict), feed_item=feed_bytes)
 
-    def reject(self, sub: Submission, envelope_bytes: bytes, reason: Reason, detail: str,
+    def reject(self, sub: AnySubmission, envelope_bytes: bytes, reason: Reason, detail: str,
                measurements: Measurements | None = None, *, extra_evidence: dict[str, Any] | None = None) -> Decision:
         """A rejection: hard (slashed, with evidence) or soft as `reason` says."""
         outcome = Outcome.REJECTED_HARD if reason.hard else Outcome.REJECTED_SOFT

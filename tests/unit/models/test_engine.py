@@ -120,3 +120,22 @@ def test_prefill_in_row_groups_matches_one_group(tiny: LoadedModel) -> None:
     small = Engine(tiny, prefill_tokens=40).generate(PROMPTS, SamplingParams(), SEEDS, 8)
     big = Engine(tiny).generate(PROMPTS, SamplingParams(), SEEDS, 8)
     assert [g.tokens for g in small] == [g.tokens for g in big]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_step_offsets_continue_a_sampler_stream(tiny: LoadedModel, fast: bool) -> None:
+    # a multi-turn episode's later turn: token i of a sequence is drawn at sampler step offset + i, in a batch
+    # whose rows carry different offsets (and rows leave the batch at EOS)
+    engine = Engine(tiny, fast_path=fast)
+    params = SamplingParams(temperature=1.0)
+    offsets = [0, 17, 5, 1000]
+    batch = engine.generate(PROMPTS, params, SEEDS, 16, offsets)
+    for prompt, seed, off, g in zip(PROMPTS, SEEDS, offsets, batch, strict=True):
+        n, start = len(g.tokens), len(prompt) - 1
+        logits = prefill(tiny, torch.tensor([prompt + g.tokens])).logits[0, start : start + n]
+        tokens, _ = sample(logits, params, torch.full((n,), seed), torch.arange(off, off + n))
+        assert tokens.tolist() == g.tokens
+    assert batch[0].tokens == engine.generate(PROMPTS[:1], params, SEEDS[:1], 16)[0].tokens  # offset 0: as before
+    assert [g.tokens for g in batch[1:]] != [g.tokens for g in engine.generate(PROMPTS[1:], params, SEEDS[1:], 16)]
+    with pytest.raises(ModelError, match="step offset"):
+        engine.generate(PROMPTS, params, SEEDS, 4, [0])

@@ -115,3 +115,26 @@ def test_sent_envelopes_are_kept_until_the_verdict_and_hard_verdicts_with_what_t
         assert json.loads(db.hard_verdicts("r", node.address)[0].appeal or "{}") == {"outcome": "overturned"}
         # sent envelopes of decided assignments are gone; a garbled "hard verdict" keeps its envelope (counter 2)
         assert db._db.execute("SELECT counter FROM sent").fetchall() == [(2,)]
+
+
+def test_kept_episode_payloads_are_read_back_as_episodes(tmp_path: Path) -> None:
+    # a multi-turn run's kept work (submission v2) is resent after a restart as it was signed
+    from protocol.episodes import (
+        EpisodeRollout,
+        EpisodeSubmission,
+        TaskEpisodes,
+        TurnRollout,
+        environment_digest,
+    )
+
+    turn = TurnRollout(tokens=(1, 2), logprobs=(-0.1, -0.2), finish_reason="eos", proofs=())
+    episode = EpisodeRollout(turns=(turn, turn), env_digest=environment_digest([[7]]), ended="done", reward=1.0)
+    sub = EpisodeSubmission(run_id="r", node=NODE, policy_version=1, manifest_hash=hashlib.sha256(b"m").digest(),
+                            counter=0, env="calc-arith", env_version="1",
+                            tasks=(TaskEpisodes(task_id="0" * 32, samples=(episode,)),))
+    with SlashingProtection(tmp_path / "p.sqlite") as db:
+        db.check_and_record(sub)
+    with SlashingProtection(tmp_path / "p.sqlite") as db:
+        assert db.unfinished("r", NODE)[0].submission() == sub
+        with pytest.raises(DoubleSignError):
+            db.check_and_record(sub.model_copy(update={"counter": 0, "env_version": "2"}))

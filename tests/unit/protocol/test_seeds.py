@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from protocol.errors import ProtocolError, SignatureError
-from protocol.seeds import sampling_seed, task_seed, work_key
+from protocol.seeds import env_seed, sampling_seed, task_seed, work_key
 
 ADDR = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil dev account #0 (public)
 POOL = "0x5FbDB2315678afecb367f032d93F642f64180aa3"  # the first contract anvil account #0 deploys
@@ -139,3 +139,23 @@ def test_keys_ground_before_a_version_is_published_cannot_predict_its_sampling()
         drawn = {sampling_seed(ADDR, 8, t, i, counter=c, **{**TASK, "manifest_hash": published})
                  for c in range(8) for t in range(8) for i in range(4)}
         assert not ground & drawn
+
+
+def test_env_seed_known_answers_and_encoding() -> None:
+    v = {"run_id": "run-1", "chain_id": 31337, "pool": POOL, "counter": 3, "manifest_hash": MANIFEST}
+    assert env_seed(ADDR, 7, "gsm8k:12", **v) == 7058586614739854519
+    assert env_seed(ADDR, 7, 12, **v) == 3302622544793185946
+    key = work_key("run-1", ADDR, 7, 3, chain_id=31337, pool=POOL)
+    digest = hashlib.sha256(b"prime/env-seed/v1\x00" + b"\x04" + key + b"\x04" + MANIFEST + _text("gsm8k:12")).digest()
+    assert env_seed(ADDR, 7, "gsm8k:12", **v) == int.from_bytes(digest[:8], "big") >> 1
+
+
+def test_env_seed_is_one_per_task_and_bound_to_the_assignment() -> None:
+    base = env_seed(ADDR, 1, "t", counter=0, **TASK)
+    assert env_seed(ADDR, 1, "u", counter=0, **TASK) != base
+    assert env_seed(ADDR, 1, "t", counter=1, **TASK) != base  # another counter: another environment draw
+    assert env_seed(ADDR, 1, "t", counter=0, **{**TASK, "pool": OTHER_POOL}) != base
+    # mixes the published manifest hash: no key ground before the version knows what its environments will do
+    assert env_seed(ADDR, 1, "t", counter=0, **{**TASK, "manifest_hash": bytes(32)}) != base
+    # its own tag: never the sampler's randomness of any sample of the task
+    assert base not in {sampling_seed(ADDR, 1, "t", i, counter=0, **TASK) for i in range(8)}
