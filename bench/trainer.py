@@ -51,7 +51,7 @@ class SyntheticSource(RolloutSource):
         self.rng = random.Random(seed)
 
     def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
-                   fill_timeout_s: float | None = None) -> Batch:
+                   fill_timeout_s: float | None = None, expected: int | None = None) -> Batch:
         groups = []
         for g in range(n_groups):
             prompt = [self.rng.randrange(3, self.vocab) for _ in range(self.rng.randint(40, 80))]
