@@ -6,7 +6,9 @@ same payload sealed afresh. Real validators and anvil on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +26,32 @@ from protocol.canonical import to_hex
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_work_without_a_verdict_is_resent_as_the_same_bytes(
-        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
-    first = make_validator("first")
-    port = int(first.url.rsplit(":", 1)[1])
+@contextlib.contextmanager
+def submitted(published: Pools, deployment_file: Path, tmp_path: Path, url: str,
+              verdict_deadline_s: float) -> Iterator[tuple[Any, Any, Any, SlashingProtection]]:
+    """A node's worker that has sent assignment 0 of the current version to `url` and holds its receipt:
+    (worker, node, policy, slashing-protection record)."""
     node = published.new_node()
-    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [first.url], run=RUN, model=TINY,
-                      submit={"attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.2, "verdict_deadline_s": 2.0})
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [url], run=RUN, model=TINY,
+                      submit={"attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.2,
+                              "verdict_deadline_s": verdict_deadline_s})
     chain = commands.open_chain(cfg)
     with httpx.Client(timeout=10) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
-        worker = make_worker(cfg, node, chain, db, http, [first.url])
+        worker = make_worker(cfg, node, chain, db, http, [url])
         worker.validators.refresh()
         policy = worker.weights.select()
         sub = build_submission(policy.engine, RUN, node.address, policy.version, 0, policy.manifest_hash,
                                chain_id=worker.chain_id, pool=worker.pool)
         answer = worker.submit(sub)
         assert answer.get("receipt"), answer
+        yield worker, node, policy, db
+
+
+def test_work_without_a_verdict_is_resent_as_the_same_bytes(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    first = make_validator("first")
+    port = int(first.url.rsplit(":", 1)[1])
+    with submitted(published, deployment_file, tmp_path, first.url, 2.0) as (worker, node, policy, db):
         rec = db.get(RUN.run_id, node.address, policy.version, 0)
         assert rec is not None and rec.state == "submitted"
         sent = db.sent_hashes(RUN.run_id, node.address, policy.version, 0)
@@ -69,17 +81,7 @@ def test_a_resend_too_old_for_a_validator_new_to_it_is_sealed_afresh(
     max_age_s = 10.0
     first = make_validator("first")
     port = int(first.url.rsplit(":", 1)[1])
-    node = published.new_node()
-    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [first.url], run=RUN, model=TINY,
-                      submit={"attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.2, "verdict_deadline_s": 1.0})
-    chain = commands.open_chain(cfg)
-    with httpx.Client(timeout=10) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
-        worker = make_worker(cfg, node, chain, db, http, [first.url])
-        worker.validators.refresh()
-        policy = worker.weights.select()
-        sub = build_submission(policy.engine, RUN, node.address, policy.version, 0, policy.manifest_hash,
-                               chain_id=worker.chain_id, pool=worker.pool)
-        assert worker.submit(sub).get("receipt")
+    with submitted(published, deployment_file, tmp_path, first.url, 1.0) as (worker, node, policy, db):
         sent = db.sent_hashes(RUN.run_id, node.address, policy.version, 0)
         last = db.last_sent(RUN.run_id, node.address, policy.version, 0)
         assert last is not None
