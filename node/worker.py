@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from tenacity import (
@@ -86,6 +86,7 @@ from protocol.seeds import validator_ranking, work_key
 from protocol.upload import upload_headers
 
 logger = logging.getLogger(__name__)
+SignedT = TypeVar("SignedT", Receipt, Verdict)
 
 
 class Transient(Exception):
@@ -655,24 +656,18 @@ class Worker:
         `validator` and the answer counted in `Tally.peer_errors` (`unsigned_receipt`, `forged_receipt`,
         `misdirected_receipt`): a 200 or 202 without it is not a delivery (docs/protocol/wire-format.md,
         "Receipts")."""
-        text = body.get("receipt")
+        opened = self._open_signed(body.get("receipt"), validator, Receipt, RECEIPT_AGE_S)
         why, kind = "a 200/202 without a signed receipt", "unsigned_receipt"
-        if isinstance(text, str):
-            try:
-                env = Envelope.from_bytes(text.encode(), max_bytes=MAX_VERDICT_BYTES)
-                opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(),
-                                       expected_signer=validator, body_types=[Receipt], max_age_s=RECEIPT_AGE_S)
-            except PrimeError as exc:
-                why, kind = f"receipt refused: {exc}", "forged_receipt"
-            else:
-                assert isinstance(opened, Receipt)
-                key = work_key(self.run.run_id, self.node, sub.policy_version, sub.counter, chain_id=self.chain_id,
-                               pool=self.pool)
-                if (opened.run_id, opened.node, opened.policy_version, opened.counter, bytes(opened.work_key),
-                        bytes(opened.submission_hash)) == (self.run.run_id, self.node, sub.policy_version,
-                                                           sub.counter, key, sent):
-                    return True
-                why, kind = "a receipt for other bytes or other work", "misdirected_receipt"
+        if isinstance(opened, PrimeError):
+            why, kind = f"receipt refused: {opened}", "forged_receipt"
+        elif isinstance(opened, Receipt):
+            key = work_key(self.run.run_id, self.node, sub.policy_version, sub.counter, chain_id=self.chain_id,
+                           pool=self.pool)
+            if (opened.run_id, opened.node, opened.policy_version, opened.counter, bytes(opened.work_key),
+                    bytes(opened.submission_hash)) == (self.run.run_id, self.node, sub.policy_version,
+                                                       sub.counter, key, sent):
+                return True
+            why, kind = "a receipt for other bytes or other work", "misdirected_receipt"
         self.tally.peer_errors[kind] += 1
         self.validators.distrust(validator, url, why)
         return False
@@ -682,30 +677,40 @@ class Worker:
         """The `Verdict` in `body` if `validator` signed it, in this run's domain, about exactly assignment
         (version, counter) of this node and one of the envelopes this node sent for it; else None, with
         the URL distrusted for `validator` and the answer counted in `Tally.peer_errors`."""
-        text = body.get("verdict")
+        opened = self._open_signed(body.get("verdict"), validator, Verdict, VERDICT_AGE_S)
         why, kind = "no signed verdict", "unsigned_verdict"
-        if isinstance(text, str):
-            try:
-                env = Envelope.from_bytes(text.encode(), max_bytes=MAX_VERDICT_BYTES)
-                opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(),
-                                       expected_signer=validator, body_types=[Verdict], max_age_s=VERDICT_AGE_S)
-            except PrimeError as exc:
-                why, kind = f"verdict refused: {exc}", "forged_verdict"
+        if isinstance(opened, PrimeError):
+            why, kind = f"verdict refused: {opened}", "forged_verdict"
+        elif isinstance(opened, Verdict):
+            key = work_key(self.run.run_id, self.node, version, counter, chain_id=self.chain_id, pool=self.pool)
+            sent = self.protection.sent_hashes(self.run.run_id, self.node, version, counter)
+            if (opened.run_id, opened.node, opened.policy_version, opened.counter, bytes(opened.work_key)) != (
+                    self.run.run_id, self.node, version, counter, key):
+                why, kind = "a verdict about other work", "misdirected_verdict"
+            elif to_hex(opened.submission_hash) not in sent and opened.reason is not Reason.EQUIVOCATION:
+                # (an equivocation verdict judges the *other* envelope signed with this key, not ours)
+                why, kind = "a verdict about an envelope this node never sent", "misdirected_verdict"
             else:
-                assert isinstance(opened, Verdict)
-                key = work_key(self.run.run_id, self.node, version, counter, chain_id=self.chain_id, pool=self.pool)
-                sent = self.protection.sent_hashes(self.run.run_id, self.node, version, counter)
-                if (opened.run_id, opened.node, opened.policy_version, opened.counter, bytes(opened.work_key)) != (
-                        self.run.run_id, self.node, version, counter, key):
-                    why, kind = "a verdict about other work", "misdirected_verdict"
-                elif to_hex(opened.submission_hash) not in sent and opened.reason is not Reason.EQUIVOCATION:
-                    # (an equivocation verdict judges the *other* envelope signed with this key, not ours)
-                    why, kind = "a verdict about an envelope this node never sent", "misdirected_verdict"
-                else:
-                    return opened
+                return opened
         self.tally.peer_errors[kind] += 1
         self.validators.distrust(validator, url, why)
         return None
+
+    def _open_signed(self, text: object, validator: str, body_type: type[SignedT],
+                     max_age_s: float) -> SignedT | PrimeError | None:
+        """`text` (a field of a validator's answer) opened as a `body_type` envelope that `validator` signed in this
+        run's domain within `max_age_s`: the body, the `PrimeError` it was refused with, or None when the field
+        is not a string (absent)."""
+        if not isinstance(text, str):
+            return None
+        try:
+            env = Envelope.from_bytes(text.encode(), max_bytes=MAX_VERDICT_BYTES)
+            opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(),
+                                   expected_signer=validator, body_types=[body_type], max_age_s=max_age_s)
+        except PrimeError as exc:
+            return exc
+        assert isinstance(opened, body_type)
+        return opened
 
     def _apply(self, verdict: Verdict, text: str, detail: str) -> None:
         """Record a verified verdict; the payload is dropped only now. A hard one stops the node."""
