@@ -24,10 +24,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from protocol.canonical import Address, Hash32, HexBytes
+from protocol.canonical import HexBytes
 from protocol.envelope import Body
 from protocol.errors import ProtocolError
-from protocol.rollout import TOKEN_ID, Submission
+from protocol.rollout import TOKEN_ID, Submission, SubmissionHeader
 from protocol.run import MAX_SAMPLES, MAX_TASKS, MAX_TOKENS
 
 MAX_TURNS = 64
@@ -117,7 +117,7 @@ class TaskEpisodes(BaseModel):
     """Sample i was generated with `sampling_seed(..., task_id, i, counter=...)`; all play `env_seed(..., task_id)`."""
 
 
-class EpisodeSubmission(Body):
+class EpisodeSubmission(SubmissionHeader):
     """A node's signed multi-turn work for one assignment (run, node, policy version, counter).
 
     The header means what it means in version 1 (`protocol.rollout.Submission`); every turn of every
@@ -126,20 +126,6 @@ class EpisodeSubmission(Body):
     kind = "submission"
     version = 2
 
-    run_id: str = Field(min_length=1, max_length=128)
-    """The training run."""
-    node: Address
-    """The node's checksummed address (must equal the envelope's signer)."""
-    policy_version: int = Field(ge=0, lt=2**63)
-    """The policy (trainer step) whose weights generated every turn."""
-    manifest_hash: Hash32
-    """Hash of the signed SHARDCAST manifest of those weights (as recorded on chain)."""
-    counter: int = Field(ge=0, lt=2**63)
-    """Which assignment of this node at this version."""
-    env: str = Field(min_length=1, max_length=128)
-    """Environment name (a multi-turn environment)."""
-    env_version: str = Field(min_length=1, max_length=64)
-    """Environment version."""
     tasks: tuple[TaskEpisodes, ...] = Field(min_length=1, max_length=MAX_TASKS)
     """One entry per assigned task, in assignment order."""
 

@@ -62,18 +62,16 @@ class TaskRollouts(BaseModel):
     """Sample i was generated with `sampling_seed(node, version, task_id, i, counter=...)`."""
 
 
-class Submission(Body):
-    """A node's signed work for one assignment (run, node, policy version, counter)."""
-
-    kind = "submission"
-    version = 1
+class SubmissionHeader(Body):
+    """The fields every submission version starts with: which assignment (run, node, policy version, counter), the
+    weights that did the work and the environment (no `kind`: a base, not a message of its own)."""
 
     run_id: str = Field(min_length=1, max_length=128)
     """The training run."""
     node: Address
     """The node's checksummed address (must equal the envelope's signer)."""
     policy_version: int = Field(ge=0, lt=2**63)
-    """The policy (trainer step) whose weights generated every sample."""
+    """The policy (trainer step) whose weights generated every sample (every turn of an episode)."""
     manifest_hash: Hash32
     """Hash of the signed SHARDCAST manifest of those weights (as recorded on chain)."""
     counter: int = Field(ge=0, lt=2**63)
@@ -82,6 +80,14 @@ class Submission(Body):
     """Environment name."""
     env_version: str = Field(min_length=1, max_length=64)
     """Environment version."""
+
+
+class Submission(SubmissionHeader):
+    """A node's signed work for one assignment (run, node, policy version, counter)."""
+
+    kind = "submission"
+    version = 1
+
     tasks: tuple[TaskRollouts, ...] = Field(min_length=1, max_length=MAX_TASKS)
     """One entry per assigned task, in assignment order."""
 
