@@ -378,10 +378,12 @@ def _message_models() -> list[type[BaseModel]]:
     import protocol.appeal  # noqa: F401
     import protocol.episodes  # noqa: F401
     import protocol.info_proof  # noqa: F401
+    import protocol.pool_notes  # noqa: F401
     import protocol.rollout  # noqa: F401
     from protocol.envelope import Envelope, registered_bodies
 
-    modules = ["protocol.rollout", "protocol.episodes", "protocol.info_proof", "protocol.appeal", "discovery.messages"]
+    modules = ["protocol.rollout", "protocol.episodes", "protocol.info_proof", "protocol.appeal", "protocol.pool_notes",
+               "discovery.messages"]
 
     def place(body: type[BaseModel]) -> tuple[int, int]:
         rank = modules.index(body.__module__) if body.__module__ in modules else len(modules)

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol import info_proof
+from protocol import info_proof, pool_notes
 from protocol.config import ShardcastWeights
 from protocol.envelope import seal
 from protocol.errors import ProtocolError
@@ -284,6 +284,15 @@ def build_app(service: Service) -> FastAPI:
         headers = {} if nonce is None else {
             info_proof.HEADER: info_proof.prove_info(service.identity, nonce, body, domain=service.domain)}
         return Response(body, media_type="application/json", headers=headers)
+
+    notes_threads = anyio.CapacityLimiter(1)  # one build at a time, on a thread of its own; the rest wait for it
+
+    @app.get(pool_notes.PATH, summary="This validator's signed PoolNotes for its peers: per node, hard verdicts not on "
+                                      "chain yet, skipped assignments, near-tie account (rebuilt at most every "
+                                      "`pool_notes.cache_s`)")
+    async def peer_notes() -> Response:
+        data = await anyio.to_thread.run_sync(service.notes.sealed, limiter=notes_threads)
+        return Response(data, media_type="application/json")
 
     @app.get("/v1/announcements", summary="The signed discovery announcements this validator believes (a JSON list)")
     def announcements() -> Response:

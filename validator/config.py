@@ -164,6 +164,29 @@ class FloodSettings(Section):
     """The policy versions over which `max_holes` counts (the current one and the `holes_window - 1` before)."""
 
 
+class PoolNotesSettings(Section):
+    """What this validator tells the run's other validators about nodes, and takes from them (`GET /v1/peer/notes`,
+    docs/protocol/verdicts.md, "Pool notes"): hard verdicts not on chain yet, skipped assignments and near-tie
+    accounts, so a node that spreads its work across validators gains nothing. Only with `peers` set."""
+
+    enabled: bool = True
+    """Fetch the peers' notes and count them here (this validator serves its own either way)."""
+    interval_s: float = Field(5.0, gt=0.0)
+    """How often each peer's notes are fetched."""
+    cache_s: float = Field(2.0, ge=0.0)
+    """The served document is rebuilt from the ledger at most this often."""
+    max_age_s: float = Field(60.0, gt=0.0)
+    """A peer's notes count while their signature is at most this old; a peer that stops answering stops counting
+    after it (refused when fetched older than this too)."""
+    claim_max_s: float = Field(3600.0, gt=0.0)
+    """A peer's pending hard verdict holds a node here at most this long after the peer decided it, and never past
+    the chain's invalidation window (after it, the verdict can no longer land on chain)."""
+    timeout_s: float = Field(5.0, gt=0.0)
+    """Total deadline of one fetch (a peer that trickles bytes ends there)."""
+    max_nodes: int = Field(1024, ge=1, le=1024)
+    """Nodes listed in the served document at most (see `protocol.pool_notes`)."""
+
+
 class GateSettings(Section):
     """What a connection or an upload may hold before it is known to come from stake (`validator.server`,
     `validator.gate`): a sender without stake can take a few small, short-lived slots at most, never the
@@ -247,6 +270,8 @@ class ValidatorConfig(PrimeConfig):
     reached from here, the next one in rendezvous order takes the work (failover)."""
     failover_after_s: float = Field(30.0, gt=0.0)
     """How long a peer must fail every probe before its work is taken over."""
+    pool_notes: PoolNotesSettings = PoolNotesSettings()
+    """Sharing what this validator knows about nodes with `peers` (holds, holes, near-tie accounts)."""
     public_url: str | None = None
     """URL other roles reach this API at, announced over discovery (default http://host:port, which
     is announced only when both are concrete: not port 0, not 0.0.0.0)."""

@@ -46,6 +46,7 @@ from validator.verdicts import Verdicts, stored_submission
 if TYPE_CHECKING:
     from toploc.thresholds import ToplocThresholds
     from validator.config import ValidatorConfig
+    from validator.poolview import PoolView
     from validator.stats import Stats
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,8 @@ class RateLimitedError(RetryLaterError):
 
 
 class NodeQuotaError(RateLimitedError):
-    """The signer stored its share of bytes for this window, or has a hard verdict here not yet on chain."""
+    """The signer stored its share of bytes for this window, or has a hard verdict here (or at a peer validator, by
+    its signed notes) not yet on chain."""
 
     code = "node_quota"
 
@@ -85,7 +87,7 @@ class ChainUnavailableError(RetryLaterError):
 
 
 class TooManyHolesError(RateLimitedError):
-    """The signer skipped more assignments here than `flood.max_holes` at the last `flood.holes_window` versions:
+    """The signer skipped more assignments (here, and at the peers whose notes we hold) than `flood.max_holes` at the last `flood.holes_window` versions:
     refused until enough of them leave the window (docs/protocol/assignment.md, "Skipping")."""
 
     code = "too_many_holes"
@@ -125,8 +127,8 @@ def _take(b: _Bucket, rate: float, burst: int, now: float) -> float:
 
 class Admission:
     """Whether an authenticated sender may spend a nonce here, cheapest first: active on chain, within its rate,
-    within the global rate, within its bytes for the window, no hard verdict of it pending here, within its
-    skipped assignments (`flood.max_holes`), room in the backlog. `admit` raises to refuse (the nonce stays unconsumed); `admitted` counts the bytes of a request
+    within the global rate, within its bytes for the window, no hard verdict of it pending here or at a peer (`pool`),
+    within its skipped assignments in the pool (`flood.max_holes`), room in the backlog. `admit` raises to refuse (the nonce stays unconsumed); `admitted` counts the bytes of a request
     that got past the replay guard."""
 
     def __init__(self, chain: ChainView, ledger: Ledger, cfg: ValidatorConfig) -> None:
@@ -139,6 +141,9 @@ class Admission:
         self._bytes: dict[str, tuple[int, int]] = {}
         """node -> (window number, bytes admitted in it); only the current window's nodes are kept."""
         self._lock = threading.Lock()
+        self.pool: PoolView | None = None
+        """The peers' notes (`validator.poolview`), set by the service when it has peers: a hard verdict pending at
+        any validator of the pool holds the node, and its holes count across the pool."""
 
     def _window(self) -> int:
         return int(time.time() // self.flood.window_s)
@@ -166,15 +171,20 @@ class Admission:
         stored = self.ledger.node_stored_bytes(signer)  # a total, not a rate: it survives our restarts
         if stored + size > f.node_stored_bytes:
             raise NodeQuotaError(f"{signer} has {stored} bytes stored here (limit {f.node_stored_bytes})", f.window_s)
-        if f.hold_slashable and self.ledger.hard_pending(signer, reported_since=time.time() - self.read_back_s):
-            raise NodeQuotaError(f"{signer} has a hard verdict here that is not on chain yet", self.retry_hold_s)
+        pool = self.pool
+        if f.hold_slashable:
+            if self.ledger.hard_pending(signer, reported_since=time.time() - self.read_back_s):
+                raise NodeQuotaError(f"{signer} has a hard verdict here that is not on chain yet", self.retry_hold_s)
+            if pool is not None and (peer := pool.hard_pending_at(signer)) is not None:
+                raise NodeQuotaError(f"{signer} has a hard verdict at validator {peer} that is not on chain yet",
+                                     self.retry_hold_s)
         current = self.chain.current_version()
         if current is not None:
             since = max(0, current - f.holes_window + 1)
-            holes = self.ledger.holes_since(signer, since)
+            holes = self.ledger.holes_since(signer, since) if pool is None else pool.holes_since(signer, since)
             if holes > f.max_holes:
-                raise TooManyHolesError(f"{signer} skipped {holes} assignments here at v{since}..v{current} (limit "
-                                        f"{f.max_holes}): refused until they leave the window of {f.holes_window} "
+                raise TooManyHolesError(f"{signer} skipped {holes} assignments in the pool at v{since}..v{current} "
+                                        f"(limit {f.max_holes}): refused until they leave the window of {f.holes_window} "
                                         f"versions", f.window_s)
         backlog = self.ledger.backlog()
         if backlog >= f.max_backlog:

@@ -125,6 +125,13 @@ _SCHEMA = [
         node TEXT PRIMARY KEY,
         stored BIGINT NOT NULL
     )""",
+    # per node: the near-tie account of its accepted work here (kept with the rows by `_decide`: no scan to read)
+    """CREATE TABLE IF NOT EXISTS node_ties (
+        node TEXT PRIMARY KEY,
+        tokens BIGINT NOT NULL,
+        near_ties BIGINT NOT NULL,
+        eos_near_ties BIGINT NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS counter_holes (
         node TEXT NOT NULL,
         policy_version BIGINT NOT NULL,
@@ -401,6 +408,8 @@ class Ledger:
                 db.execute(stmt)
             if not db.execute("SELECT n FROM tallies WHERE kind = ?", (_TALLIES_MARK,)):
                 _count_from_rows(db)  # a ledger from before the tallies: counted once, kept from now on
+            if not db.execute("SELECT n FROM tallies WHERE kind = ?", (_TIES_MARK,)):
+                _ties_from_rows(db)  # a ledger from before the near-tie accounts: counted once, kept from now on
 
     @classmethod
     def open(cls, *, dsn: str | None = None, path: str | Path | None = None, owner: str | None = None) -> Ledger:
@@ -460,10 +469,10 @@ class Ledger:
         """Inside a transaction: record the verdict; what it changes in the tallies is added to `change` (the
         caller applies it once, at the end: every transaction takes the tally rows in one order)."""
         which = "work_key = ? AND state = 'received'" if only_received else "work_key = ?"
-        before: list[tuple[Any, ...]] = [("received", None)]
+        before: list[tuple[Any, ...]] = [("received", None, None, None)]
         if not only_received:
-            before = db.execute(f"SELECT state, outcome FROM submissions WHERE work_key = ?{db.for_update}",
-                                (work_key,))
+            before = db.execute("SELECT state, outcome, node, measurements FROM submissions WHERE work_key = ?"
+                                f"{db.for_update}", (work_key,))
         done = db.execute(
             "UPDATE submissions SET state = 'decided', outcome = ?, reason = ?, detail = ?, measurements = ?, "
             f"evidence_hash = ?, verdict = ?, decided_at = ?, lease_until = NULL, lease_owner = NULL WHERE {which} "
@@ -473,10 +482,16 @@ class Ledger:
         )
         if not done:
             return False
-        old_state, old_outcome = before[0]
+        old_state, old_outcome, node, old_measurements = before[0]
         for kind, n in ((f"state:{old_state}", -1), ("state:decided", 1), (f"outcome:{d.outcome}", 1),
                         *(((f"outcome:{old_outcome}", -1),) if old_outcome is not None else ())):
             change[kind] = change.get(kind, 0) + n
+        if old_outcome == "accepted" and old_measurements:  # an accepted row rejected after all: out of its account
+            _add_ties(db, str(node), Measurements.from_json(json.loads(old_measurements)), -1)
+        if d.outcome == "accepted" and d.measurements:
+            if node is None:
+                node = db.execute("SELECT node FROM submissions WHERE work_key = ?", (work_key,))[0][0]
+            _add_ties(db, str(node), Measurements.from_json(d.measurements), 1)
         if d.evidence is not None and d.evidence_hash is not None:
             db.execute("INSERT INTO evidence (hash, data, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                        (d.evidence_hash, d.evidence, now))
@@ -834,6 +849,55 @@ class Ledger:
         return {str(n): int(h) for n, h in self._db.execute(
             "SELECT node, SUM(holes) FROM counter_holes GROUP BY node HAVING SUM(holes) > 0")}
 
+    def node_holes(self, node: str, from_version: int) -> dict[int, int]:
+        """{version: holes} of `node` here at versions `from_version` and later (those with any)."""
+        return {int(v): int(h) for v, h in self._db.execute(
+            "SELECT policy_version, holes FROM counter_holes WHERE node = ? AND policy_version >= ? AND holes > 0",
+            (node, from_version))}
+
+    # -- what the pool's other validators are told (`validator.notes`) ---------------------------
+
+    def hard_pending_nodes(self, *, reported_since: float, limit: int, keys_per_node: int
+                           ) -> list[tuple[str, int, float, list[str]]]:
+        """(node, count, oldest decision time, the oldest `keys_per_node` work keys) of at most `limit` nodes with a
+        hard verdict here not on chain yet, or reported since `reported_since` (`hard_pending`'s rule), oldest
+        first. One scan of the pending hard rows (few: each holds its node back)."""
+        rows = self._db.execute(
+            "SELECT node, work_key, decided_at FROM submissions WHERE outcome = 'rejected_hard' AND (state = 'decided' "
+            "OR (state = 'reported' AND reported_at >= ?)) ORDER BY decided_at, work_key", (reported_since,))
+        out: dict[str, tuple[int, float, list[str]]] = {}
+        for node, key, decided in rows:
+            n, oldest, keys = out.get(node, (0, float(decided), []))
+            if len(keys) < keys_per_node:
+                keys.append(str(key))
+            out[node] = (n + 1, oldest, keys)
+        return [(node, n, oldest, keys) for node, (n, oldest, keys) in list(out.items())[:limit]]
+
+    def holes_of_nodes(self, from_version: int) -> dict[str, dict[int, int]]:
+        """{node: {version: holes}} of every node with holes counted here at versions `from_version` and later."""
+        out: dict[str, dict[int, int]] = {}
+        for node, version, holes in self._db.execute(
+                "SELECT node, policy_version, holes FROM counter_holes WHERE policy_version >= ? AND holes > 0",
+                (from_version,)):
+            out.setdefault(str(node), {})[int(version)] = int(holes)
+        return out
+
+    def near_tie_accounts(self, limit: int) -> dict[str, tuple[int, int, int]]:
+        """{node: (paid tokens, near-ties, EOS near-ties)} of the accepted work here, the `limit` nodes with the most
+        near-ties (then the most tokens)."""
+        return {str(n): (int(t), int(k), int(e)) for n, t, k, e in self._db.execute(
+            "SELECT node, tokens, near_ties, eos_near_ties FROM node_ties WHERE tokens > 0 OR near_ties > 0 "
+            "ORDER BY near_ties DESC, tokens DESC, node LIMIT ?", (limit,))}
+
+    def near_tie_nodes(self) -> int:
+        """How many nodes have a near-tie account here."""
+        return int(self._db.execute("SELECT COUNT(*) FROM node_ties WHERE tokens > 0 OR near_ties > 0")[0][0])
+
+    def near_tie_account(self, node: str) -> tuple[int, int, int]:
+        """(paid tokens, near-ties, EOS near-ties) of `node`'s accepted work here (kept by `_decide`: no scan)."""
+        rows = self._db.execute("SELECT tokens, near_ties, eos_near_ties FROM node_ties WHERE node = ?", (node,))
+        return (int(rows[0][0]), int(rows[0][1]), int(rows[0][2])) if rows else (0, 0, 0)
+
     # -- refusals (requests that never became a row, counted per signed sender) ------------------
 
     def count_refusal(self, node: str, reason: str, *, now: float | None = None) -> None:
@@ -914,6 +978,28 @@ class Ledger:
 
 
 _TALLIES_MARK = "tallies:v1"
+_TIES_MARK = "node_ties:v1"
+"""Set once the `node_ties` accounts hold every accepted row (a ledger older than them is counted at open)."""
+
+
+def _add_ties(db: _Db, node: str, m: Measurements, sign: int) -> None:
+    """Inside the transaction that decides a row: add (`sign` 1) or take back (-1) its near-tie account."""
+    acc = [0, 0, 0]
+    _count_ties(acc, m)
+    if any(acc):
+        db.execute("INSERT INTO node_ties (node, tokens, near_ties, eos_near_ties) VALUES (?, ?, ?, ?) ON CONFLICT "
+                   "(node) DO UPDATE SET tokens = node_ties.tokens + excluded.tokens, near_ties = node_ties.near_ties "
+                   "+ excluded.near_ties, eos_near_ties = node_ties.eos_near_ties + excluded.eos_near_ties",
+                   (node, *(sign * x for x in acc)))
+
+
+def _ties_from_rows(db: _Db) -> None:
+    """Inside the schema transaction: the near-tie accounts of the accepted rows as they are (once)."""
+    db.execute("DELETE FROM node_ties")
+    for node, measurements in db.execute("SELECT node, measurements FROM submissions WHERE outcome = 'accepted' "
+                                         "AND measurements IS NOT NULL"):
+        _add_ties(db, str(node), Measurements.from_json(json.loads(measurements)), 1)
+    _tally(db, {_TIES_MARK: 1})
 
 
 def _add_node_bytes(db: _Db, node: str, n: int) -> None:

@@ -7,8 +7,8 @@ measurements in, verdict out) and `validator.verdicts` (signing, evidence, feed 
 `validator.grading` serve the checker.
 
 Threads: `chain` (new pool events every `chain.poll_s`), `checker` (the model stage), `reporter`
-(the outbox onto the chain), `feed` (Parquet files for a trainer on a shared disk), and the weights
-follower. The HTTP app (`validator.app`) only calls into `Intake.receive` and reads the ledger.
+(the outbox onto the chain), `feed` (Parquet files for a trainer on a shared disk), the weights
+follower, and with `peers`: `peers` (probes) and `pool-notes` (the peers' signed notes, `validator.poolview`). The HTTP app (`validator.app`) only calls into `Intake.receive` and reads the ledger.
 On start every unfinished row is picked up where it was: received rows are re-checked (the leases this
 process held when it was killed are freed at start), decided rows are reported, unwritten feed items are written.
 """
@@ -38,7 +38,9 @@ from validator.chainview import ChainView
 from validator.config import ValidatorConfig
 from validator.core import Core
 from validator.ledger import Ledger
+from validator.notes import Notes
 from validator.peers import PeerWatch
+from validator.poolview import PoolView
 from validator.reporter import Reporter
 from validator.weights import WeightStore
 
@@ -83,6 +85,13 @@ class Service:
                                failover_after_s=cfg.failover_after_s)
         self.core = Core.build(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
                                replay_guard=self.replay, nonces=self.nonces, peers=self.peers)
+        self.notes = Notes(cfg, self.identity, self.ledger, self.chain, domain=self.domain)
+        self.pool_view: PoolView | None = None
+        if cfg.peers and cfg.pool_notes.enabled:  # what the peers know about a node counts here too
+            self.pool_view = PoolView(cfg.pool_notes, ledger=self.ledger, domain=self.domain, me=self.identity.address,
+                                 peers=self.peers.urls, validators=self.core.assignment.validators,
+                                 invalidation_window=lambda: self.chain.invalidation_window, stats=self.core.stats)
+            self.core.intake.admission.pool = self.pool_view
         self.appeals = AppealDesk(cfg, self.identity, self.ledger, self.chain,
                                   self.pool if cfg.reporter.enabled else None, self.core, self.weights,
                                   domain=self.domain, replay_guard=self.replay, nonces=self.nonces)
@@ -182,6 +191,8 @@ class Service:
             self._loop("appeals", self.cfg.reporter.interval_s * 5, self.appeals.resolve_pending)
         if self.cfg.peers:
             self._loop("peers", min(5.0, self.cfg.failover_after_s / 3), self.peers.probe)
+        if self.pool_view is not None:
+            self._loop("pool-notes", self.cfg.pool_notes.interval_s, self.pool_view.poll)
 
     def stop(self) -> None:
         self._stop.set()
@@ -191,6 +202,8 @@ class Service:
             t.join(timeout=30)
         self.ledger.close()
         self.peers.close()
+        if self.pool_view is not None:
+            self.pool_view.close()
         self.replay.close()
         self.nonces.close()
 
