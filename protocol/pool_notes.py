@@ -31,15 +31,13 @@ MAX_NOTES_BYTES = 2 << 20
 PATH = "/v1/peer/notes"
 """Where a validator serves its signed notes."""
 
-_U63 = Field(ge=0, lt=2**63)
-
 
 class VersionHoles(BaseModel):
     """Assignments a node skipped at one policy version, as the sender counted them (`counter_holes`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy_version: int = _U63
+    policy_version: int = Field(ge=0, lt=2**63)
     holes: int = Field(ge=1, lt=2**63)
 
 
@@ -49,7 +47,7 @@ class NodeNote(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     node: Address
-    hard_pending: int = _U63
+    hard_pending: int = Field(0, ge=0, lt=2**63)
     """Hard verdicts of the node decided by the sender and not on chain yet (or reported so recently that the
     slash may not be read back yet)."""
     hard_oldest_ms: int | None = Field(None, ge=0, lt=2**63)
@@ -58,11 +56,11 @@ class NodeNote(BaseModel):
     """Work keys of some of them (the oldest first), so a reader can find them on chain later."""
     holes: tuple[VersionHoles, ...] = Field((), max_length=MAX_VERSIONS)
     """Skipped assignments counted by the sender at the versions of its holes window (newest versions kept)."""
-    tokens: int = _U63
+    tokens: int = Field(0, ge=0, lt=2**63)
     """Paid tokens of the node's work the sender accepted (its near-tie account)."""
-    near_ties: int = _U63
+    near_ties: int = Field(0, ge=0, lt=2**63)
     """Of those, tokens where the replay's winner was within the sampling margin and not the node's token."""
-    eos_near_ties: int = _U63
+    eos_near_ties: int = Field(0, ge=0, lt=2**63)
     """Near-tie disagreements at an end of sequence."""
 
 
@@ -76,6 +74,6 @@ class PoolNotes(Body):
     current_version: int | None = Field(None, ge=0, lt=2**63)
     """The newest policy version on chain as the sender saw it."""
     nodes: tuple[NodeNote, ...] = Field((), max_length=MAX_NODES)
-    dropped: int = _U63
+    dropped: int = Field(0, ge=0, lt=2**63)
     """Nodes the sender had something on and left out (the cap): those with the fewest near-ties and no pending
     hard verdict or hole go first."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.nonce import random_nonce
 from protocol.pool_notes import MAX_VERSIONS, MAX_WORK_KEYS, NodeNote, PoolNotes, VersionHoles
-from validator.chainview import ChainView
 from validator.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 class Notes:
     """Builds and signs this validator's notes (`GET /v1/peer/notes`)."""
 
-    def __init__(self, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, chain: ChainView, *,
-                 domain: str) -> None:
-        self.identity, self.ledger, self.chain, self.domain = identity, ledger, chain, domain
+    def __init__(self, cfg: ValidatorConfig, identity: Identity, ledger: Ledger, *,
+                 current_version: Callable[[], int | None], domain: str) -> None:
+        self.identity, self.ledger, self.current_version, self.domain = identity, ledger, current_version, domain
         self.cache_s, self.max_nodes = cfg.pool_notes.cache_s, cfg.pool_notes.max_nodes
         self.holes_window = cfg.flood.holes_window
         self.read_back_s = 2 * cfg.chain.poll_s + 1.0  # as `Admission`: a landed slash is read back by then
@@ -39,7 +39,7 @@ class Notes:
     def build(self, now: float | None = None) -> PoolNotes:
         """The document as the ledger stands (see the module docstring for what goes in and what is dropped)."""
         t = time.time() if now is None else now
-        current = self.chain.current_version()
+        current = self.current_version()
         since = 0 if current is None else max(0, current - self.holes_window + 1)
         pending = {node: (n, oldest, keys) for node, n, oldest, keys in self.ledger.hard_pending_nodes(
             reported_since=t - self.read_back_s, limit=self.max_nodes, keys_per_node=MAX_WORK_KEYS)}

@@ -85,7 +85,8 @@ class Service:
                                failover_after_s=cfg.failover_after_s)
         self.core = Core.build(cfg, self.identity, self.ledger, self.chain, self.weights, domain=self.domain,
                                replay_guard=self.replay, nonces=self.nonces, peers=self.peers)
-        self.notes = Notes(cfg, self.identity, self.ledger, self.chain, domain=self.domain)
+        self.notes = Notes(cfg, self.identity, self.ledger, current_version=self.chain.current_version,
+                           domain=self.domain)
         self.pool_view: PoolView | None = None
         if cfg.peers and cfg.pool_notes.enabled:  # what the peers know about a node counts here too
             self.pool_view = PoolView(cfg.pool_notes, ledger=self.ledger, domain=self.domain, me=self.identity.address,
