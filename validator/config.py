@@ -154,7 +154,8 @@ class FloodSettings(Section):
     hold_slashable: bool = True
     """A node with a hard verdict here that is not on chain yet sends nothing more until it is (its slash
     is coming: 429 + Retry-After), so it cannot keep filling the ledger while the verdict waits out the
-    systemic window."""
+    systemic window; with `peers`, a hard verdict pending at a peer (its signed notes, `pool_notes`) holds the
+    node here too."""
     max_holes: int = Field(8, ge=0)
     """Skipped assignments (`counter_holes`, counted here once a version leaves the async window) a node may
     have at the last `holes_window` policy versions; with more, its submissions are refused (429
