@@ -291,7 +291,7 @@ def build_app(service: Service) -> FastAPI:
                                       "chain yet, skipped assignments, near-tie account (rebuilt at most every "
                                       "`pool_notes.cache_s`)")
     async def peer_notes() -> Response:
-        data = await anyio.to_thread.run_sync(service.notes.sealed, limiter=notes_threads)
+        data = service.notes.cached() or await anyio.to_thread.run_sync(service.notes.sealed, limiter=notes_threads)
         return Response(data, media_type="application/json")
 
     @app.get("/v1/announcements", summary="The signed discovery announcements this validator believes (a JSON list)")

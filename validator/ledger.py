@@ -150,6 +150,8 @@ _ADDED_COLUMNS = [
     ("report_error", "TEXT"),
 ]
 _INDEXES = [  # after the added columns exist
+    # the pool notes read the holes of the last versions of every node (`holes_of_nodes`)
+    "CREATE INDEX IF NOT EXISTS counter_holes_version ON counter_holes (policy_version)",
     "CREATE INDEX IF NOT EXISTS submissions_outbox ON submissions (state, outcome, decided_at)",
     "CREATE INDEX IF NOT EXISTS submissions_node_state ON submissions (node, state, outcome)",
 ]

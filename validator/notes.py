@@ -61,6 +61,12 @@ class Notes:
                 tokens=tokens, near_ties=near, eos_near_ties=eos))
         return PoolNotes(current_version=current, nodes=tuple(notes), dropped=everyone - len(notes))
 
+    def cached(self) -> bytes | None:
+        """The signed bytes while younger than `cache_s` (no lock, no ledger read: the HTTP route answers these in
+        its event loop), else None."""
+        sealed = self._sealed
+        return sealed[1] if sealed is not None and time.monotonic() - sealed[0] < self.cache_s else None
+
     def sealed(self) -> bytes:
         """The signed document's bytes, rebuilt when older than `cache_s`."""
         with self._lock:  # one build at a time; those queued behind it take its result

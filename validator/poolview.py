@@ -179,7 +179,8 @@ class PoolView:
         return tokens, near, eos
 
     def status(self) -> dict[str, dict[str, object]]:
-        """Per peer: when its latest notes were signed, how many nodes they list, the last refusal (for /health)."""
+        """Per peer: when its latest notes were signed, how many nodes they list, the last refusal (for operators
+        and tests; the counts are in `/metrics`)."""
         with self._lock:
             peers = set(self._latest) | set(self._errors)
             return {a: {"signed_at": self._latest[a].signed_at if a in self._latest else None,
