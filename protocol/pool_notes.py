@@ -66,7 +66,8 @@ class NodeNote(BaseModel):
 
 class PoolNotes(Body):
     """One validator's notes for its peers, signed with its key in the run's domain. A reader keeps the newest
-    one per signer: an older or equal envelope timestamp than the last one taken is refused (a replay)."""
+    one per signer: a document signed no later than the last one taken is refused (a replay), unless it is those
+    very bytes again (a cached document fetched twice), which changes nothing."""
 
     kind = "pool-notes"
     version = 1
