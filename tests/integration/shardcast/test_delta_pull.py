@@ -1,14 +1,18 @@
 """Delta versions through an origin and a relay: a client that holds nothing rebuilds the chain from its anchor,
 one holding v-1 fetches only the delta, a relay serving a tampered delta is banned, a delta reproducing another
-version's weights is refused by the chain's hash, and a base nobody serves stops the pull with a typed error."""
+version's weights is refused by the chain's hash; a base chain withheld (an anchor, or a delta in it) gives way to the
+version's full weights, as does a chain dearer than them; and a version nobody serves either way stops the pull with a
+typed error."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
@@ -158,14 +162,119 @@ def test_a_delta_reproducing_another_versions_weights_is_refused_by_the_chains_h
         follower.verified(3, real_v3_hash)
 
 
-def test_a_base_nobody_serves_stops_the_pull_with_a_typed_error(tmp_path: Path, trainer: Identity) -> None:
+class WithholdingRelay:
+    """A relay in front of an origin that passes every request through but those `withheld` names: it answers them
+    404, or (`hang`) accepts them and never answers."""
+
+    def __init__(self, upstream: str, withheld: Callable[[str], bool], *, hang: bool = False) -> None:
+        self.upstream, self.withheld, self.hang = upstream, withheld, hang
+        self.asked: list[str] = []
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.asked.append(request.path)
+        if self.withheld(request.path):
+            if self.hang:
+                await asyncio.Event().wait()  # accepted, never answered (until the server shuts down)
+            raise web.HTTPNotFound()
+        assert self._session is not None
+        async with self._session.request(request.method, self.upstream + request.path_qs) as answer:
+            body = await answer.read()
+            return web.Response(status=answer.status, body=body if request.method != "HEAD" else None,
+                                headers={"Content-Type": answer.headers.get("Content-Type", "application/octet-stream")})
+
+    async def __aenter__(self) -> WithholdingRelay:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None and self._session is not None
+        await self._runner.cleanup()
+        await self._session.close()
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["404", "hang"])
+def test_a_withheld_anchor_gives_way_to_the_full_weights_of_the_version(
+        tmp_path: Path, trainer: Identity, hang: bool) -> None:
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin, \
+                WithholdingRelay(origin.url, lambda path: path.startswith("/v/1/"), hang=hang) as relay:
+            client = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
+                            read_timeout_s=0.5, unavailable_s=0.5, manifest_timeout_s=0.5)
+            result = await client.pull(3)
+            assert result.version == 3 and result.whole
+            assert same_tree(tmp_path / "out" / "current", chain[2][0])
+            assert result.bytes_fetched == chain[2][1].full_bytes
+            assert any(path.startswith("/v/3/full/") for path in relay.asked)
+    run(body())
+    follower = Follower([], trainer=trainer.address, out_dir=tmp_path / "out", run_id="r", keep=5)
+    assert same_tree(follower.verified(3, chain[2][1].content_hash()), chain[2][0])
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["404", "hang"])
+def test_a_withheld_delta_in_the_chain_gives_way_to_the_full_weights(
+        tmp_path: Path, trainer: Identity, hang: bool) -> None:
+    """A client holding v1 needs v2's and v3's deltas (far cheaper than v3 whole); the relay withholds v2's delta
+    shards: the pull tries the chain, gives it up, and installs v3 from its full weights."""
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            await client.pull(1)
+            async with WithholdingRelay(origin.url, lambda path: path.startswith("/v/2/shards/"), hang=hang) as relay:
+                client = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
+                                read_timeout_s=0.5, unavailable_s=0.5, manifest_timeout_s=0.5)
+                result = await client.pull(3)
+                assert result.version == 3 and result.whole
+                assert any(path.startswith("/v/2/shards/") for path in relay.asked)  # the chain was tried first
+                assert same_tree(tmp_path / "out" / "current", chain[2][0])
+    run(body())
+    follower = Follower([], trainer=trainer.address, out_dir=tmp_path / "out", run_id="r", keep=5)
+    assert same_tree(follower.verified(3, chain[2][1].content_hash()), chain[2][0])
+
+
+def test_a_client_far_behind_takes_the_full_weights_when_they_are_cheaper_than_the_chain(
+        tmp_path: Path, trainer: Identity) -> None:
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+    anchor_and_deltas = sum(m.total_bytes for _, m in chain)
+    assert anchor_and_deltas > chain[2][1].full_bytes
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            result = await client.pull(3)
+            assert result.whole and result.bytes_fetched == chain[2][1].full_bytes
+            assert client.installed_version() == 3 and not (tmp_path / "out" / "v1").exists()
+            assert same_tree(tmp_path / "out" / "current", chain[2][0])
+    run(body())
+
+
+def test_a_version_whose_base_chain_and_full_weights_nobody_serves_stops_the_pull_with_a_typed_error(
+        tmp_path: Path, trainer: Identity) -> None:
     _publish_chain(tmp_path, trainer, 2, tmp_path / "origin")
     shutil.rmtree(tmp_path / "origin" / "versions" / "1")  # the anchor withheld
+    shutil.rmtree(tmp_path / "origin" / "versions" / "2" / "full")  # and v2's full weights
 
     async def body() -> None:
         async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
             client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
-                            wait_s=2)
+                            wait_s=2, unavailable_s=0.5)
             with pytest.raises(RelayError):
                 await client.pull(2)
             assert client.installed_version() is None
