@@ -537,7 +537,10 @@ class Client:
                     return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
                                       time.monotonic() - started, self.board.summary())
                 log.warning("v%d is installed without %s: pulling it again", manifest.version, ", ".join(missing[:5]))
-            whole = manifest.delta is not None and not await self._base_for_delta(session, manifest, holders, for_delta)
+            chain_failure: RelayError | None = None
+            whole = False
+            if manifest.delta is not None:
+                whole, chain_failure = await self._base_for_delta(session, manifest, holders, for_delta)
             fetched: _Fetched | None = None
             if not whole:
                 try:
@@ -549,9 +552,15 @@ class Client:
                         raise
                     log.warning("v%d: its delta cannot be had or applied (%s): fetching its full weights instead",
                                 manifest.version, exc)
-                    whole = True
+                    whole, chain_failure = True, exc
             if whole:
-                fetched = await self._fetch(session, signed, manifest.full_view(), holders, version, route="full")
+                try:
+                    fetched = await self._fetch(session, signed, manifest.full_view(), holders, version, route="full")
+                except RelayError as exc:
+                    if chain_failure is None or isinstance(exc, StorageError):
+                        raise
+                    # neither way: the error says why the chain failed (a wrong base stays a DeltaBaseError)
+                    raise type(chain_failure)(f"{chain_failure}; and its full weights: {exc}") from exc
         assert fetched is not None
         self._install_guarded(lambda: self._install(signed, fetched.staging), manifest.version)
         seconds = time.monotonic() - started
@@ -563,23 +572,22 @@ class Client:
                           whole=whole)
 
     async def _base_for_delta(self, session: aiohttp.ClientSession, manifest: Manifest, holders: list[str],
-                              for_delta: bool) -> bool:
-        """Install the base of delta `manifest` if that is the way to get it: True when the base is here (fetch the
-        delta), False when the full weights should be fetched instead (the base chain cannot be had, or is dearer
-        than the full weights and a holder offers them). Inside a base pull (`for_delta`) the base is pulled
-        whatever it costs, and a failure raises: the outermost pull decides."""
+                              for_delta: bool) -> tuple[bool, RelayError | None]:
+        """Install the base of delta `manifest` if that is the way to get it. (False, None): the base is here, fetch
+        the delta; (True, why): fetch the full weights instead, because the base chain cannot be had (`why`) or is
+        dearer than the full weights and a holder offers them (None). Inside a base pull (`for_delta`) the base is
+        pulled whatever it costs, and a failure raises: the outermost pull decides."""
         if self._held_base(manifest) is not None:
-            return True
+            return False, None
         if not for_delta:
             chain = await self._chain_bytes(session, manifest)
-            if chain is None:
-                log.warning("v%d: its base chain cannot be had from any source: fetching its full weights instead",
-                            manifest.version)
-                return False
+            if isinstance(chain, RelayError):
+                log.warning("%s: fetching its full weights instead", chain)
+                return True, chain
             if chain >= manifest.full_bytes and await self._offers_whole(session, manifest, holders):
                 log.info("v%d: its base chain is %d bytes, its full weights %d: fetching the full weights",
                          manifest.version, chain, manifest.full_bytes)
-                return False
+                return True, None
         try:
             await self._hold_base(manifest)
         except RelayError as exc:
@@ -587,8 +595,8 @@ class Client:
                 raise
             log.warning("v%d: its base chain cannot be had (%s): fetching its full weights instead",
                         manifest.version, exc)
-            return False
-        return True
+            return True, exc
+        return False, None
 
     async def _offers_whole(self, session: aiohttp.ClientSession, manifest: Manifest, holders: list[str]) -> bool:
         """Whether one of `holders` serves the full weights of delta `manifest` (a HEAD of its first full shard;
@@ -615,18 +623,23 @@ class Client:
                 task.cancel()
         return False
 
-    async def _chain_bytes(self, session: aiohttp.ClientSession, manifest: Manifest) -> int | None:
+    async def _chain_bytes(self, session: aiohttp.ClientSession, manifest: Manifest) -> int | RelayError:
         """Bytes a pull of delta `manifest` through its base chain fetches: its own, and each base's down to one
-        installed here or to the anchor (from their signed manifests); None when a base's manifest cannot be had
-        from any source or is not the base named."""
+        installed here or to the anchor (from their signed manifests); the reason when a base's manifest cannot be
+        had from any source, or is not the base named (`DeltaBaseError`)."""
         total, ref = manifest.total_bytes, manifest.delta
         while ref is not None:
             if self._held(ref.base_version, ref.base_weights) is not None:
                 return total
             signed = await self._hedged_manifest(session, self.board.order(self.sources), ref.base_version,
                                                  run_id=manifest.run_id, min_version=None)
-            if signed is None or signed.manifest.weights_hash() != ref.base_weights:
-                return None
+            if signed is None:
+                return RelayError(f"v{manifest.version}: no source serves the manifest of v{ref.base_version}, "
+                                  f"in its base chain")
+            if signed.manifest.weights_hash() != ref.base_weights:
+                return DeltaBaseError(f"v{manifest.version}: its base chain names v{ref.base_version} with weights "
+                                      f"{ref.base_weights[:12]}, the sources serve weights "
+                                      f"{signed.manifest.weights_hash()[:12]}")
             total += signed.manifest.total_bytes
             ref = signed.manifest.delta
         return total

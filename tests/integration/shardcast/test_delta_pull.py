@@ -24,6 +24,7 @@ from bench.loopback import same_tree
 from protocol.errors import RelayError
 from protocol.identity import Identity
 from shardcast import Client, Origin, Relay
+from shardcast.errors import DeltaBaseError
 from shardcast.follower import Follower, VersionUnavailable
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.publisher import DeltaBase, publish_blocking
@@ -278,4 +279,41 @@ def test_a_version_whose_base_chain_and_full_weights_nobody_serves_stops_the_pul
             with pytest.raises(RelayError):
                 await client.pull(2)
             assert client.installed_version() is None
+    run(body())
+
+
+@pytest.mark.parametrize("full_served", [True, False], ids=["full-served", "nothing-else"])
+def test_a_delta_against_another_base_than_the_one_held_is_never_applied_to_it(
+        tmp_path: Path, trainer: Identity, full_served: bool) -> None:
+    """The client holds the real v2; a relay serves a v3 (validly signed: the key equivocated) that is a delta against
+    another v2. The delta is never applied to the v2 held: the pull takes v3's full weights where a source has them,
+    and otherwise fails with `DeltaBaseError`, the v2 held untouched."""
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+    other = _checkpoint(tmp_path / "other2", 7)  # another v2's weights
+    forged = tmp_path / "forged"
+    v1 = publish_blocking(chain[0][0], forged, identity=trainer, run_id="r", version=1, shard_size=16 * KiB).manifest
+    v2 = publish_blocking(other, forged, identity=trainer, run_id="r", version=2, shard_size=16 * KiB,
+                          base=DeltaBase(chain[0][0], v1)).manifest
+    v3 = publish_blocking(chain[2][0], forged, identity=trainer, run_id="r", version=3, shard_size=16 * KiB,
+                          base=DeltaBase(other, v2)).manifest
+    assert v3.delta is not None and v3.delta.base_weights != chain[1][1].weights_hash()
+    if not full_served:
+        shutil.rmtree(forged / "versions" / "3" / "full")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            await client.pull(1)
+            await client.pull(2)
+        async with Origin(forged, run_id="r", shard_size=16 * KiB) as liar:
+            client = Client([liar.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
+                            unavailable_s=0.5)
+            if full_served:
+                result = await client.pull(3)
+                assert result.whole and same_tree(tmp_path / "out" / "v3", chain[2][0])
+            else:
+                with pytest.raises(DeltaBaseError):
+                    await client.pull(3)
+                assert client.installed_version() == 2
+            assert same_tree(tmp_path / "out" / "v2", chain[1][0])  # the v2 held, untouched
     run(body())
