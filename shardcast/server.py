@@ -5,8 +5,9 @@
     GET|HEAD /v/{version}/shards/{i}     shard bytes, Range supported (sendfile on worker threads); while a relay is still
                                          fetching shard i it holds the request until the shard is verified
                                          (pipelining) and answers 503 + Retry-After if that takes too long
-    GET|HEAD /v/{version}/full/{i}       a delta version's full-weight shard i (`delta.shards`), where this server keeps
-                                         them (an origin; relays answer 404): the fallback of a client whose base chain
+    GET|HEAD /v/{version}/full/{i}       a delta version's full-weight shard i (`delta.shards`): an origin keeps them, a
+                                         relay fetches one from its upstreams when first asked (`fetch_full`), verified,
+                                         and answers 404 when none has it: the fallback of a client whose base chain
                                          nobody serves
     GET      /health, /metrics           liveness and Prometheus text format
 
@@ -38,7 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from shardcast.errors import RelayConfigError
 from shardcast.sendfile import SendFloor, send_file
-from shardcast.store import Store
+from shardcast.store import Store, VersionState
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,9 @@ class ShardServer:
         self.documents: dict[str, Callable[[], bytes]] = {}
         """Extra read-only JSON documents, path -> body maker (set before `start`), e.g. the entry point's
         `/v1/announcements` when discovery runs beside this server; the library itself knows none."""
+        self.fetch_full: Callable[[VersionState, int], Awaitable[Path | None]] | None = None
+        """Where a delta version's full-weight shard not kept here comes from (a relay: its upstreams, verified);
+        None (an origin): nowhere."""
 
     @property
     def url(self) -> str:
@@ -347,7 +351,11 @@ class ShardServer:
     async def _full_shard(self, request: web.Request) -> web.StreamResponse:
         version = int(request.match_info["version"])
         state = self.store.get(version)
-        path = state.full_path(int(request.match_info["index"])) if state is not None else None
+        index = int(request.match_info["index"])
+        path = state.full_path(index) if state is not None else None
+        if path is None and state is not None and self.fetch_full is not None and state.manifest.delta is not None \
+                and index < len(state.manifest.delta.shards):
+            path = await self.fetch_full(state, index)
         if path is None:
             raise web.HTTPNotFound(text=f"no full weights of version {version} here")
         return await self._send(request, path)

@@ -71,19 +71,30 @@ def _publish_chain(tmp: Path, trainer: Identity, versions: int, store: Path) -> 
     return published
 
 
-def test_a_client_holding_nothing_rebuilds_the_chain_and_one_holding_v_minus_1_fetches_only_the_delta(
-        tmp_path: Path, trainer: Identity) -> None:
+@pytest.mark.parametrize("full_kept", [True, False], ids=["origin-keeps-full", "no-full-copy"])
+def test_a_client_holding_nothing_takes_the_cheaper_way_and_one_holding_v_minus_1_fetches_only_the_delta(
+        tmp_path: Path, trainer: Identity, full_kept: bool) -> None:
+    """Holding nothing, the chain (anchor + deltas) is dearer than v3's full weights: the client takes those through
+    the relay, which fetches them from the origin on demand; with no full copy anywhere it rebuilds the chain."""
     chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
     assert chain[0][1].delta is None and all(m.delta is not None for _, m in chain[1:])
+    if not full_kept:
+        for v in (2, 3):
+            shutil.rmtree(tmp_path / "origin" / "versions" / str(v) / "full")
 
     async def body() -> None:
         async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin, \
                 Relay([origin.url], trainer=trainer.address, store_root=tmp_path / "relay", poll_wait_s=5) as relay:
             client = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False, wait_s=20)
-            result = await client.pull(3)  # holds nothing: v1 (anchor), then v2, then v3
-            assert result.version == 3
+            result = await client.pull(3)
+            assert result.version == 3 and result.whole == full_kept
             assert same_tree(tmp_path / "out" / "current", chain[2][0])
-            assert same_tree(tmp_path / "out" / "v2", chain[1][0])
+            if full_kept:  # the relay passed v3's full weights through, checked, and keeps them
+                assert result.bytes_fetched == chain[2][1].full_bytes and not (tmp_path / "out" / "v1").exists()
+                assert len(list((tmp_path / "relay" / "versions" / "3" / "full").iterdir())) == \
+                    len(chain[2][1].weight_shards)
+            else:  # v1 (anchor), then v2, then v3
+                assert same_tree(tmp_path / "out" / "v2", chain[1][0])
             # a second client holding v2 fetches v3's delta alone: a small share of the full weights
             second = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out2", progress=False, wait_s=20)
             await second.pull(1)
@@ -316,4 +327,38 @@ def test_a_delta_against_another_base_than_the_one_held_is_never_applied_to_it(
                     await client.pull(3)
                 assert client.installed_version() == 2
             assert same_tree(tmp_path / "out" / "v2", chain[1][0])  # the v2 held, untouched
+    run(body())
+
+
+def test_a_relay_serving_tampered_full_weights_of_a_delta_version_is_banned(tmp_path: Path, trainer: Identity) -> None:
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            state = origin.store.get(3)
+            assert state is not None and state.manifest.delta is not None
+
+            async def manifest(request: web.Request) -> web.Response:  # every version's, as the origin's
+                held = origin.store.get(int(request.match_info["n"]))
+                assert held is not None
+                return web.Response(body=held.raw)
+
+            async def full(request: web.Request) -> web.Response:
+                path = state.full_path(int(request.match_info["i"]))
+                assert path is not None
+                good = bytearray(path.read_bytes())
+                good[-1] ^= 0x01  # one changed byte of the full weights
+                return web.Response(body=bytes(good))
+
+            def index(request: web.Request) -> Awaitable[web.Response]:
+                return _async(web.json_response({"run_id": "r", "latest": 3, "versions": [
+                    {"version": 3, "complete": True, "shards": len(state.manifest.shards), "bytes": 1}]}))
+
+            async with FakeRelay({"/versions": index, "/v/{n}/manifest": manifest, "/v/3/full/{i}": full}) as fake:
+                client = Client([fake.url, origin.url], trainer=trainer.address, out_dir=tmp_path / "out",
+                                progress=False, concurrency=2)
+                result = await client.pull(3)  # holding nothing: the full weights are cheaper than the chain
+                assert result.whole and result.sources[fake.url]["banned"] is True
+                assert fake.hits.get("/v/3/full/{i}", 0) >= 1
+                assert same_tree(tmp_path / "out" / "current", chain[2][0])
     run(body())
