@@ -15,6 +15,8 @@ It measures nothing itself: it reads the numbers the other benchmarks recorded a
 3. chain: gas and ETH per accepted batch (the reporter's `recordWorkBatch` share, the trainer's `publishPolicy`
    spread over a step's batches, the node's `claimRewards` share: `gas.json`), and the share of a chain's gas
    throughput the network would use;
+   and, for a version sent as a sparse delta (`shardcast/delta.py`), the bytes and time per version for an
+   ASSUMED changed fraction (`--delta-fraction`, default 1 %, 5 %, 10 %: no fraction is measured yet);
 4. gossip: seconds for a policy announcement to reach every node (per-hop latency from `discovery.json`);
 5. trainer: trainer devices per node device (train tokens/s over generation tokens/s, `trainer.json`,
    `node.json`).
@@ -237,6 +239,19 @@ class Assumptions:
     chain_gas_per_s: float
     gossip_degree: int
     checkpoint_gb: float
+    delta_fractions: tuple[float, ...] = ()
+    anchor_every: int = 8
+
+
+DELTA_POSITION_BYTES = 4
+"""Bytes per changed element's position in a delta (`shardcast/delta.py`: 4 for a tensor of at most 2^32 elements),
+on top of the element's new value (`bytes_per_param`)."""
+
+
+def delta_bytes_over_full(fraction: float, bytes_per_param: float) -> float:
+    """A delta's size over the full weights when `fraction` of the elements changed: each changed element costs its
+    position and its new value; past the full size the trainer publishes an anchor instead."""
+    return min(1.0, fraction * (DELTA_POSITION_BYTES + bytes_per_param) / bytes_per_param)
 
 
 TRAIN_BYTES_PER_PARAM = 16
@@ -298,6 +313,26 @@ def answer(n: int, k_values: Sequence[int], a: Assumptions, inp: Inputs) -> dict
                                        if egress else None)
         trees.append(row)
     out["relays"] = trees
+    deltas = []
+    for fraction in a.delta_fractions:
+        ratio = delta_bytes_over_full(fraction, a.bytes_per_param)
+        delta_mib = size_mib * ratio
+        row_d: dict[str, Any] = {
+            "changed_fraction": fraction, "bytes_over_full": round(ratio, 4),
+            "gb_per_delta": round(a.checkpoint_gb * ratio, 3),
+            # an anchor every `anchor_every` versions, deltas between
+            "gb_per_version": round(a.checkpoint_gb * ((a.anchor_every - 1) * ratio + 1) / a.anchor_every, 3),
+            "relays": []}
+        for k in k_values:
+            _, hops = relay_tree(consumers, k)
+            times: dict[str, Any] = {"fanout": k}
+            for label, egress in (("measured", inp.relay_mib_s.value if inp.relay_mib_s else None),
+                                  ("1gbit", 1e9 / 8 / MIB), ("10gbit", 10e9 / 8 / MIB)):
+                times[f"seconds_{label}"] = (round(checkpoint_seconds(delta_mib, k, hops, egress,
+                                                                      min(shard, delta_mib)), 1) if egress else None)
+            row_d["relays"].append(times)
+        deltas.append(row_d)
+    out["delta"] = deltas
     # 3. chain
     if inp.gas:
         g = inp.gas
@@ -335,6 +370,9 @@ LIMITS = [
     "at once finish sooner, slow or lying relays later",
     "gas is anvil's (cancun) for this contract build; ETH cost = gas x --gas-price-gwei and ignores L1 data fees "
     "of rollups; the chain-load share assumes every accepted batch is recorded as its own work key",
+    "the delta rows rest on an ASSUMED changed fraction per version (--delta-fraction), not a measurement: "
+    "python -m bench.shardcast --delta on real RL checkpoints is to measure it; a delta's bytes are that fraction x "
+    "(4 position bytes + the value) per element, which the delta smoke run reproduced (0.0601 of full at 2 % bf16)",
     "gossip per hop comes from at most 16 libp2p hosts in one process on 2 cores (CPU-bound); hops = "
     "ceil(log N / log D) assumes a well-mixed mesh of degree D",
     "trainer devices per node device (the throughput bound) is CPU-measured (training is matmul-bound, generation here too); on GPUs "
@@ -364,6 +402,19 @@ def table(result: dict[str, Any]) -> str:
         for t in r["relays"]:
             lines.append(f"{r['nodes']:>6} {t['fanout']:>3} {t['relays']:>6} {t['hops']:>4} "
                          f"{_s(t['seconds_measured']):>18} {_s(t['seconds_1gbit']):>9} {_s(t['seconds_10gbit']):>9}")
+    if any(r.get("delta") for r in result["networks"]):
+        lines.append("")
+        lines.append(f"delta versions (changed fraction ASSUMED, not measured; an anchor every {a['anchor_every']}): "
+                     "seconds to every node, measured egress / 10 Gbit/s")
+        ks = [t["fanout"] for t in result["networks"][0]["relays"]]
+        lines.append(f"{'nodes':>6} {'changed':>7} {'delta/full':>10} {'GB/delta':>8} {'GB/version':>10} "
+                     + " ".join(f"{'k=' + str(k):>15}" for k in ks))
+        for r in result["networks"]:
+            for d in r["delta"]:
+                cells = " ".join(f"{_s(t['seconds_measured']) + ' / ' + _s(t['seconds_10gbit']):>15}"
+                                 for t in d["relays"])
+                lines.append(f"{r['nodes']:>6} {d['changed_fraction']:>7.0%} {d['bytes_over_full']:>10.3f} "
+                             f"{d['gb_per_delta']:>8.2f} {d['gb_per_version']:>10.2f} {cells}")
     lines.append("")
     lines.append("rests on:")
     for k, m in result["inputs"].items():
@@ -399,19 +450,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chain-gas-per-s", type=float, default=2.5e6,
                    help="gas per second the chain executes (Ethereum mainnet: 30M per 12 s block)")
     p.add_argument("--gossip-degree", type=int, default=6, help="gossipsub mesh degree D")
+    p.add_argument("--delta-fraction", type=float, nargs="*", default=[0.01, 0.05, 0.10],
+                   help="ASSUMED share of the weights' elements one RL step changes (not measured yet): the delta rows")
+    p.add_argument("--anchor-every", type=int, default=8,
+                   help="a full anchor every N versions, deltas between (the trainer's publish.anchor_every)")
     args = p.parse_args(argv)
     if args.smoke:
         args.nodes, args.fanout = args.nodes[:1], args.fanout[:1]
     if not (args.params > 0 and args.node_tok_s > 0 and args.checkpoint_gb > 0 and args.gpu_mem_gb > 0) or not (
             0 < args.utilization <= 1 and 0 < args.check_fraction <= 1) or min(args.fanout) < 2 or min(
-            args.nodes) < 1 or args.gossip_degree < 2 or args.batch_keys < 1 or args.submissions_per_step < 1:
-        p.error("utilization and check fraction in (0, 1], fan-out >= 2, nodes >= 1, degree >= 2, batches >= 1")
+            args.nodes) < 1 or args.gossip_degree < 2 or args.batch_keys < 1 or args.submissions_per_step < 1 or not all(
+            0 < f <= 1 for f in args.delta_fraction) or args.anchor_every < 1:
+        p.error("utilization, check and delta fractions in (0, 1], fan-out >= 2, nodes >= 1, degree >= 2, "
+                "batches >= 1, anchor every >= 1")
     inp = Inputs(args.measured)
     a = Assumptions(params=args.params, bytes_per_param=args.bytes_per_param, gpu_mem_gb=args.gpu_mem_gb,
                     node_tok_s=args.node_tok_s, utilization=args.utilization, check_fraction=args.check_fraction,
                     batch_keys=args.batch_keys, submissions_per_step=args.submissions_per_step,
                     gas_price_gwei=args.gas_price_gwei, chain_gas_per_s=args.chain_gas_per_s,
-                    gossip_degree=args.gossip_degree, checkpoint_gb=args.checkpoint_gb)
+                    gossip_degree=args.gossip_degree, checkpoint_gb=args.checkpoint_gb,
+                    delta_fractions=tuple(args.delta_fraction), anchor_every=args.anchor_every)
     result = {
         "bench": "capacity", "smoke": args.smoke, "measured_dir": str(args.measured),
         "assumptions": asdict(a), "node_tok_s": node_tokens_per_s(a),

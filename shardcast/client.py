@@ -10,6 +10,8 @@ Layout of `out_dir`:
                                this client's bookkeeping under dot-names no manifest can use (file names
                                never start with a dot): `.manifest.json` (the signed manifest being
                                pulled) and `.journal` (indices of verified shards)
+    .partial/<N>.full/         a delta being applied to its base (the full files it produces)
+    .partial/<N>.whole/        a delta version's full weights being fetched instead (as `.partial/<N>/`)
 
 The bookkeeping stays out of the checkpoint's namespace: a checkpoint may itself contain a
 `manifest.json` (clients before this layout kept theirs under that name, and lost the checkpoint's).
@@ -48,7 +50,15 @@ from shardcast.errors import (
 )
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.sources import SourceBoard
-from shardcast.transfer import Downloader, fetch_index, new_session, verified_manifest
+from shardcast.transfer import (
+    INDEX_TIMEOUT_S,
+    MANIFEST_TIMEOUT_S,
+    Downloader,
+    TransferStats,
+    fetch_index,
+    new_session,
+    verified_manifest,
+)
 from shardcast.wire import parse_source
 
 log = logging.getLogger(__name__)
@@ -89,6 +99,8 @@ class PullResult:
     served: dict[str, int] = field(default_factory=dict)
     """Shards of this version each source served in this pull that matched the signed manifest's hashes (sources that
     served none are absent): which relays actually delivered the version, whatever they announce."""
+    whole: bool = False
+    """A delta version fetched as its full weights (its base chain was withheld, or dearer than them)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -96,15 +108,27 @@ class PullResult:
             "reused_shards": self.reused_shards, "bytes_fetched": self.bytes_fetched,
             "seconds": round(self.seconds, 3), "sources": self.sources,
             "range_resumes": self.range_resumes, "hash_failures": self.hash_failures, "served": self.served,
+            "whole": self.whole,
         }
 
 
-class _StagedVersion:
-    """The files of a version being pulled, written in place; implements `ShardSink`."""
+@dataclass
+class _Fetched:
+    """What one download into a staging directory did."""
 
-    def __init__(self, directory: Path, signed: SignedManifest) -> None:
+    staging: Path
+    stats: TransferStats
+    reused: int
+    served: dict[str, int]
+
+
+class _StagedVersion:
+    """The files of a version being pulled, written in place; implements `ShardSink`. `table`: whose files and shards
+    are laid out (the signed manifest's own by default; a delta's `full_view()` when its full weights are fetched)."""
+
+    def __init__(self, directory: Path, signed: SignedManifest, table: Manifest | None = None) -> None:
         self.directory = directory
-        self.manifest = signed.manifest
+        self.manifest = table if table is not None else signed.manifest
         self._fds: list[int] = []
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -216,6 +240,9 @@ class Client:
         wait_s: float = 0.0,
         ban_s: float = DEFAULT_BAN_S,
         stall_s: float = 5.0,
+        read_timeout_s: float = 90.0,
+        unavailable_s: float = 180.0,
+        manifest_timeout_s: float = MANIFEST_TIMEOUT_S,
     ) -> None:
         if not sources:
             raise RelayConfigError("at least one source URL is needed")
@@ -236,6 +263,13 @@ class Client:
         self.bans.apply(self.board)
         self.stall_s = stall_s
         """A `latest` pull whose download made no progress this long switches to a newer signed version."""
+        self.read_timeout_s = read_timeout_s
+        """A source silent this long in a shard transfer (no response head, no byte) is failed over as hung."""
+        self.unavailable_s = unavailable_s
+        self.manifest_timeout_s = manifest_timeout_s
+        """A manifest request unanswered this long fails (the source is marked hung)."""
+        """A shard no source holds (404/503 everywhere) for this long fails the download (a delta's then falls
+        back to the version's full weights)."""
         self.on_shard: Any = None  # test/observer hook: called with each verified ShardEntry
         self._unbacked: dict[str, int] = {}
         """Per source, the newest version it announced that no source could back with a manifest that
@@ -388,7 +422,7 @@ class Client:
                                  run_id: str | None, min_version: int | None) -> SignedManifest | None:
         """`version`'s manifest from `url` if it verifies; a source serving one that does not is banned."""
         return await verified_manifest(session, self.board, url, version, trainer=self.trainer, run_id=run_id,
-                                       min_version=min_version)
+                                       min_version=min_version, timeout=self.manifest_timeout_s)
 
     async def _resolve(self, session: aiohttp.ClientSession, version: int | None) -> tuple[SignedManifest, list[str]]:
         """A verified manifest for `version` (None: the newest anyone has) and the sources holding it."""
@@ -477,7 +511,12 @@ class Client:
             except _Superseded as exc:
                 log.info("v%d stopped arriving and v%d is out: pulling v%d instead", exc.old, exc.new, exc.new)
 
-    async def _pull_once(self, version: int | None, started: float) -> PullResult:
+    async def _pull_once(self, version: int | None, started: float, *, for_delta: bool = False) -> PullResult:
+        """One pull of `version`. A delta version comes as its delta when its base is here or its base chain is
+        cheaper than its full weights and can be had; otherwise (base chain dearer, or withheld: a manifest,
+        shard or delta of it that no source gives) as its full weights (`/v/N/full/i`, checked against the signed
+        full-weight table). `for_delta`: this pull fetches the base of a delta, whose own pull falls back if it
+        fails, so it does not fall back itself."""
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -498,56 +537,159 @@ class Client:
                     return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
                                       time.monotonic() - started, self.board.summary())
                 log.warning("v%d is installed without %s: pulling it again", manifest.version, ", ".join(missing[:5]))
+            chain_failure: RelayError | None = None
+            whole = False
             if manifest.delta is not None:
-                await self._hold_base(manifest)
-            staging = self.out_dir / ".partial" / str(manifest.version)
-            _drop_stale_staging(staging, signed)
+                whole, chain_failure = await self._base_for_delta(session, manifest, holders, for_delta)
+            fetched: _Fetched | None = None
+            if not whole:
+                try:
+                    fetched = await self._fetch(session, signed, manifest, holders, version)
+                    if manifest.delta is not None:
+                        fetched.staging = self._reconstruct(manifest, fetched.staging)
+                except RelayError as exc:
+                    if manifest.delta is None or for_delta or isinstance(exc, StorageError):
+                        raise
+                    log.warning("v%d: its delta cannot be had or applied (%s): fetching its full weights instead",
+                                manifest.version, exc)
+                    whole, chain_failure = True, exc
+            if whole:
+                try:
+                    fetched = await self._fetch(session, signed, manifest.full_view(), holders, version, route="full")
+                except RelayError as exc:
+                    if chain_failure is None or isinstance(exc, StorageError):
+                        raise
+                    # neither way: the error says why the chain failed (a wrong base stays a DeltaBaseError)
+                    raise type(chain_failure)(f"{chain_failure}; and its full weights: {exc}") from exc
+        assert fetched is not None
+        self._install_guarded(lambda: self._install(signed, fetched.staging), manifest.version)
+        seconds = time.monotonic() - started
+        log.info("installed v%d in %.2f s (%d shards fetched, %d reused%s)", manifest.version, seconds,
+                 fetched.stats.shards_fetched, fetched.reused, ", as its full weights" if whole else "")
+        stats = fetched.stats
+        return PullResult(manifest.version, final, manifest, stats.shards_fetched, fetched.reused, stats.bytes_fetched,
+                          seconds, self.board.summary(), stats.range_resumes, stats.hash_failures, fetched.served,
+                          whole=whole)
+
+    async def _base_for_delta(self, session: aiohttp.ClientSession, manifest: Manifest, holders: list[str],
+                              for_delta: bool) -> tuple[bool, RelayError | None]:
+        """Install the base of delta `manifest` if that is the way to get it. (False, None): the base is here, fetch
+        the delta; (True, why): fetch the full weights instead, because the base chain cannot be had (`why`) or is
+        dearer than the full weights and a holder offers them (None). Inside a base pull (`for_delta`) the base is
+        pulled whatever it costs, and a failure raises: the outermost pull decides."""
+        if self._held_base(manifest) is not None:
+            return False, None
+        if not for_delta:
+            chain = await self._chain_bytes(session, manifest)
+            if isinstance(chain, RelayError):
+                log.warning("%s: fetching its full weights instead", chain)
+                return True, chain
+            if chain >= manifest.full_bytes and await self._offers_whole(session, manifest, holders):
+                log.info("v%d: its base chain is %d bytes, its full weights %d: fetching the full weights",
+                         manifest.version, chain, manifest.full_bytes)
+                return True, None
+        try:
+            await self._hold_base(manifest)
+        except RelayError as exc:
+            if for_delta or isinstance(exc, StorageError):
+                raise
+            log.warning("v%d: its base chain cannot be had (%s): fetching its full weights instead",
+                        manifest.version, exc)
+            return True, exc
+        return False, None
+
+    async def _offers_whole(self, session: aiohttp.ClientSession, manifest: Manifest, holders: list[str]) -> bool:
+        """Whether one of `holders` serves the full weights of delta `manifest` (a HEAD of its first full shard;
+        relays answer 404, origins keep them): only then is a base chain dearer than them skipped."""
+        if not manifest.weight_shards:
+            return True
+
+        async def one(url: str) -> bool:
             try:
-                staged = _StagedVersion(staging, signed)
+                async with session.head(f"{url}/v/{manifest.version}/full/0",
+                                        timeout=aiohttp.ClientTimeout(total=INDEX_TIMEOUT_S)) as response:
+                    return response.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+
+        pending = {asyncio.ensure_future(one(url)) for url in holders}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if any(task.result() for task in done):
+                    return True
+        finally:
+            for task in pending:
+                task.cancel()
+        return False
+
+    async def _chain_bytes(self, session: aiohttp.ClientSession, manifest: Manifest) -> int | RelayError:
+        """Bytes a pull of delta `manifest` through its base chain fetches: its own, and each base's down to one
+        installed here or to the anchor (from their signed manifests); the reason when a base's manifest cannot be
+        had from any source, or is not the base named (`DeltaBaseError`)."""
+        total, ref = manifest.total_bytes, manifest.delta
+        while ref is not None:
+            if self._held(ref.base_version, ref.base_weights) is not None:
+                return total
+            signed = await self._hedged_manifest(session, self.board.order(self.sources), ref.base_version,
+                                                 run_id=manifest.run_id, min_version=None)
+            if signed is None:
+                return RelayError(f"v{manifest.version}: no source serves the manifest of v{ref.base_version}, "
+                                  f"in its base chain")
+            if signed.manifest.weights_hash() != ref.base_weights:
+                return DeltaBaseError(f"v{manifest.version}: its base chain names v{ref.base_version} with weights "
+                                      f"{ref.base_weights[:12]}, the sources serve weights "
+                                      f"{signed.manifest.weights_hash()[:12]}")
+            total += signed.manifest.total_bytes
+            ref = signed.manifest.delta
+        return total
+
+    async def _fetch(self, session: aiohttp.ClientSession, signed: SignedManifest, table: Manifest, holders: list[str],
+                     version: int | None, *, route: str = "shards") -> _Fetched:
+        """Download the shards of `table` (the signed manifest's own, or its `full_view()` at `route` `full`) from
+        `holders` into a staging directory, resuming what an earlier attempt verified there."""
+        manifest = signed.manifest
+        staging = self.out_dir / ".partial" / (str(manifest.version) + ("" if route == "shards" else ".whole"))
+        _drop_stale_staging(staging, signed)
+        try:
+            staged = _StagedVersion(staging, signed, table)
+        except StorageError:
+            _drop_if_nothing_verified(staging)
+            raise
+        try:
+            done = staged.verified_on_disk()
+            todo = [s.index for s in table.shards if s.index not in done]
+            try:
+                staged.check_space(todo)
             except StorageError:
+                staged.close()
                 _drop_if_nothing_verified(staging)
                 raise
+            board = SourceBoard(holders)
+            for url in holders:  # carry scores and bans over from manifest resolution
+                board.sources[url] = self.board.sources[url]
+            ok_before = {url: board.sources[url].ok for url in holders}
+            bar = self._progress_bar(table, todo)
+            downloader = Downloader(
+                board, table, staged, concurrency=self.concurrency, route=route, read_timeout=self.read_timeout_s,
+                unavailable_timeout_s=self.unavailable_s, on_bytes=bar.update if bar is not None else None,
+                on_shard=self.on_shard,
+            )
+            log.info("pulling v%d%s: %d shards (%d already verified) from %d source(s)", manifest.version,
+                     "" if route == "shards" else f" ({route} weights)", len(todo), len(done), len(holders))
             try:
-                done = staged.verified_on_disk()
-                todo = [s.index for s in manifest.shards if s.index not in done]
-                try:
-                    staged.check_space(todo)
-                except StorageError:
-                    staged.close()
-                    _drop_if_nothing_verified(staging)
-                    raise
-                board = SourceBoard(holders)
-                for url in holders:  # carry scores and bans over from manifest resolution
-                    board.sources[url] = self.board.sources[url]
-                ok_before = {url: board.sources[url].ok for url in holders}
-                bar = self._progress_bar(manifest, todo)
-                downloader = Downloader(
-                    board, manifest, staged, concurrency=self.concurrency,
-                    on_bytes=bar.update if bar is not None else None, on_shard=self.on_shard,
-                )
-                log.info("pulling v%d: %d shards (%d already verified) from %d source(s)",
-                         manifest.version, len(todo), len(done), len(holders))
-                try:
-                    if version is None:  # "latest": a version the relays gave up on must not hold us
-                        await self._download_unless_superseded(session, downloader, todo, manifest)
-                    else:
-                        await downloader.run(todo)
-                finally:
-                    if bar is not None:
-                        bar.close()
+                if version is None:  # "latest": a version the relays gave up on must not hold us
+                    await self._download_unless_superseded(session, downloader, todo, manifest)
+                else:
+                    await downloader.run(todo)
             finally:
-                staged.close(fsync=self.fsync)
-        if manifest.delta is not None:
-            staging = self._reconstruct(manifest, staging)
-        self._install_guarded(lambda: self._install(signed, staging), manifest.version)
-        seconds = time.monotonic() - started
-        log.info("installed v%d in %.2f s (%d shards fetched, %d reused)", manifest.version, seconds,
-                 downloader.stats.shards_fetched, len(done))
-        stats = downloader.stats
+                if bar is not None:
+                    bar.close()
+        finally:
+            staged.close(fsync=self.fsync)
         served = {url: board.sources[url].ok - ok_before[url] for url in holders
                   if board.sources[url].ok > ok_before[url]}
-        return PullResult(manifest.version, final, manifest, stats.shards_fetched, len(done), stats.bytes_fetched,
-                          seconds, self.board.summary(), stats.range_resumes, stats.hash_failures, served)
+        return _Fetched(staging, downloader.stats, len(done), served)
 
     async def _download_unless_superseded(
         self, session: aiohttp.ClientSession, downloader: Downloader, todo: list[int], manifest: Manifest
@@ -607,14 +749,18 @@ class Client:
         """The installed manifest of the delta's base when its full weights are here and are the ones named."""
         ref = manifest.delta
         assert ref is not None
-        directory = self.out_dir / f"v{ref.base_version}"
-        if not directory.is_dir() or not (self.out_dir / "manifests" / f"{ref.base_version}.json").is_file():
+        return self._held(ref.base_version, ref.base_weights)
+
+    def _held(self, version: int, weights: str) -> Manifest | None:
+        """The installed manifest of `version` when its full weights are here and have the weights hash `weights`."""
+        directory = self.out_dir / f"v{version}"
+        if not directory.is_dir() or not (self.out_dir / "manifests" / f"{version}.json").is_file():
             return None
         try:
-            base = self._installed_manifest(ref.base_version)
+            base = self._installed_manifest(version)
         except StorageError:
             return None
-        if base.weights_hash() != ref.base_weights or _missing_files(directory, base):
+        if base.weights_hash() != weights or _missing_files(directory, base):
             return None
         return base
 
@@ -627,7 +773,7 @@ class Client:
             return
         log.info("v%d is a delta against v%d, which is not here: pulling v%d first", manifest.version,
                  ref.base_version, ref.base_version)
-        await self._pull_once(ref.base_version, time.monotonic())
+        await self._pull_once(ref.base_version, time.monotonic(), for_delta=True)
         if self._held_base(manifest) is None:
             raise DeltaBaseError(f"v{manifest.version} is a delta against v{ref.base_version} (weights "
                                  f"{ref.base_weights[:12]}), and the v{ref.base_version} the relays serve is not it")
@@ -682,9 +828,9 @@ class Client:
             shutil.rmtree(final)
         os.rename(staging, final)
         self._swap(version)
-        for partial in (self.out_dir / ".partial").glob("*"):  # older pulls given up for this one
-            number = partial.name.removesuffix(".full")
-            if number.isdigit() and int(number) < version:
+        for partial in (self.out_dir / ".partial").glob("*"):  # older pulls given up for this one, and this one's
+            number = partial.name.split(".")[0]                 # other staging (a delta given up for the full weights)
+            if number.isdigit() and int(number) <= version:
                 shutil.rmtree(partial, ignore_errors=True)
 
     def _swap(self, version: int) -> None:

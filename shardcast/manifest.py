@@ -208,6 +208,14 @@ class Manifest(BaseModel):
         """Size of the full weights of this version."""
         return sum(f.size for f in self.weight_files)
 
+    def full_view(self) -> Manifest:
+        """This version's full weights laid out as an anchor would list them (a delta's `delta.files`/`delta.shards`;
+        an anchor is its own): the table a client fetches at `/v/N/full/i` when the delta's base chain cannot be had.
+        Unsigned and never served: what was verified is this manifest, whose signature covers that table."""
+        if self.delta is None:
+            return self
+        return self.model_copy(update={"files": self.delta.files, "shards": self.delta.shards, "delta": None})
+
     def weights_hash(self) -> str:
         """`table_hash` of the full weights of this version (what a delta names as its base)."""
         return table_hash(self.weight_files, self.weight_shards)

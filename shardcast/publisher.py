@@ -34,6 +34,7 @@ from shardcast.manifest import (
     sign_manifest,
     valid_file_name,
 )
+from shardcast.store import FULL_DIR
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +141,18 @@ def build_version(
         ref: DeltaRef | None = None
         with _disk(f"publishing {source} as version {version}"):
             if base is not None and Path(source).is_dir():
-                ref = _delta_into(Path(source), base, delta_src, shard_size)
-            _shard_into(delta_src if ref is not None else source, tmp, files, shards, shard_size)
+                # The full weights are cut first (the table the delta must reproduce is hashed from this copy);
+                # a delta version keeps them under `full/` (served at /v/N/full/i for a client whose base chain
+                # is withheld), an anchor's become its shards.
+                _shard_into(source, tmp, files, shards, shard_size, into=FULL_DIR)
+                ref = _delta_into(Path(source), base, delta_src, tuple(files), tuple(shards))
+                if ref is None:
+                    os.rename(tmp / FULL_DIR, tmp / "shards")
+                else:
+                    files, shards = [], []
+                    _shard_into(delta_src, tmp, files, shards, shard_size)
+            else:
+                _shard_into(source, tmp, files, shards, shard_size)
         manifest = Manifest(
             run_id=run_id,
             version=version,
@@ -167,12 +178,13 @@ def build_version(
     return signed
 
 
-def _delta_into(source: Path, base: DeltaBase, out: Path, shard_size: int) -> DeltaRef | None:
-    """Write the delta from `base` to `source` into `out`; its `DeltaRef`, or None when it would not be smaller
-    than the full weights (then the version goes out as an anchor)."""
+def _delta_into(source: Path, base: DeltaBase, out: Path, full_files: tuple[FileEntry, ...],
+                full_shards: tuple[ShardEntry, ...]) -> DeltaRef | None:
+    """Write the delta from `base` to `source` (whose full table is `full_files`/`full_shards`) into `out`; its
+    `DeltaRef`, or None when it would not be smaller than the full weights (then the version goes out as an
+    anchor)."""
     from shardcast.delta import make_delta
 
-    full_files, full_shards = weights_table(source, shard_size)
     shutil.rmtree(out, ignore_errors=True)
     stats = make_delta(base.directory, source, out, [f.path for f in full_files])
     if stats.delta_bytes >= stats.full_bytes:
@@ -183,9 +195,10 @@ def _delta_into(source: Path, base: DeltaBase, out: Path, shard_size: int) -> De
                     files=full_files, shards=full_shards)
 
 
-def _shard_into(source: Path, tmp: Path, files: list[FileEntry], shards: list[ShardEntry], shard_size: int) -> None:
-    """Copy the files of `source` into `tmp/shards/<i>`, hashing each shard; fill `files` and `shards`."""
-    (tmp / "shards").mkdir(parents=True)
+def _shard_into(source: Path, tmp: Path, files: list[FileEntry], shards: list[ShardEntry], shard_size: int,
+                into: str = "shards") -> None:
+    """Copy the files of `source` into `tmp/<into>/<i>`, hashing each shard; fill `files` and `shards`."""
+    (tmp / into).mkdir(parents=True)
     for file_index, (name, path) in enumerate(checkpoint_files(source)):
         with open(path, "rb") as src:
             size = os.fstat(src.fileno()).st_size
@@ -193,7 +206,7 @@ def _shard_into(source: Path, tmp: Path, files: list[FileEntry], shards: list[Sh
             offset = 0
             while offset < size:
                 length = min(shard_size, size - offset)
-                shard_path = tmp / "shards" / str(len(shards))
+                shard_path = tmp / into / str(len(shards))
                 _copy_range(src.fileno(), shard_path, offset, length)
                 # Hash the copy, not the source: what is signed is exactly what will be served.
                 hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)

@@ -17,6 +17,10 @@ at once without anything usable (a server that ignores `wait`) is polled no more
 exponential backoff allows instead of in a busy loop. Unreachable upstreams are retried the same way
 forever: a relay outlives restarts of everything above it.
 
+The full weights of a delta version (`/v/N/full/i`, the fallback of a client whose base chain is withheld) are not
+followed: a shard of them is fetched from the upstreams when a client first asks for it, checked like any shard,
+and kept beside the version (`_fetch_full`).
+
 Upstreams learned from announcements (`add_upstream`) are bounded: one per announcing signer (its newest),
 `MAX_LEARNED` in all, and a learned upstream that is dead (`DEAD_AFTER` failed polls in a row) or lying
 (banned) gives its slot to the next one announced (`drop_upstream`).
@@ -41,7 +45,7 @@ from shardcast.errors import ManifestError, RelayConfigError
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.server import ServeLimits, ShardServer
 from shardcast.sources import SourceBoard, SourceStats
-from shardcast.store import Store, VersionState
+from shardcast.store import FULL_DIR, Store, VersionState
 from shardcast.transfer import Downloader, fetch_index, new_session, verified_manifest
 from shardcast.wire import parse_source
 
@@ -53,27 +57,37 @@ _BAN_RECHECK_MAX_S = 60.0
 MAX_LEARNED = 16
 """Learned upstreams (from announcements) a relay follows at most, besides its configured ones."""
 DEAD_AFTER = 3
+FULL_UNAVAILABLE_S = 2.0
+"""A delta version's full-weight shard no upstream holds this long (404 everywhere): answered 404 downstream."""
 """Failed index polls in a row after which a learned upstream counts as dead (its slot may be taken)."""
 
 
 class _ShardFiles:
-    """`ShardSink` writing one file per shard, renamed into place (and announced) once verified."""
+    """`ShardSink` writing one file per shard, renamed into place (and announced) once verified. `full`: shards of a
+    delta version's full weights (`versions/<N>/full/<i>`, fetched on demand), not of the version itself."""
 
-    def __init__(self, relay: Relay, state: VersionState) -> None:
+    def __init__(self, relay: Relay, state: VersionState, *, full: bool = False) -> None:
         self.relay = relay
         self.state = state
+        self.full = full
         self._paths: dict[int, Path] = {}
 
+    def _final(self, index: int) -> Path:
+        return self.state.directory / FULL_DIR / str(index) if self.full else self.state.shard_path(index)
+
     def open(self, shard: ShardEntry) -> tuple[int, int]:
-        path = self.state.shard_path(shard.index).with_name(f"{shard.index}.part-{secrets.token_hex(4)}")
+        final = self._final(shard.index)
+        final.parent.mkdir(exist_ok=True)
+        path = final.with_name(f"{shard.index}.part-{secrets.token_hex(4)}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._paths[fd] = path
         return fd, 0
 
     def commit(self, shard: ShardEntry, fd: int) -> None:
         os.close(fd)
-        os.rename(self._paths.pop(fd), self.state.shard_path(shard.index))
-        self.relay.store.mark_available(self.state.version, shard.index)
+        os.rename(self._paths.pop(fd), self._final(shard.index))
+        if not self.full:
+            self.relay.store.mark_available(self.state.version, shard.index)
         self.relay.server.metrics.shards_fetched.inc()
 
     def discard(self, shard: ShardEntry, fd: int) -> None:
@@ -130,6 +144,8 @@ class Relay:
         self.learned: dict[str, str] = {}
         """Learned upstream URL -> the signer that announced it (oldest first)."""
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._full_fetches: dict[tuple[int, int], asyncio.Future[Path | None]] = {}
+        self.server.fetch_full = self._fetch_full
 
     @property
     def url(self) -> str:
@@ -361,6 +377,35 @@ class Relay:
                 return
             await self._fetch_shards(session, base_state)  # at once when it is complete (a version pre-empted is not)
             ref = base_state.manifest.delta
+
+    async def _fetch_full(self, state: VersionState, index: int) -> Path | None:
+        """Shard `index` of delta version `state`'s full weights, fetched from the upstreams when a client first asks
+        (checked against the signed full-weight table; an upstream serving bad bytes is banned as for any shard);
+        None when no upstream has it within `FULL_UNAVAILABLE_S`. Relays keep no full weights otherwise: a version's
+        full copy crosses the tree only towards the clients that need it."""
+        key = (state.version, index)
+        if key not in self._full_fetches:
+            self._full_fetches[key] = asyncio.ensure_future(self._fetch_full_once(state, index))
+            self._full_fetches[key].add_done_callback(lambda _: self._full_fetches.pop(key, None))
+        return await asyncio.shield(self._full_fetches[key])
+
+    async def _fetch_full_once(self, state: VersionState, index: int) -> Path | None:
+        path = state.full_path(index)
+        if path is not None:
+            return path
+        downloader = Downloader(self.board, state.manifest.full_view(), _ShardFiles(self, state, full=True),
+                                concurrency=1, route="full", unavailable_timeout_s=FULL_UNAVAILABLE_S)
+        try:
+            await downloader.run([index])
+        except RelayError as exc:
+            log.info("full weights of v%d, shard %d: %s", state.version, index, exc)
+            return None
+        except OSError as exc:  # the version was dropped by retention meanwhile, or the disk refused
+            log.warning("full weights of v%d, shard %d: %s", state.version, index, exc)
+            return None
+        finally:
+            self.bans.record(self.board)
+        return state.full_path(index)
 
     async def _fetch_shards(self, session: aiohttp.ClientSession, state: VersionState) -> None:
         backoff = _BACKOFF_START_S

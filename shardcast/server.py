@@ -5,6 +5,10 @@
     GET|HEAD /v/{version}/shards/{i}     shard bytes, Range supported (sendfile on worker threads); while a relay is still
                                          fetching shard i it holds the request until the shard is verified
                                          (pipelining) and answers 503 + Retry-After if that takes too long
+    GET|HEAD /v/{version}/full/{i}       a delta version's full-weight shard i (`delta.shards`): an origin keeps them, a
+                                         relay fetches one from its upstreams when first asked (`fetch_full`), verified,
+                                         and answers 404 when none has it: the fallback of a client whose base chain
+                                         nobody serves
     GET      /health, /metrics           liveness and Prometheus text format
 
 Only integers reach the file system (routes match `\\d+`), so there is no path to traverse. Request
@@ -27,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -34,7 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from shardcast.errors import RelayConfigError
 from shardcast.sendfile import SendFloor, send_file
-from shardcast.store import Store
+from shardcast.store import Store, VersionState
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +221,9 @@ class ShardServer:
         self.documents: dict[str, Callable[[], bytes]] = {}
         """Extra read-only JSON documents, path -> body maker (set before `start`), e.g. the entry point's
         `/v1/announcements` when discovery runs beside this server; the library itself knows none."""
+        self.fetch_full: Callable[[VersionState, int], Awaitable[Path | None]] | None = None
+        """Where a delta version's full-weight shard not kept here comes from (a relay: its upstreams, verified);
+        None (an origin): nowhere."""
 
     @property
     def url(self) -> str:
@@ -229,6 +237,7 @@ class ShardServer:
         app.router.add_get("/versions", self._versions, name="versions")
         app.router.add_get(r"/v/{version:\d{1,12}}/manifest", self._manifest, name="manifest")
         app.router.add_get(r"/v/{version:\d{1,12}}/shards/{index:\d{1,9}}", self._shard, name="shard")
+        app.router.add_get(r"/v/{version:\d{1,12}}/full/{index:\d{1,9}}", self._full_shard, name="full_shard")
         for path, make in self.documents.items():
             app.router.add_get(path, self._document(make))
         return app
@@ -337,8 +346,23 @@ class ShardServer:
                 if self.store.get(version) is None:
                     raise web.HTTPNotFound(text=f"version {version} was dropped (retention)")
                 raise web.HTTPServiceUnavailable(text="shard still arriving", headers={"Retry-After": "1"})
+        return await self._send(request, state.shard_path(index))
+
+    async def _full_shard(self, request: web.Request) -> web.StreamResponse:
+        version = int(request.match_info["version"])
+        state = self.store.get(version)
+        index = int(request.match_info["index"])
+        path = state.full_path(index) if state is not None else None
+        if path is None and state is not None and self.fetch_full is not None and state.manifest.delta is not None \
+                and index < len(state.manifest.delta.shards):
+            path = await self.fetch_full(state, index)
+        if path is None:
+            raise web.HTTPNotFound(text=f"no full weights of version {version} here")
+        return await self._send(request, path)
+
+    async def _send(self, request: web.Request, path: Path) -> web.StreamResponse:
         async with self._transfers:
-            sent = await send_file(request, state.shard_path(index), self._sendfile_pool, floor=self.limits.floor,
+            sent = await send_file(request, path, self._sendfile_pool, floor=self.limits.floor,
                                    extra_headers={"Cache-Control": "public, max-age=31536000, immutable"})
         self.metrics.bytes_served.inc(sent.body_bytes)
         if sent.cut_slow:

@@ -4,6 +4,8 @@ Layout under `root`:
 
     versions/<N>/manifest.json     the signed manifest, exactly as received/signed
     versions/<N>/shards/<index>    one file per verified shard (written as `.part-*`, renamed when verified)
+    versions/<N>/full/<index>      origin only, for a delta version: the shards of the full weights it reproduces
+                                   (`delta.shards`), for clients whose base chain no source serves
     versions/.tmp-*                versions being published (renamed to `<N>` when complete)
 
 A shard file exists under its final name only after its hash matched the signed manifest, so a
@@ -29,6 +31,8 @@ from shardcast.manifest import Manifest, SignedManifest
 log = logging.getLogger(__name__)
 
 ManifestCheck = Callable[[SignedManifest], Manifest]
+FULL_DIR = "full"
+"""Where a delta version's full-weight shards live beside its own (`versions/<N>/full/<index>`)."""
 
 
 @contextlib.contextmanager
@@ -64,6 +68,13 @@ class VersionState:
 
     def shard_path(self, index: int) -> Path:
         return self.directory / "shards" / str(index)
+
+    def full_path(self, index: int) -> Path | None:
+        """Shard `index` of a delta version's full weights, when this store keeps them (the origin's does)."""
+        if self.manifest.delta is None or index >= len(self.manifest.delta.shards):
+            return None
+        path = self.directory / FULL_DIR / str(index)
+        return path if path.is_file() else None
 
 
 class Store:

@@ -115,18 +115,19 @@ async def fetch_index(
 
 
 async def fetch_manifest(
-    session: aiohttp.ClientSession, url: str, version: int, *, max_bytes: int = MAX_MANIFEST_BYTES
+    session: aiohttp.ClientSession, url: str, version: int, *, max_bytes: int = MAX_MANIFEST_BYTES,
+    timeout: float = MANIFEST_TIMEOUT_S,
 ) -> SignedManifest:
     """The signed manifest of `version` from `url`, parsed (not yet verified)."""
     try:
-        async with session.get(f"{url.rstrip('/')}/v/{version}/manifest", timeout=aiohttp.ClientTimeout(total=MANIFEST_TIMEOUT_S)) as response:
+        async with session.get(f"{url.rstrip('/')}/v/{version}/manifest", timeout=aiohttp.ClientTimeout(total=timeout)) as response:
             if response.status == 404:
                 raise SourceError(f"{url} does not hold version {version}")
             if response.status != 200:
                 raise SourceError(f"{url}/v/{version}/manifest answered {response.status}")
             data = await _read_limited(response, max_bytes)
     except TimeoutError as exc:
-        raise SourceTimeoutError(f"{url}/v/{version}/manifest: no answer in {MANIFEST_TIMEOUT_S:g} s") from exc
+        raise SourceTimeoutError(f"{url}/v/{version}/manifest: no answer in {timeout:g} s") from exc
     except aiohttp.ClientError as exc:
         raise SourceError(f"{url}: {exc.__class__.__name__}: {exc}") from exc
     return SignedManifest.parse(data, max_bytes=max_bytes)
@@ -134,7 +135,7 @@ async def fetch_manifest(
 
 async def verified_manifest(
     session: aiohttp.ClientSession, board: SourceBoard, url: str, version: int, *, trainer: str,
-    run_id: str | None, min_version: int | None,
+    run_id: str | None, min_version: int | None, timeout: float = MANIFEST_TIMEOUT_S,
 ) -> SignedManifest | None:
     """`version`'s manifest from `url` if it verifies, else None; a source serving one that does not is banned.
 
@@ -146,7 +147,7 @@ async def verified_manifest(
     """
     source = board.sources[url]
     try:
-        signed = await fetch_manifest(session, url, version)
+        signed = await fetch_manifest(session, url, version, timeout=timeout)
         signed.verify(trainer, run_id=run_id, version=version, min_version=min_version)
     except ManifestError as exc:
         log.warning("banning %s: %s", url, exc)
@@ -225,9 +226,16 @@ class Downloader:
         min_rate_grace_s: float = 20.0,
         on_bytes: Callable[[int], None] | None = None,
         on_shard: Callable[[ShardEntry], None] | None = None,
+        route: str = "shards",
+        read_timeout: float = 90.0,
     ) -> None:
         self.board = board
         self.manifest = manifest
+        """Whose `shards` are fetched (for a delta's full weights: the table `delta.shards`, as `full_view` gives it)."""
+        self.route = route
+        """The URL segment shards are asked at: `shards` (`/v/N/shards/i`), or `full` for a delta's full weights."""
+        self.read_timeout = read_timeout
+        """Seconds of silence (no response head, no body byte) after which a source is failed over as hung."""
         self.sink = sink
         self.concurrency = concurrency
         self.max_failures_per_shard = max_failures_per_shard
@@ -243,7 +251,7 @@ class Downloader:
     async def run(self, indices: list[int]) -> None:
         """Fetch and verify every shard in `indices`; `RelayError` if one cannot be had."""
         queue = deque(indices)
-        pool = ConnectionPool()
+        pool = ConnectionPool(read_timeout=self.read_timeout)
         try:
             async with asyncio.TaskGroup() as group:
                 for _ in range(min(self.concurrency, len(queue))):
@@ -328,7 +336,7 @@ class Downloader:
     async def _attempt(
         self, source: SourceStats, shard: ShardEntry, partial: _Partial, pool: ConnectionPool, buffer: memoryview
     ) -> None:
-        path = f"/v/{self.manifest.version}/shards/{shard.index}"
+        path = f"/v/{self.manifest.version}/{self.route}/{shard.index}"
         url = source.url + path
         resuming = partial.pos > 0
         headers = {"Range": f"bytes={partial.pos}-"} if resuming else {}

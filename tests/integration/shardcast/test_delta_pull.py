@@ -1,14 +1,18 @@
 """Delta versions through an origin and a relay: a client that holds nothing rebuilds the chain from its anchor,
 one holding v-1 fetches only the delta, a relay serving a tampered delta is banned, a delta reproducing another
-version's weights is refused by the chain's hash, and a base nobody serves stops the pull with a typed error."""
+version's weights is refused by the chain's hash; a base chain withheld (an anchor, or a delta in it) gives way to the
+version's full weights, as does a chain dearer than them; and a version nobody serves either way stops the pull with a
+typed error."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
@@ -20,6 +24,7 @@ from bench.loopback import same_tree
 from protocol.errors import RelayError
 from protocol.identity import Identity
 from shardcast import Client, Origin, Relay
+from shardcast.errors import DeltaBaseError
 from shardcast.follower import Follower, VersionUnavailable
 from shardcast.manifest import Manifest, ShardEntry, SignedManifest
 from shardcast.publisher import DeltaBase, publish_blocking
@@ -66,19 +71,30 @@ def _publish_chain(tmp: Path, trainer: Identity, versions: int, store: Path) -> 
     return published
 
 
-def test_a_client_holding_nothing_rebuilds_the_chain_and_one_holding_v_minus_1_fetches_only_the_delta(
-        tmp_path: Path, trainer: Identity) -> None:
+@pytest.mark.parametrize("full_kept", [True, False], ids=["origin-keeps-full", "no-full-copy"])
+def test_a_client_holding_nothing_takes_the_cheaper_way_and_one_holding_v_minus_1_fetches_only_the_delta(
+        tmp_path: Path, trainer: Identity, full_kept: bool) -> None:
+    """Holding nothing, the chain (anchor + deltas) is dearer than v3's full weights: the client takes those through
+    the relay, which fetches them from the origin on demand; with no full copy anywhere it rebuilds the chain."""
     chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
     assert chain[0][1].delta is None and all(m.delta is not None for _, m in chain[1:])
+    if not full_kept:
+        for v in (2, 3):
+            shutil.rmtree(tmp_path / "origin" / "versions" / str(v) / "full")
 
     async def body() -> None:
         async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin, \
                 Relay([origin.url], trainer=trainer.address, store_root=tmp_path / "relay", poll_wait_s=5) as relay:
             client = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False, wait_s=20)
-            result = await client.pull(3)  # holds nothing: v1 (anchor), then v2, then v3
-            assert result.version == 3
+            result = await client.pull(3)
+            assert result.version == 3 and result.whole == full_kept
             assert same_tree(tmp_path / "out" / "current", chain[2][0])
-            assert same_tree(tmp_path / "out" / "v2", chain[1][0])
+            if full_kept:  # the relay passed v3's full weights through, checked, and keeps them
+                assert result.bytes_fetched == chain[2][1].full_bytes and not (tmp_path / "out" / "v1").exists()
+                assert len(list((tmp_path / "relay" / "versions" / "3" / "full").iterdir())) == \
+                    len(chain[2][1].weight_shards)
+            else:  # v1 (anchor), then v2, then v3
+                assert same_tree(tmp_path / "out" / "v2", chain[1][0])
             # a second client holding v2 fetches v3's delta alone: a small share of the full weights
             second = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out2", progress=False, wait_s=20)
             await second.pull(1)
@@ -158,15 +174,191 @@ def test_a_delta_reproducing_another_versions_weights_is_refused_by_the_chains_h
         follower.verified(3, real_v3_hash)
 
 
-def test_a_base_nobody_serves_stops_the_pull_with_a_typed_error(tmp_path: Path, trainer: Identity) -> None:
+class WithholdingRelay:
+    """A relay in front of an origin that passes every request through but those `withheld` names: it answers them
+    404, or (`hang`) accepts them and never answers."""
+
+    def __init__(self, upstream: str, withheld: Callable[[str], bool], *, hang: bool = False) -> None:
+        self.upstream, self.withheld, self.hang = upstream, withheld, hang
+        self.asked: list[str] = []
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.asked.append(request.path)
+        if self.withheld(request.path):
+            if self.hang:
+                await asyncio.Event().wait()  # accepted, never answered (until the server shuts down)
+            raise web.HTTPNotFound()
+        assert self._session is not None
+        async with self._session.request(request.method, self.upstream + request.path_qs) as answer:
+            body = await answer.read()
+            return web.Response(status=answer.status, body=body if request.method != "HEAD" else None,
+                                headers={"Content-Type": answer.headers.get("Content-Type", "application/octet-stream")})
+
+    async def __aenter__(self) -> WithholdingRelay:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None and self._session is not None
+        await self._runner.cleanup()
+        await self._session.close()
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["404", "hang"])
+def test_a_withheld_anchor_gives_way_to_the_full_weights_of_the_version(
+        tmp_path: Path, trainer: Identity, hang: bool) -> None:
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin, \
+                WithholdingRelay(origin.url, lambda path: path.startswith("/v/1/"), hang=hang) as relay:
+            client = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
+                            read_timeout_s=0.5, unavailable_s=0.5, manifest_timeout_s=0.5)
+            result = await client.pull(3)
+            assert result.version == 3 and result.whole
+            assert same_tree(tmp_path / "out" / "current", chain[2][0])
+            assert result.bytes_fetched == chain[2][1].full_bytes
+            assert any(path.startswith("/v/3/full/") for path in relay.asked)
+    run(body())
+    follower = Follower([], trainer=trainer.address, out_dir=tmp_path / "out", run_id="r", keep=5)
+    assert same_tree(follower.verified(3, chain[2][1].content_hash()), chain[2][0])
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["404", "hang"])
+def test_a_withheld_delta_in_the_chain_gives_way_to_the_full_weights(
+        tmp_path: Path, trainer: Identity, hang: bool) -> None:
+    """A client holding v1 needs v2's and v3's deltas (far cheaper than v3 whole); the relay withholds v2's delta
+    shards: the pull tries the chain, gives it up, and installs v3 from its full weights."""
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            await client.pull(1)
+            async with WithholdingRelay(origin.url, lambda path: path.startswith("/v/2/shards/"), hang=hang) as relay:
+                client = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
+                                read_timeout_s=0.5, unavailable_s=0.5, manifest_timeout_s=0.5)
+                result = await client.pull(3)
+                assert result.version == 3 and result.whole
+                assert any(path.startswith("/v/2/shards/") for path in relay.asked)  # the chain was tried first
+                assert same_tree(tmp_path / "out" / "current", chain[2][0])
+    run(body())
+    follower = Follower([], trainer=trainer.address, out_dir=tmp_path / "out", run_id="r", keep=5)
+    assert same_tree(follower.verified(3, chain[2][1].content_hash()), chain[2][0])
+
+
+def test_a_client_far_behind_takes_the_full_weights_when_they_are_cheaper_than_the_chain(
+        tmp_path: Path, trainer: Identity) -> None:
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+    anchor_and_deltas = sum(m.total_bytes for _, m in chain)
+    assert anchor_and_deltas > chain[2][1].full_bytes
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            result = await client.pull(3)
+            assert result.whole and result.bytes_fetched == chain[2][1].full_bytes
+            assert client.installed_version() == 3 and not (tmp_path / "out" / "v1").exists()
+            assert same_tree(tmp_path / "out" / "current", chain[2][0])
+    run(body())
+
+
+def test_a_version_whose_base_chain_and_full_weights_nobody_serves_stops_the_pull_with_a_typed_error(
+        tmp_path: Path, trainer: Identity) -> None:
     _publish_chain(tmp_path, trainer, 2, tmp_path / "origin")
     shutil.rmtree(tmp_path / "origin" / "versions" / "1")  # the anchor withheld
+    shutil.rmtree(tmp_path / "origin" / "versions" / "2" / "full")  # and v2's full weights
 
     async def body() -> None:
         async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
             client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
-                            wait_s=2)
+                            wait_s=2, unavailable_s=0.5)
             with pytest.raises(RelayError):
                 await client.pull(2)
             assert client.installed_version() is None
+    run(body())
+
+
+@pytest.mark.parametrize("full_served", [True, False], ids=["full-served", "nothing-else"])
+def test_a_delta_against_another_base_than_the_one_held_is_never_applied_to_it(
+        tmp_path: Path, trainer: Identity, full_served: bool) -> None:
+    """The client holds the real v2; a relay serves a v3 (validly signed: the key equivocated) that is a delta against
+    another v2. The delta is never applied to the v2 held: the pull takes v3's full weights where a source has them,
+    and otherwise fails with `DeltaBaseError`, the v2 held untouched."""
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+    other = _checkpoint(tmp_path / "other2", 7)  # another v2's weights
+    forged = tmp_path / "forged"
+    v1 = publish_blocking(chain[0][0], forged, identity=trainer, run_id="r", version=1, shard_size=16 * KiB).manifest
+    v2 = publish_blocking(other, forged, identity=trainer, run_id="r", version=2, shard_size=16 * KiB,
+                          base=DeltaBase(chain[0][0], v1)).manifest
+    v3 = publish_blocking(chain[2][0], forged, identity=trainer, run_id="r", version=3, shard_size=16 * KiB,
+                          base=DeltaBase(other, v2)).manifest
+    assert v3.delta is not None and v3.delta.base_weights != chain[1][1].weights_hash()
+    if not full_served:
+        shutil.rmtree(forged / "versions" / "3" / "full")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            client = Client([origin.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False)
+            await client.pull(1)
+            await client.pull(2)
+        async with Origin(forged, run_id="r", shard_size=16 * KiB) as liar:
+            client = Client([liar.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False,
+                            unavailable_s=0.5)
+            if full_served:
+                result = await client.pull(3)
+                assert result.whole and same_tree(tmp_path / "out" / "v3", chain[2][0])
+            else:
+                with pytest.raises(DeltaBaseError):
+                    await client.pull(3)
+                assert client.installed_version() == 2
+            assert same_tree(tmp_path / "out" / "v2", chain[1][0])  # the v2 held, untouched
+    run(body())
+
+
+def test_a_relay_serving_tampered_full_weights_of_a_delta_version_is_banned(tmp_path: Path, trainer: Identity) -> None:
+    chain = _publish_chain(tmp_path, trainer, 3, tmp_path / "origin")
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin:
+            state = origin.store.get(3)
+            assert state is not None and state.manifest.delta is not None
+
+            async def manifest(request: web.Request) -> web.Response:  # every version's, as the origin's
+                held = origin.store.get(int(request.match_info["n"]))
+                assert held is not None
+                return web.Response(body=held.raw)
+
+            async def full(request: web.Request) -> web.Response:
+                path = state.full_path(int(request.match_info["i"]))
+                assert path is not None
+                good = bytearray(path.read_bytes())
+                good[-1] ^= 0x01  # one changed byte of the full weights
+                return web.Response(body=bytes(good))
+
+            def index(request: web.Request) -> Awaitable[web.Response]:
+                return _async(web.json_response({"run_id": "r", "latest": 3, "versions": [
+                    {"version": 3, "complete": True, "shards": len(state.manifest.shards), "bytes": 1}]}))
+
+            async with FakeRelay({"/versions": index, "/v/{n}/manifest": manifest, "/v/3/full/{i}": full}) as fake:
+                client = Client([fake.url, origin.url], trainer=trainer.address, out_dir=tmp_path / "out",
+                                progress=False, concurrency=2)
+                result = await client.pull(3)  # holding nothing: the full weights are cheaper than the chain
+                assert result.whole and result.sources[fake.url]["banned"] is True
+                assert fake.hits.get("/v/3/full/{i}", 0) >= 1
+                assert same_tree(tmp_path / "out" / "current", chain[2][0])
     run(body())

@@ -69,6 +69,26 @@ def test_the_arithmetic_follows_the_numbers_it_is_given(tmp_path: Path) -> None:
     assert result["inputs"]["gas"] is None and result["inputs"]["hop_s"] is None
 
 
+def test_a_delta_version_costs_its_changed_fraction_times_position_and_value_bytes(tmp_path: Path) -> None:
+    m = tmp_path / "m"
+    m.mkdir()
+    _write(m, "load.json", {"relay": {"throughput_mib_s": 100.0}})
+    _write(m, "shardcast.json", {"shard_mib": 10})
+    result = _run(tmp_path, "--measured", str(m), "--nodes", "100", "--fanout", "10", "--delta-fraction", "0.02",
+                  "0.5", "--anchor-every", "4")
+    two, half = result["networks"][0]["delta"]
+    # bf16: 4 bytes of position + 2 of value per changed element over 2 bytes per element
+    assert (two["changed_fraction"], two["bytes_over_full"]) == (0.02, 0.06)
+    assert math.isclose(two["gb_per_delta"], 62 * 0.06, rel_tol=1e-3)
+    assert math.isclose(two["gb_per_version"], 62 * (3 * 0.06 + 1) / 4, rel_tol=1e-3)
+    full = result["networks"][0]["relays"][0]
+    delta_mib = 62e9 / (1 << 20) * 0.06
+    assert math.isclose(two["relays"][0]["seconds_measured"],
+                        delta_mib / 10 + (full["hops"] - 1) * 10 / 10, rel_tol=1e-3)
+    assert half["bytes_over_full"] == 1.0  # past a third changed, the version goes out whole
+    assert math.isclose(half["relays"][0]["seconds_measured"], full["seconds_measured"], rel_tol=1e-3)
+
+
 def test_relay_tree_reaches_every_consumer_with_fanout_k() -> None:
     for consumers in (1, 7, 100, 1000, 10_000):
         for k in (2, 4, 16):
