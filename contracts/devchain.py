@@ -76,6 +76,8 @@ class DevChain:
         self.port = port
         self.chain_id = chain_id
         self._log_dir = log_dir
+        self._next_base_fee: dict[str, int] = {}
+        """snapshot id -> the base fee the next block had when it was taken (`revert` puts it back)."""
 
     @property
     def rpc_url(self) -> str:
@@ -154,11 +156,20 @@ class DevChain:
         return dev_identity(index)
 
     def snapshot(self) -> str:
-        return str(self.rpc("evm_snapshot"))
+        fee = self.rpc("eth_getBlockByNumber", ["pending", False])["baseFeePerGas"]
+        snapshot_id = str(self.rpc("evm_snapshot"))
+        self._next_base_fee[snapshot_id] = int(fee, 16)
+        return snapshot_id
 
     def revert(self, snapshot_id: str) -> None:
+        """Back to the chain as it was at `snapshot_id`, the next block's base fee included: anvil's `evm_revert`
+        keeps the base fee the reverted blocks led to (a fee spike a test set would outlive it and price every
+        later transaction out of the next block)."""
         if self.rpc("evm_revert", [snapshot_id]) is not True:
             raise ChainError(f"evm_revert({snapshot_id}) failed")
+        fee = self._next_base_fee.pop(snapshot_id, None)
+        if fee is not None:
+            self.rpc("anvil_setNextBlockBaseFeePerGas", [hex(fee)])
 
     def advance_time(self, seconds: int) -> None:
         """Move the chain clock forward and mine a block so `block.timestamp` reflects it."""

@@ -157,3 +157,19 @@ def test_a_transaction_whose_sender_died_before_its_receipt_is_still_watched_aft
     assert restarted.get_work(key).status is WorkStatus.NONE
     assert restarted.tx.reconcile() == 1
     assert restarted.get_work(key).units == 7 and recorded(pools.admin, key) == 1
+
+
+def test_a_fee_spike_inside_a_snapshot_is_gone_after_the_revert(devchain: DevChain) -> None:
+    """`DevChain.revert` puts the next block's base fee back: anvil's `evm_revert` alone keeps the fee the reverted
+    blocks led to, so one test's spike (above) priced a later test's transaction out of the next block (CI run 23:
+    `test_resending_the_same_signed_transaction_is_harmless`, 'max fee per gas less than block base fee')."""
+    def next_fee() -> int:
+        return int(devchain.rpc("eth_getBlockByNumber", ["pending", False])["baseFeePerGas"], 16)
+
+    before = next_fee()
+    snapshot = devchain.snapshot()
+    devchain.rpc("anvil_setNextBlockBaseFeePerGas", [hex(100 * before + 50 * 10**9)])
+    devchain.rpc("evm_mine")
+    assert next_fee() > 10 * before
+    devchain.revert(snapshot)
+    assert next_fee() == before
