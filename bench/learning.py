@@ -411,6 +411,22 @@ def step_parts(rows: list[dict[str, Any]]) -> dict[str, float | None]:
             "eval_s": sum(m.get("eval/time_s", 0.0) for m in rows) / n if n else None}
 
 
+def _patient_get(url: str, params: dict[str, Any] | None = None, tries: int = 3) -> Any:
+    """GET a role's page, asked again on a timeout or a refused connection: on a busy box (CI beside other
+    work) a role's answer can take longer than 10 s, which once left a smoke with no validation numbers
+    at all. The last failure is raised."""
+    import httpx
+
+    for attempt in range(tries):
+        try:
+            return httpx.get(url, params=params, timeout=30)
+        except httpx.HTTPError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(2.0)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def network_time(layout: Any, rows: list[dict[str, Any]], prop: Propagation) -> dict[str, Any]:
     """Where the network run's time went, from the roles' own numbers: the trainer's metrics (waiting for data,
     training, evaluating; publication and its `publishPolicy` share), each node's `/metrics` (generation seconds,
@@ -433,7 +449,7 @@ def network_time(layout: Any, rows: list[dict[str, Any]], prop: Propagation) -> 
     nodes, delays = [], []
     for node in layout.nodes:
         try:
-            text = httpx.get(node["url"] + "/metrics", timeout=10).text
+            text = _patient_get(node["url"] + "/metrics").text
         except httpx.HTTPError:
             nodes.append({"name": node["name"], "up": False})
             continue
@@ -459,7 +475,7 @@ def network_time(layout: Any, rows: list[dict[str, Any]], prop: Propagation) -> 
     outcomes: dict[str, int] = {}
     for v in layout.validators:
         try:
-            items = httpx.get(v["url"] + "/v1/submissions", params={"limit": 10000}, timeout=10).json()["items"]
+            items = _patient_get(v["url"] + "/v1/submissions", params={"limit": 10000}).json()["items"]
         except (httpx.HTTPError, ValueError, KeyError):
             continue
         for i in items:
