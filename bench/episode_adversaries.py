@@ -196,18 +196,20 @@ def play(loaded: LoadedModel, renderer: ChatRenderer, run: RunSpec, at: Assignme
 
 def narrow_first_eos(loaded: LoadedModel, run: RunSpec, candidates: list[Assignment], above: float,
                      batch: int = 256) -> tuple[Assignment, tuple[int, int]]:
-    """The first candidate assignment, and its episode (task, sample), whose honest first turn starts with an
+    """The first candidate assignment, and its episode (task, sample), whose honest first turn ends early with an
     EOS that won the seeded draw by more than `above` and at most `EOS_SKIP_TOLERANCE` (the EOS a `skip_eos`
-    node replaces: mid-episode, since the environment answers it). Only the first step is drawn, `batch`
-    episodes per engine call (a narrow first-step EOS is rare: expect hundreds of candidates)."""
+    node replaces: mid-episode, since the environment answers it). Only first turns are drawn, `batch`
+    episodes per engine call (a narrow EOS is rare on the tiny model: expect tens to hundreds of candidates)."""
     params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
     eos = set(loaded.eos_token_ids)
     rows: list[tuple[Assignment, int, int, list[int], int]] = []
 
     def scan() -> tuple[Assignment, tuple[int, int]] | None:
-        gens = Engine(loaded).generate([r[3] for r in rows], params, [r[4] for r in rows], 1)
+        gens = Engine(loaded).generate([r[3] for r in rows], params, [r[4] for r in rows], run.max_new_tokens)
         for (at, t, i, ids, seed), g in zip(rows, gens, strict=True):
-            if g.tokens[0] in eos and above < _eos_gap(loaded, ids, [], seed, params)[0] <= EOS_SKIP_TOLERANCE:
+            # an EOS at the last allowed position would be replaced by one token and no more: leave room to go on
+            if g.tokens[-1] in eos and len(g.tokens) < run.max_new_tokens \
+                    and above < _eos_gap(loaded, ids, g.tokens[:-1], seed, params)[0] <= EOS_SKIP_TOLERANCE:
                 return at, (t, i)
         rows.clear()
         return None
@@ -220,4 +222,4 @@ def narrow_first_eos(loaded: LoadedModel, run: RunSpec, candidates: list[Assignm
             found = scan()
             if found is not None:
                 return found
-    raise LookupError(f"no narrow first-step EOS among {len(candidates)} assignments")
+    raise LookupError(f"no narrow EOS in the first turns of {len(candidates)} assignments")

@@ -28,9 +28,9 @@ RUN = RunSpec(run_id="episodes", env="alphabet-sort", env_version="1", tasks_per
 AT = Assignment(NODE, 3, 0, b"\x11" * 32, 31337, POOL)
 FP32_DRIFT = 0.01
 """The harness validators' `eos_tie_drift` (`bench.loopback.FP32_EOS_TIE_DRIFT`): fp32 everywhere, honest margins 0."""
-NARROW_EOS = (822, (1, 0))
-"""An assignment counter of `AT`'s node, and its episode, whose first turn is an EOS won by (0.01, 0.5]
-(`narrow_first_eos` over counters 0..999 finds it; the next test checks it still is)."""
+NARROW_EOS = (10, (1, 1))
+"""An assignment counter of `AT`'s node, and its episode, whose first turn ends early on an EOS won by (0.01, 0.5]
+(the first `narrow_first_eos` finds over counters 0, 1, ...; a test checks it still is one)."""
 
 
 @pytest.fixture(scope="module")
