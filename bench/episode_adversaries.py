@@ -15,7 +15,7 @@ cheat changes, and the verdict that names it (docs/protocol/wire-format.md, "Mul
 | `after_done` | plays one more turn after the environment said done | `env_mismatch` |
 | `skip_eos` | replaces the first turn's EOS, won narrowly but beyond the drift, and goes on | `termination` |
 | `inflate_reward` | claims a reward the transcript does not give | `reward_mismatch` |
-| `env_seed` | plays the environment from a seed of its choosing (not the work key's) | `env_mismatch` |
+| `env_seed` | plays each task's environment from a seed of its choosing (not the work key's) | `env_mismatch` |
 | `two_policies` | generates the second turn with other weights (the next policy version) | proof / sampling |
 | `oversize` | a first turn longer than the run's per-turn limit | `schema` |
 """
@@ -135,11 +135,13 @@ def play(loaded: LoadedModel, renderer: ChatRenderer, run: RunSpec, at: Assignme
     params = SamplingParams(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p)
     tok = loaded.tokenizer
     groups = []
+    ground = 0  # episodes an `env_seed` cheat played from a seed of its own
     for t, task in enumerate(at.tasks(run)):
         samples = []
         for i in range(run.samples_per_task):
             e_seed, seed = at.seeds(run, task, i)
-            mine = (t, i) == cheat.at
+            # a node grinding the environment's randomness does it in every task where the seed matters
+            mine = (t, i) == cheat.at or (cheat.name == "env_seed" and i == cheat.at[1])
             name = cheat.name if mine else None
             ids = prompt_ids(tok, task)
             if name == "env_seed":
@@ -147,7 +149,11 @@ def play(loaded: LoadedModel, renderer: ChatRenderer, run: RunSpec, at: Assignme
                     e_seed = cheat.env_seed
                 else:
                     first = _turn(loaded, list(ids), seed, 0, params, run.max_new_tokens)
-                    e_seed = other_env_seed(run, task, e_seed, renderer.decode(first.tokens))
+                    try:
+                        e_seed = other_env_seed(run, task, e_seed, renderer.decode(first.tokens))
+                    except LookupError:  # this task's environment ignores its seed: nothing to grind
+                        name = None
+                ground += name is not None
             state = env.start(task, e_seed)
             turns: list[TurnRollout] = []
             spans: list[list[int]] = []
@@ -189,6 +195,8 @@ def play(loaded: LoadedModel, renderer: ChatRenderer, run: RunSpec, at: Assignme
             samples.append(EpisodeRollout(turns=tuple(turns), env_digest=environment_digest(spans), ended=ended,
                                           reward=reward))
         groups.append(TaskEpisodes(task_id=task.task_id, samples=tuple(samples)))
+    if cheat.name == "env_seed" and not ground:
+        raise LookupError(f"no task of assignment #{at.counter} has an environment that depends on its seed")
     return EpisodeSubmission(run_id=run.run_id, node=at.node, policy_version=at.version,
                              manifest_hash=at.manifest_hash, counter=at.counter, env=run.env,
                              env_version=run.env_version, tasks=tuple(groups))
