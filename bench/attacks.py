@@ -8,6 +8,12 @@ in-process transformer (or SmolLM2 with `--model smollm2`). The cheating nodes a
 hostile relays are `bench.adversaries.FakeRelay` servers that proxy a real relay and alter what it serves.
 The pool, the served validators and the other loopback parts are `bench.loopback`'s, as in the tests.
 
+The `ep_*` rows attack multi-turn episodes (`submission` v2): a second pool on the same chain whose run is
+`alphabet-sort` (`EPISODES`) and its own validator; each cheat is `bench.episode_adversaries.play` with one
+named deviation in one episode, each expected to end in the verdict that names it, and `ep_honest` sends
+`prime-node`'s own episode loop (1, 2 or 4 assignments a trial in smoke, quick and full runs: 320 honest
+episodes in the full run), every one of which must be accepted.
+
 Each attack runs `--trials` times, each trial with a fresh node key (so fresh tasks and sampling
 seeds) and fresh perturbation seeds. A trial is *detected* when the work is not paid: a hard or
 soft verdict, or a refusal (HTTP 4xx without a paid row); for relay attacks, when the client ends
@@ -52,6 +58,18 @@ VERSION = 3  # work is done at v3; v1 is outside the async window (stale), v9 is
 GUARD = {"window_s": 1.0, "min_nodes": 3, "fraction": 0.5}
 """The validators' correlation guard (`systemic.*`): the defaults but for a short window."""
 KiB = 1024
+
+
+def _episode_run() -> Any:
+    from bench.loopback import RUN
+
+    return RUN.model_copy(update={"run_id": "test-episodes", "env": "alphabet-sort", "env_version": "1",
+                                  "max_new_tokens": 12})
+
+
+EPISODES = _episode_run()
+"""The multi-turn run of the episode rows: the harness's run on `alphabet-sort` (the tiny model never writes a
+`<calc>` call), 12 tokens a turn."""
 
 
 # -- results ------------------------------------------------------------------------------------------
@@ -133,6 +151,8 @@ class Network:
         self.thresholds = self.validators[0].service.core.checker.thresholds
         self.hard_keys: list[tuple[Any, str]] = []
         self._second: tuple[Any, Any, str] | None = None
+        self._episodes: tuple[Any, Any, str] | None = None
+        self._renderer: Any = None
 
     def second_pool(self) -> tuple[Any, Any, str]:
         """(clients, validator, envelope domain) of a second pool on the same chain with the same run id and
@@ -172,11 +192,90 @@ class Network:
             self._second = (pools, served, submission_domain(deployment.chain_id, deployment.pool, self.run.run_id))
         return self._second
 
+    def episode_pool(self) -> tuple[Any, Any, str]:
+        """(clients, validator, envelope domain) of a pool on the same chain whose run is multi-turn (`EPISODES`:
+        `alphabet-sort`, the run's other settings), v1..v3 published, one validator; deployed on first use."""
+        if self._episodes is None:
+            from bench import loopback
+            from bench.loopback import (
+                MANIFEST_V0,
+                SETTINGS,
+                TRAINER,
+                Pools,
+                serve,
+                validator_config,
+            )
+            from contracts.deployment import deploy_pool
+            from contracts.pool import PoolClient
+            from contracts.transactor import Transactor, connect
+            from protocol.rollout import submission_domain
+
+            c = self.devchain
+            v = 8  # PUBLIC anvil dev account 8, no other role: its reporter's nonces are its own
+            deployment = deploy_pool(
+                Transactor(connect(c.rpc_url), c.account(loopback.ADMIN)),
+                treasury=c.account(loopback.TREASURY).address, settings=SETTINGS,
+                validators=[c.account(v).address], trainers=[c.account(TRAINER).address],
+                mint={c.account(loopback.OPERATOR).address: 1_000_000 * loopback.TOKEN},
+                fund_rewards=loopback.BUDGET)
+            pools = Pools(c, deployment, *(PoolClient(connect(c.rpc_url), deployment.pool, c.account(i))
+                                           for i in (loopback.ADMIN, v, TRAINER, loopback.OPERATOR,
+                                                     loopback.OPERATOR2, loopback.STRANGER)))
+            for version in range(1, VERSION + 1):
+                pools.trainer.publish_policy(version, MANIFEST_V0)
+            served = serve(validator_config(self.tmp / "episodes", deployment.save(self.tmp / "episodes.json"),
+                                            c.rpc_url, run=EPISODES, model=self.validators[0].service.cfg.model,
+                                            systemic=GUARD), c.account(v))
+            self._episodes = (pools, served, submission_domain(deployment.chain_id, deployment.pool, EPISODES.run_id))
+        return self._episodes
+
+    def episode_node(self, search_eos: bool = False) -> tuple[Any, Any]:
+        """(a node key registered in the episode pool, its assignment #0 at `VERSION`); with `search_eos`, a key
+        whose honest first turns hold an EOS a `skip_eos` cheat replaces, and that episode (task, sample)."""
+        from bench.episode_adversaries import narrow_first_eos
+        from bench.loopback import SETTINGS
+        from protocol.identity import Identity
+
+        pools, served, _ = self.episode_pool()
+        where = (0, 0)
+        if search_eos:
+            drift = served.service.cfg.checks.eos_tie_drift
+            for _ in range(16):
+                keys = {(k := Identity.create()).address: k for _ in range(32)}
+                try:
+                    at, where = narrow_first_eos(self.loaded, EPISODES, [self._assignment(a) for a in keys],
+                                                 above=drift, batch=128)
+                except LookupError:
+                    continue
+                identity = keys[at.node]
+                break
+            else:
+                raise LookupError("no key among 512 has a narrow EOS in its first turns")
+        else:
+            identity = Identity.create()
+        pools.operator.register(identity, SETTINGS.min_stake)
+        deadline = time.monotonic() + 30
+        while not served.service.chain.node_active(identity.address):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the episode validator did not see {identity.address} registered")
+            time.sleep(0.02)
+        return identity, (self._assignment(identity.address), where)
+
+    def _assignment(self, node: str) -> Any:
+        from bench.episode_adversaries import Assignment
+        from bench.loopback import MANIFEST_V0
+        from protocol.rollout import submission_venue
+
+        chain_id, pool = submission_venue(self.episode_pool()[2])
+        return Assignment(node, VERSION, 0, MANIFEST_V0, chain_id, pool)
+
     def stop(self) -> None:
         for v in self.validators:
             v.stop()
         if self._second is not None:
             self._second[1].stop()
+        if self._episodes is not None:
+            self._episodes[1].stop()
         self.devchain.stop()
 
     def node(self, register: bool = True) -> Any:
@@ -254,7 +353,8 @@ class Network:
                 served.wait_reported(key, timeout=60)
             except AssertionError:
                 continue
-            slashed += self.pools.admin.get_work(key).status == WorkStatus.HARD_INVALIDATED
+            pools = self._episodes[0] if self._episodes is not None and served is self._episodes[1] else self.pools
+            slashed += pools.admin.get_work(key).status == WorkStatus.HARD_INVALIDATED
         return slashed, len(self.hard_keys)
 
 
@@ -748,6 +848,61 @@ def eos_skip(net: Any, trial: int) -> Trial:
     return net.submit(node, data, expect_reasons={"termination"})
 
 
+# -- multi-turn episodes (bench.episode_adversaries) ---------------------------------------------------------
+
+
+def episode_cheat(name: str) -> Callable[[Any, int], Trial]:
+    """A fresh key in the episode pool plays its assignment #0 with `name`'s cheat in one episode and sends it."""
+    def run(net: Any, trial: int) -> Trial:
+        from bench.episode_adversaries import CHEATS, Cheat, play
+        from environments import ChatRenderer
+        from protocol.envelope import seal
+        from protocol.nonce import random_nonce
+
+        _, served, domain = net.episode_pool()
+        if net._renderer is None:
+            net._renderer = ChatRenderer(net.loaded.tokenizer)
+        other = other_model(net, trial) if name == "two_policies" else None
+        for _ in range(8):  # `env_seed`: a key with a task whose environment depends on its seed
+            identity, (at, where) = net.episode_node(search_eos=name == "skip_eos")
+            try:
+                sub = play(net.loaded, net._renderer, EPISODES, at, Cheat(name, at=where, other=other))
+                break
+            except LookupError:
+                continue
+        else:
+            raise LookupError("no key among 8 has a task whose environment depends on its seed")
+        data = seal(identity, sub, domain=domain, nonce=random_nonce()).to_bytes()
+        expect = PROOF if name == "two_policies" else {CHEATS[name]}
+        return net.outcome(served, *net.post(served, data), expect_reasons=expect)
+    return run
+
+
+def honest_episodes(net: Any, trial: int) -> Trial:
+    """`prime-node`'s own episode loop (`node.episodes.build_episode_submission`), `net.episode_submissions`
+    assignments of a fresh key: detected = every one accepted (a false positive otherwise)."""
+    from node.engines import ModelsEngine
+    from node.episodes import build_episode_submission
+    from protocol.envelope import seal
+    from protocol.nonce import random_nonce
+
+    _, served, domain = net.episode_pool()
+    identity, (at, _) = net.episode_node()
+    outcomes = Counter[str]()
+    worst: dict[str, float] = {}
+    n = getattr(net, "episode_submissions", 1)
+    for counter in range(n):
+        sub = build_episode_submission(ModelsEngine(net.loaded), EPISODES, identity.address, VERSION, counter,
+                                       at.manifest_hash, chain_id=at.chain_id, pool=at.pool)
+        t = net.outcome(served, *net.post(served, seal(identity, sub, domain=domain, nonce=random_nonce()).to_bytes()))
+        outcomes[t.klass if t.klass == "accepted" else f"{t.klass} {t.reason}"] += 1
+        worst = {k: max(worst.get(k, 0.0), v) for k, v in t.margins.items()} or worst
+    episodes = n * EPISODES.tasks_per_batch * EPISODES.samples_per_task
+    ok = outcomes["accepted"] == n
+    return Trial("accepted" if ok else "hard", "accepted" if ok else ", ".join(sorted(outcomes)), ok, margins=worst,
+                 note=f"{episodes} episodes a trial")
+
+
 # -- relay attacks ---------------------------------------------------------------------------------------
 
 
@@ -1140,6 +1295,19 @@ ATTACKS = [
            fresh_version_cheats),
     Attack("appeal_band", "appeal of logprobs 0.51 off (intake tolerance 0.5)", "hard", appeal_band),
     Attack("eos_skip", "skips every EOS that won within the margin", "hard", eos_skip, tiny_only=True),
+    Attack("ep_fake_env", "episode: faked environment reply (tool output)", "hard", episode_cheat("fake_env")),
+    Attack("ep_hint", "episode: hint injected into a user span", "hard", episode_cheat("hint")),
+    Attack("ep_redraw", "episode: a turn re-drawn from another seed", "hard", episode_cheat("redraw")),
+    Attack("ep_early_stop", "episode: stopped before the environment ended it", "hard", episode_cheat("early_stop")),
+    Attack("ep_after_done", "episode: a turn after the environment said done", "hard", episode_cheat("after_done")),
+    Attack("ep_skip_eos", "episode: a mid-episode EOS skipped beyond the drift", "hard", episode_cheat("skip_eos"),
+           tiny_only=True),
+    Attack("ep_inflate_reward", "episode: inflated reward", "hard", episode_cheat("inflate_reward")),
+    Attack("ep_env_seed", "episode: environment played from the node's own seed", "hard", episode_cheat("env_seed")),
+    Attack("ep_two_policies", "episode: turn 2 by other weights (two policy versions)", "hard",
+           episode_cheat("two_policies")),
+    Attack("ep_oversize", "episode: a turn over the per-turn token limit", "hard", episode_cheat("oversize")),
+    Attack("ep_honest", "episode: honest (prime-node's loop), all accepted", "accepted", honest_episodes),
     Attack("relay_flip", "relay flips bytes in a shard", "refused", relay_attack("relay_flip")),
     Attack("forged_manifest", "forged manifest (edited / other key)", "refused", relay_attack("forged_manifest")),
     Attack("rolled_back_manifest", "rolled-back manifest (v1's as v2 / v2 hidden)", "refused",
@@ -1313,6 +1481,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="attacks-") as d:
         net = Network(loaded, spec, Path(d))
         net.spec_type = args.model  # type: ignore[attr-defined]
+        # honest episode submissions per `ep_honest` trial: 20 x 4 x 4 = 320 episodes in the full run
+        net.episode_submissions = 1 if args.smoke else 2 if args.quick else 4  # type: ignore[attr-defined]
         try:
             for attack in attacks:
                 a0 = time.monotonic()

@@ -1,7 +1,7 @@
 """Appeals: re-checking another validator's hard verdict when the slashed node asks (`POST /v1/appeals`).
 
 The node sends a signed `protocol.appeal.Appeal` carrying the hard `Verdict` envelope it received and its
-own `Submission` envelope as it sent it. Checks, cheapest first, each with its own answer:
+own submission envelope as it sent it (`Submission`, or `EpisodeSubmission` for multi-turn episodes). Checks, cheapest first, each with its own answer:
 
 1. size (413), the appeal envelope (400 malformed/expired/wrong domain, 401 signature), its signer is the
    node key or the node's operator on chain (403 `not_appellant`), its nonce is new (409 `replay`);
@@ -16,7 +16,9 @@ own `Submission` envelope as it sent it. Checks, cheapest first, each with its o
 4. the re-check, with exactly the intake thresholds (`checks.*`; an appeal corrects a validator's
    mistakes, it is not a looser second chance): cheap checks (less the async window: the work was inside
    it when it was submitted), rewards recomputed, one prefill for TOPLOC, the seeded sampling replay,
-   termination and logprobs.
+   termination and logprobs. Episodes go through the checker's own turn-by-turn check
+   (`validator.checker.Checker.episodes`: the environment replayed, the reward recomputed, one prefill
+   per episode measured at model positions).
 
 An equivocation verdict is re-checked from its evidence alone: the appeal carries the slasher's evidence
 document (its SHA-256 is the verdict's `evidence_hash`, 400 `bad_evidence` otherwise), and the verdict is
@@ -31,7 +33,7 @@ nothing is resolved, so another validator can take it. A decision is signed (`Ap
 evidence in the ledger (one per work key: the first stands), then resolved on chain (`resolveAppeal`);
 a failed transaction is retried by `resolve_pending`. An overturned verdict restores the work: it enters
 this validator's trainer feed in the same transaction as the decision (a `FeedItem` with our replay's
-logprobs and recomputed rewards, like accepted work), and leaves it again if the chain settles the
+logprobs and recomputed rewards, like accepted work; an `EpisodeFeedItem` for episodes), and leaves it again if the chain settles the
 appeal as upheld (another validator resolved it first).
 """
 
@@ -48,6 +50,7 @@ from contracts.pool import EscrowStatus, PoolClient, WorkStatus
 from protocol.appeal import Appeal, AppealDecision, AppealOutcome
 from protocol.canonical import canonical_bytes
 from protocol.envelope import Envelope, NonceGuard, open_envelope, seal
+from protocol.episodes import AnySubmission, EpisodeFeedItem, EpisodeSubmission
 from protocol.errors import (
     ChainError,
     ModelError,
@@ -62,6 +65,7 @@ from protocol.nonce import NonceCounter
 from protocol.replay import RereadRecords
 from protocol.rollout import FeedItem, Outcome, Reason, Submission, Verdict, submission_hash
 from validator.chainview import ChainView
+from validator.episodes import episode_feed_item
 from validator.intake import Answer
 from validator.judge import Measurements, paid_tokens, reward_mismatch, units
 from validator.ledger import AppealRow, Ledger
@@ -197,11 +201,12 @@ class AppealDesk:
         try:
             s_bytes = body.submission.encode()
             s_env = Envelope.from_bytes(s_bytes, max_bytes=self.cfg.max_submission_bytes)
-            sub = open_envelope(s_env, domain=self.domain, replay_guard=RereadRecords(), body_types=[Submission],
-                                expected_signer=body.node, max_age_s=_STORED_AGE_S)
+            sub = open_envelope(s_env, domain=self.domain, replay_guard=RereadRecords(),
+                                body_types=[Submission, EpisodeSubmission], expected_signer=body.node,
+                                max_age_s=_STORED_AGE_S)
         except PrimeError as exc:
             return self._refuse(400, "bad_submission", f"the carried submission: {exc}")
-        assert isinstance(sub, Submission)
+        assert isinstance(sub, Submission | EpisodeSubmission)
         if submission_hash(s_bytes) != verdict.submission_hash:
             return self._refuse(400, "bad_submission", "the submission's hash is not the one the verdict judged")
         if self.core.assignment.work_key(sub.node, sub.policy_version, sub.counter) != body.work_key:
@@ -274,7 +279,7 @@ class AppealDesk:
     # -- the re-check -------------------------------------------------------------------------------
 
     def _equivocation_proven(self, evidence: str | None, verdict: Verdict,
-                             sub: Submission) -> tuple[Reason, str] | None:
+                             sub: AnySubmission) -> tuple[Reason, str] | None:
         """(EQUIVOCATION, detail) when the slasher's own evidence proves that the node's key signed two different
         payloads for this assignment; None when it does not (the verdict is overturned). `ProtocolError` when
         the appeal carries no evidence, or not the document the verdict committed to."""
@@ -291,16 +296,17 @@ class AppealDesk:
                 raise TypeError("envelopes must be strings")
         except (ValueError, KeyError, TypeError):
             return None  # the slasher's own evidence does not hold two envelopes: nothing proven
-        bodies: list[Submission] = []
+        bodies: list[AnySubmission] = []
         hashes: list[bytes] = []
         for text in texts:
             try:
                 env = Envelope.from_bytes(text.encode(), max_bytes=self.cfg.max_submission_bytes)
-                opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(), body_types=[Submission],
-                                       expected_signer=sub.node, max_age_s=_STORED_AGE_S)
+                opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(),
+                                       body_types=[Submission, EpisodeSubmission], expected_signer=sub.node,
+                                       max_age_s=_STORED_AGE_S)
             except PrimeError:
                 return None  # not the node's signature (or not this run's): nothing proven against the node
-            assert isinstance(opened, Submission)
+            assert isinstance(opened, Submission | EpisodeSubmission)
             bodies.append(opened)
             hashes.append(submission_hash(text.encode()))
         first, second = bodies
@@ -311,14 +317,31 @@ class AppealDesk:
         return Reason.EQUIVOCATION, (f"the evidence holds two different payloads signed by {sub.node} for "
                                      f"assignment #{sub.counter} at v{sub.policy_version}")
 
-    def _recheck(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: Submission) -> AppealRow:
+    def _recheck(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: AnySubmission
+                 ) -> AppealRow:
         core = self.core
         if self.chain.manifest_hash(sub.policy_version) is None:
             raise _CannotCheck(f"v{sub.policy_version} is not in this validator's chain view (yet)")
         measurements = Measurements()
-        feed: FeedItem | None = None
+        feed: FeedItem | EpisodeFeedItem | None = None
         failure = core.intake.cheap_problem(sub, version_window=False)
-        if failure is None:
+        if failure is None and isinstance(sub, EpisodeSubmission):
+            try:
+                loaded = self.weights.get(sub.policy_version)
+            except WeightsUnavailable as exc:
+                raise _CannotCheck(str(exc)) from exc
+            try:
+                got = core.checker.episodes(loaded, sub)
+            except UngradableError as exc:  # the environment's own code failing is ours
+                raise _CannotCheck(f"environment: {exc}") from exc
+            except (ModelError, RuntimeError, MemoryError) as exc:
+                raise _CannotCheck(f"model stage: {exc}") from exc
+            failure = got.failure
+            measurements = Measurements(rewards=got.rewards, samples=tuple(m for ms in got.turns for m in ms))
+            if failure is None:  # restored episodes reach the trainer like accepted ones, with our replay's numbers
+                feed = episode_feed_item(verdict.work_key, sub, got)
+        elif failure is None:
+            assert isinstance(sub, Submission)
             try:
                 loaded = self.weights.get(sub.policy_version)
             except WeightsUnavailable as exc:
@@ -347,9 +370,9 @@ class AppealDesk:
                         raise _CannotCheck(f"grader: {exc}") from exc
         return self._decide(data, appellant, slasher, verdict, sub, failure, measurements, feed)
 
-    def _decide(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: Submission,
+    def _decide(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: AnySubmission,
                 failure: tuple[Reason, str] | None, measurements: Measurements,
-                feed: FeedItem | None = None) -> AppealRow:
+                feed: FeedItem | EpisodeFeedItem | None = None) -> AppealRow:
         """Sign, store and count the decision (`failure` None: overturned), with the restored work's feed item."""
         outcome = AppealOutcome.UPHELD if failure is not None else AppealOutcome.OVERTURNED
         reason, detail = failure if failure is not None else (Reason.ACCEPTED, f"passes the intake thresholds "

@@ -13,12 +13,12 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from protocol.episodes import EpisodeFeedItem, EpisodeSubmission
+from protocol.episodes import EpisodeSubmission
 from protocol.errors import ModelError, UngradableError
 from protocol.rollout import Outcome, Reason, Submission
 from protocol.timing import StageTimer, stage
 from validator.assignment import prompt_tokens
-from validator.episodes import EpisodeCheck, check_episodes
+from validator.episodes import EpisodeCheck, check_episodes, episode_feed_item
 from validator.guard import SystemicGuard
 from validator.judge import (
     Judgement,
@@ -144,8 +144,8 @@ class Checker:
 
     # -- multi-turn episodes (validator.episodes) ------------------------------------------------------------
 
-    def _episodes(self, loaded: LoadedModel, sub: EpisodeSubmission) -> EpisodeCheck:
-        """`validator.episodes.check_episodes` of `sub` under this validator's run and checks."""
+    def episodes(self, loaded: LoadedModel, sub: EpisodeSubmission) -> EpisodeCheck:
+        """`validator.episodes.check_episodes` of `sub` under this validator's run and checks (intake and appeals)."""
         from environments import ChatRenderer
 
         if self._renderer is None or self._renderer[0] is not loaded.tokenizer:
@@ -163,7 +163,7 @@ class Checker:
     def _check_episodes(self, loaded: LoadedModel, row: Row, sub: EpisodeSubmission) -> int:
         try:
             with stage(self.timer, "check.episodes"):
-                got = self._episodes(loaded, sub)
+                got = self.episodes(loaded, sub)
         except UngradableError as exc:
             return self._ours_failed(row, f"environment: {exc}", Reason.UNGRADABLE)
         except (ModelError, RuntimeError, MemoryError) as exc:  # the model failing is ours, whatever it raised
@@ -184,9 +184,7 @@ class Checker:
                 measurements = replace(measurements, drift_band=in_band)
             decision = self.verdicts.reject(sub, row.envelope, reason, detail, measurements)
         else:
-            feed = EpisodeFeedItem(run_id=sub.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=sub.node,
-                                   policy_version=sub.policy_version, env=sub.env, env_version=sub.env_version,
-                                   groups=got.groups)
+            feed = episode_feed_item(bytes.fromhex(row.work_key[2:]), sub, got)
             decision = self.verdicts.decide(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
                                             f"{sub.n_samples()} episodes, {sub.n_tokens()} model tokens",
                                             measurements, feed=feed)
@@ -260,7 +258,7 @@ class Checker:
         subs = [s for s in stored if isinstance(s, Submission)]
         reports = iter(self.measure(loaded, [(sub, self.assignment.tasks(sub.node, sub.policy_version, sub.counter))
                                              for sub in subs]))
-        return [self._episodes(loaded, s).failure if isinstance(s, EpisodeSubmission)
+        return [self.episodes(loaded, s).failure if isinstance(s, EpisodeSubmission)
                 else self.judge(s, next(reports)).failure for s in stored]
 
     def soften_unreported(self, version: int) -> None:

@@ -29,6 +29,7 @@ from environments import ChatRenderer, MultiTurnEnvironment, Task, render_episod
 from environments import get as get_environment
 from protocol.episodes import (
     EpisodeFeedGroup,
+    EpisodeFeedItem,
     EpisodeFeedSample,
     EpisodeSubmission,
     environment_digest,
@@ -213,3 +214,11 @@ def check_episodes(loaded: LoadedModel, renderer: ChatRenderer, sub: EpisodeSubm
         groups.append(EpisodeFeedGroup(task_id=tr.task_id, prompt_tokens=rendered[k - 1].ids[:rendered[k - 1].prompt_len],
                                        samples=tuple(feed)))
     return EpisodeCheck(None, rewards, tuple(turns), paid, tuple(groups))
+
+
+def episode_feed_item(work_key: bytes, sub: EpisodeSubmission, check: EpisodeCheck) -> EpisodeFeedItem:
+    """The trainer's feed item of accepted (or, on appeal, restored) episodes: `check`'s rebuilt groups."""
+    if check.failure is not None or not check.groups:
+        raise ValueError("only an accepted episode check has a feed item")
+    return EpisodeFeedItem(run_id=sub.run_id, work_key=work_key, node=sub.node, policy_version=sub.policy_version,
+                           env=sub.env, env_version=sub.env_version, groups=check.groups)

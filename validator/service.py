@@ -27,6 +27,7 @@ from contracts.journal import FileJournal
 from contracts.pool import PoolClient
 from contracts.transactor import Transactor, connect
 from protocol.envelope import Envelope
+from protocol.episodes import EpisodeFeedItem
 from protocol.errors import ConfigError
 from protocol.identity import Identity, load_identity
 from protocol.nonce import NonceCounter
@@ -163,13 +164,15 @@ class Service:
         n = 0
         for seq, created_at, _key, item in self.ledger.unwritten_feed(256):
             envelope = Envelope.model_validate_json(item)
-            if (envelope.kind, envelope.version) != (FeedItem.kind, FeedItem.version):
+            kinds = {(t.kind, t.version): t for t in (FeedItem, EpisodeFeedItem)}
+            kind = kinds.get((envelope.kind, envelope.version))
+            if kind is None:
                 # written by an older validator (a v1 item carried the node's claimed logprobs): never a file
-                log.warning("feed item %d is %s v%d, not v%d: no rollout file", seq, envelope.kind, envelope.version,
-                            FeedItem.version)
+                log.warning("feed item %d is %s v%d, not v%d or v%d: no rollout file", seq, envelope.kind,
+                            envelope.version, FeedItem.version, EpisodeFeedItem.version)
                 self.ledger.mark_written(seq)
                 continue
-            body = FeedItem.model_validate(envelope.body)
+            body = kind.model_validate(envelope.body)
             samples = [s for g in feed_groups(body) for s in g]
             name = f"{int(created_at * 1000):013d}-{self.identity.address}-{seq:010d}.parquet"
             write_rollouts(Path(self.cfg.feed_dir) / name, samples)

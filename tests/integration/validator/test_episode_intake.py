@@ -71,3 +71,29 @@ def test_episodes_for_a_single_turn_run_are_schema(make_validator, make_node):
     row = v.wait_decided(r.json()["work_key"])
     assert (row["outcome"], row["reason"]) == ("rejected_hard", "schema"), row
     assert "version 2" in row["detail"]
+
+
+def test_accepted_episodes_are_written_as_rollout_files(make_validator, make_node, tmp_path):
+    # the validator's feed directory (a trainer reading files) gets accepted episodes too, holes in the loss mask
+    # at environment spans (version 3 items were skipped as an older validator's before)
+    import time
+
+    from protocol.rollout_files import read_rollouts
+
+    node = make_node()
+    node.run = EPISODES
+    feed_dir = tmp_path / "feed"
+    v = make_validator(run=EPISODES, feed_dir=feed_dir)
+    with v.client() as c:
+        r = c.post("/v1/submissions", content=node.seal(_episodes(node, 0)))  # type: ignore[arg-type]
+        assert r.status_code == 202, r.text
+        assert v.wait_decided(r.json()["work_key"])["outcome"] == "accepted"
+    deadline = time.monotonic() + 60
+    while not (files := sorted(feed_dir.glob("*.parquet"))):
+        assert time.monotonic() < deadline, "no rollout file for the accepted episodes"
+        time.sleep(0.1)
+    rows = read_rollouts(files[0])
+    assert len(rows) == EPISODES.tasks_per_batch * EPISODES.samples_per_task
+    for s in rows:  # model spans, then an environment span (a hole), then model spans again
+        first = s.loss_mask.index(True)
+        assert s.policy_version == 1 and not all(s.loss_mask[first:]) and any(s.loss_mask[first:])
