@@ -11,7 +11,8 @@ not the replay's winner (a disagreement) with their margins, how many of those a
 the node and the replay (what a tolerance for that precision must cover).
 
 Steering part: a node that, at every position, takes the token it prefers (here: the lowest id, EOS never)
-among those within the tolerance of the seeded draw's winner, replayed by the validator: tokens per sample it
+among those within the tolerance of the seeded draw's winner (`bench.adversaries.steer_near_ties`), replayed by
+the validator: tokens per sample it
 chose and got accepted, at today's tolerance (0.5 for everyone) and at the tolerance measured for its declared
 precision, and when `validator.near_tie_rule` would flag its account. Not a test: the record the per-precision
 tolerances and honest rates in the validator's configuration come from.
@@ -105,39 +106,11 @@ def honest(model_name: str, n: int, max_tokens: int, dtypes: list[str]) -> list[
     return rows
 
 
-def _steered(loaded: Any, prompt: list[int], params: Any, seed: int, max_tokens: int,
-             tolerance: float) -> tuple[list[int], Any, int]:
-    """Generate as a steering node: at each step the lowest-id non-EOS token within `tolerance` of the seeded
-    draw's winner (the winner itself where it is EOS). (tokens, the hidden states that produced them, choices)."""
-    import torch
-
-    from models.forward import prefill
-    from models.sampling import scores, seed_tensor
-
-    eos = set(loaded.eos_token_ids)
-    tokens: list[int] = []
-    chose = 0
-    with torch.inference_mode():
-        for step in range(max_tokens):
-            logits = prefill(loaded, torch.tensor([prompt + tokens]), logits_last_only=True).logits[0, -1:]
-            sc = scores(logits, params, seed_tensor([seed]), torch.tensor([step]))[0].double()
-            winner = int(sc.argmax())
-            pick = winner
-            if winner not in eos:
-                near = [int(t) for t in torch.nonzero(sc >= sc[winner] - tolerance).flatten() if int(t) not in eos]
-                pick = min(near)
-            chose += pick != winner
-            tokens.append(pick)
-            if pick in eos:
-                break
-        hidden = prefill(loaded, torch.tensor([prompt + tokens[:-1]])).hidden[0, len(prompt) - 1:]
-    return tokens, hidden, chose
-
-
 def steering(model_name: str, n: int, max_tokens: int, tolerances: dict[str, float],
              honest_rate: float) -> dict[str, Any]:
     """A steering node against the validator at each tolerance (name -> tolerance): choices per sample, how many
     the replay accepts, and after how many of its tokens `validator.near_tie_rule` flags its account."""
+    from bench.adversaries import prefill_hidden, steer_near_ties
     from models import load
     from models.sampling import SamplingParams
     from toploc import ToplocThresholds
@@ -148,12 +121,13 @@ def steering(model_name: str, n: int, max_tokens: int, tolerances: dict[str, flo
     loaded, params = load(spec), SamplingParams(temperature=1.0)
     out: dict[str, Any] = {"model": model_name, "samples": n, "max_tokens": max_tokens, "rows": []}
     for name, tol in tolerances.items():
-        gens = [_steered(loaded, p, params, s, max_tokens, tol) for p, s in zip(prompts, seeds, strict=True)]
+        gens = [steer_near_ties(loaded, p, params=params, seed=s, max_tokens=max_tokens, tolerance=tol)
+                for p, s in zip(prompts, seeds, strict=True)]
         cfg = ToplocThresholds(sampling_margin_tolerance=tol)
-        reports = measure(loaded, [_rollout(p, t, h, s, max_tokens)
-                                   for p, s, (t, h, _) in zip(prompts, seeds, gens, strict=True)], params, cfg)
+        reports = measure(loaded, [_rollout(p, t, prefill_hidden(loaded, p, t), s, max_tokens)
+                                   for p, s, (t, _) in zip(prompts, seeds, gens, strict=True)], params, cfg)
         accepted = [r.sampling is not None and not cfg.sampling_failed(r.sampling) for r in reports]
-        tokens = [len(t) for t, _, _ in gens]
+        tokens = [len(t) for t, _ in gens]
         near = [len(r.sampling.near_ties) if r.sampling else 0 for r in reports]
         paid, ties, flagged_at = 0, 0, None
         for i, ok in enumerate(accepted):
@@ -163,9 +137,9 @@ def steering(model_name: str, n: int, max_tokens: int, tolerances: dict[str, flo
                     flagged_at = i + 1
         out["rows"].append({
             "tolerance_name": name, "tolerance": tol, "tokens_per_sample": sum(tokens) / n,
-            "chosen_per_sample": sum(c for _, _, c in gens) / n,
+            "chosen_per_sample": sum(c for _, c in gens) / n,
             "accepted_samples": sum(accepted),
-            "accepted_chosen_per_sample": sum(c for (_, _, c), ok in zip(gens, accepted, strict=True) if ok) / n,
+            "accepted_chosen_per_sample": sum(c for (_, c), ok in zip(gens, accepted, strict=True) if ok) / n,
             "near_ties_per_accepted_sample": ties / max(1, sum(accepted)),
             "rule_flags_after_samples": flagged_at})
     # what the rule leaves a node that steers only as far as it can without a verdict, per sample of the size

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from protocol.episodes import EpisodeFeedItem, EpisodeSubmission
 from protocol.errors import ModelError, UngradableError
@@ -30,6 +30,7 @@ from validator.judge import (
     units,
 )
 from validator.ledger import Decision, Ledger, Row
+from validator.near_tie_rule import ALPHA, beyond_honest, log_tail_bound
 from validator.verdicts import stored_submission
 from validator.weights import WeightsUnavailable
 
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
     from validator.weights import WeightStore
 
 log = logging.getLogger(__name__)
+
+_EVIDENCE_ROWS = 1024
+"""Rows holding near-ties a `near_tie_steering` evidence document names at most (the newest)."""
 
 
 class Checker:
@@ -183,6 +187,9 @@ class Checker:
                     reason, in_band = Reason.SUSPECTED_SYSTEMIC, False
                 measurements = replace(measurements, drift_band=in_band)
             decision = self.verdicts.reject(sub, row.envelope, reason, detail, measurements)
+        elif (steering := self.near_tie_steering(row.work_key, sub.node, measurements)) is not None:
+            decision = self.verdicts.reject(sub, row.envelope, Reason.NEAR_TIE_STEERING, steering[0], measurements,
+                                            extra_evidence=steering[1])
         else:
             feed = EpisodeFeedItem(run_id=sub.run_id, work_key=bytes.fromhex(row.work_key[2:]), node=sub.node,
                                    policy_version=sub.policy_version, env=sub.env, env_version=sub.env_version,
@@ -219,9 +226,36 @@ class Checker:
                     reason, in_band = Reason.SUSPECTED_SYSTEMIC, False  # a softened row never counts again
                 measurements = replace(measurements, drift_band=in_band)
             return self.verdicts.reject(sub, row.envelope, reason, detail, measurements)
+        steering = self.near_tie_steering(row.work_key, sub.node, measurements)
+        if steering is not None:
+            return self.verdicts.reject(sub, row.envelope, Reason.NEAR_TIE_STEERING, steering[0], measurements,
+                                        extra_evidence=steering[1])
         feed = self.verdicts.feed_item(loaded, bytes.fromhex(row.work_key[2:]), sub, tasks, rewards, reports)
         return self.verdicts.decide(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
                                     f"{sub.n_samples()} samples, {sub.n_tokens()} tokens", measurements, feed=feed)
+
+    def near_tie_steering(self, work_key: str, node: str, measurements: Measurements
+                          ) -> tuple[str, dict[str, Any]] | None:
+        """(detail, evidence) of a `near_tie_steering` verdict when `node`'s account of accepted work
+        here, with this otherwise acceptable submission counted, holds more near-tie disagreements than an honest
+        node's could (`validator.near_tie_rule` at `checks.near_tie_honest_rate`); None when it does not. The
+        account is this validator's (`Ledger.near_tie_account`): the pool's (issue 35 item 7) adds the other
+        validators' tallies here."""
+        p = self.cfg.checks.near_tie_honest_rate
+        account = self.ledger.near_tie_account(node).plus(work_key, measurements)
+        if not beyond_honest(account.tokens, account.near_ties, p):
+            return None
+        self.stats.count("near_tie_steering")
+        bound = log_tail_bound(account.tokens, account.near_ties, p)
+        detail = (f"{account.near_ties} near-tie disagreements in {account.tokens} paid tokens of accepted work "
+                  f"(honest rate {p:g} per token: expected {p * account.tokens:.1f}; the honest tail bound "
+                  f"exp({bound:.1f}) is below {ALPHA:g})")
+        evidence = {"near_tie_account": {
+            "tokens": account.tokens, "near_ties": account.near_ties, "honest_rate": p, "alpha": ALPHA,
+            "log_tail_bound": bound, "rule": "chernoff_binomial_upper_tail",
+            # the rows that hold the near-ties (oldest dropped past the cap; their sum is in `near_ties`)
+            "rows": [list(r) for r in account.rows[-_EVIDENCE_ROWS:]]}}
+        return detail, evidence
 
     def measure(self, loaded: LoadedModel, subs: list[tuple[Submission, list[Task]]],
                 thresholds: ToplocThresholds | None = None) -> list[list[SequenceReport]]:

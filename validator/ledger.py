@@ -612,6 +612,21 @@ class Ledger:
             f"SELECT 1 FROM submissions WHERE node = ? AND outcome = 'rejected_hard' AND (state = 'decided'{recent}) "
             "LIMIT 1", (node,) + (() if reported_since is None else (reported_since,))))
 
+    def near_tie_account(self, node: str) -> NearTieAccount:
+        """The near-tie account of `node`'s accepted work on this validator: paid tokens, near-tie disagreements,
+        and the rows that hold near-ties (the evidence of a `near_tie_steering` verdict). The pool's account
+        (every validator's tallies, issue 35 item 7) is the sum of these over the pool's validators."""
+        acc = [0, 0, 0]
+        rows: list[tuple[str, int, int]] = []
+        for key, measurements in self._db.execute(
+                "SELECT work_key, measurements FROM submissions WHERE node = ? AND outcome = 'accepted' "
+                "ORDER BY received_at, work_key", (node,)):
+            before = acc[:2]
+            _count_ties(acc, Measurements.from_json(json.loads(measurements or "{}")))
+            if acc[1] > before[1]:
+                rows.append((key, acc[0] - before[0], acc[1] - before[1]))
+        return NearTieAccount(tokens=acc[0], near_ties=acc[1], rows=tuple(rows))
+
     def mark_reported(self, work_keys: Sequence[str], tx_hash: str | None, *, now: float | None = None,
                       outcome: str | None = None) -> None:
         """Rows are reported. With `outcome`, only while the row still has that outcome: a verdict replaced
@@ -945,6 +960,26 @@ NEAR_TIE_REVIEW_MIN = 10
 """Near-ties a node's accepted work must hold before its rate is compared with the fleet's."""
 NEAR_TIE_REVIEW_FACTOR = 5.0
 """A node is listed for review when its near-ties per paid token exceed this many times the fleet's median."""
+
+
+@dataclass(frozen=True)
+class NearTieAccount:
+    """A node's accepted work on one validator, as the near-tie rule counts it (`Ledger.near_tie_account`)."""
+
+    tokens: int
+    """Paid tokens."""
+    near_ties: int
+    """Near-tie disagreements among them."""
+    rows: tuple[tuple[str, int, int], ...] = ()
+    """(work key, paid tokens, near-ties) of each accepted row holding near-ties, oldest first."""
+
+    def plus(self, work_key: str, m: Measurements) -> NearTieAccount:
+        """The account with one more row (the submission being judged) counted."""
+        acc = [self.tokens, self.near_ties, 0]
+        _count_ties(acc, m)
+        rows = self.rows + (((work_key, acc[0] - self.tokens, acc[1] - self.near_ties),)
+                            if acc[1] > self.near_ties else ())
+        return NearTieAccount(tokens=acc[0], near_ties=acc[1], rows=rows)
 
 
 def _count_ties(acc: list[int], m: Measurements) -> None:

@@ -1,0 +1,88 @@
+"""Near-tie steering against a real validator and anvil (issue 35 item 5): a node that, at every position where
+another token scores within the sampling tolerance of the seeded draw's winner, takes the one it prefers passes
+every per-token check, but its account of near-tie disagreements is far beyond an honest node's
+(`validator.near_tie_rule`): it gets a hard `near_tie_steering` verdict whose evidence names the account, and is
+slashed. Honest work from the same validator is accepted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from chainfixtures import VALIDATOR2, Pools
+
+from contracts.pool import EscrowStatus, WorkStatus
+from protocol.appeal import Appeal
+from protocol.envelope import seal
+from protocol.nonce import random_nonce
+from protocol.upload import upload_headers
+from validator.near_tie_rule import ALPHA, beyond_honest
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _post(v: Any, data: bytes) -> str:
+    with v.client() as c:
+        r = c.post("/v1/submissions", content=data)
+        assert r.status_code in (200, 202), r.text
+        return str(r.json()["work_key"])
+
+
+def test_a_node_that_steers_near_ties_is_slashed_with_its_account_and_honest_work_passes(make_validator, make_node,
+                                                                                         published):
+    v = make_validator()
+    rate = v.service.cfg.checks.near_tie_honest_rate
+    sub, data = make_node().build(cheat="steer_near_ties")
+    bad = _post(v, data)
+    good = [_post(v, n.build()[1]) for n in (make_node(), make_node())]
+
+    row = v.wait_reported(bad)
+    assert (row["outcome"], row["reason"]) == ("rejected_hard", "near_tie_steering"), (row["reason"], row["detail"])
+    samples = row["measurements"]["samples"]
+    assert not any(s["sampling_mismatches"] for s in samples)  # every chosen token was within the tolerance
+    assert row["measurements"]["near_ties"] > 0.2 * sub.n_tokens()  # the tiny model leaves many near-ties
+    with v.client() as c:
+        evidence = json.loads(c.get(f"/v1/evidence/{row['evidence_hash']}").content)
+    account = evidence["near_tie_account"]
+    assert (account["honest_rate"], account["alpha"], account["near_ties"]) == (rate, ALPHA,
+                                                                               row["measurements"]["near_ties"])
+    assert beyond_honest(account["tokens"], account["near_ties"], rate) and account["rows"][-1][0] == bad
+    assert published.admin.get_work(bad).status == WorkStatus.HARD_INVALIDATED
+    for k in good:
+        ok = v.wait_reported(k)
+        assert ok["outcome"] == "accepted", (ok["reason"], ok["detail"])
+        assert not beyond_honest(ok["measurements"]["units"] or 1, ok["measurements"]["near_ties"], rate)
+
+
+def test_an_appeal_of_a_steering_verdict_is_judged_on_the_slashers_account_and_upheld(make_validator, make_node,
+                                                                                      published: Pools):
+    """The judged submission alone passes every check: the appeal must carry the slasher's evidence (its account),
+    and is upheld when that account is beyond the honest tail at the appeal validator's own rate."""
+    published.admin.grant_role("validator", published.chain.account(VALIDATOR2).address)
+    slasher, checker = make_validator("a"), make_validator("b", account=VALIDATOR2)
+    node = make_node()
+    _, data = node.build(cheat="steer_near_ties")
+    key = _post(slasher, data)
+    row = slasher.wait_reported(key)
+    assert row["reason"] == "near_tie_steering", (row["reason"], row["detail"])
+    with slasher.client() as c:
+        evidence = c.get(f"/v1/evidence/{row['evidence_hash']}").text
+    published.operator.appeal(key)
+
+    def appeal(carried: str | None) -> tuple[int, dict[str, Any]]:
+        body = Appeal(run_id=node.run.run_id, node=node.identity.address, work_key=bytes.fromhex(key[2:]),
+                      verdict=str(row["verdict"]), submission=data.decode(), evidence=carried)
+        sealed = seal(node.identity, body, domain=node.domain, nonce=random_nonce()).to_bytes()
+        headers = upload_headers(node.identity, sealed, domain=checker.service.domain,
+                                 validator=checker.service.identity.address, path="/v1/appeals")
+        with checker.client() as c:
+            r = c.post("/v1/appeals", content=sealed, headers=headers)
+            return r.status_code, dict(r.json())
+
+    status, answer = appeal(None)
+    assert status == 400 and "evidence" in json.dumps(answer), answer
+    status, answer = appeal(evidence)
+    assert status == 200, answer
+    assert (answer["outcome"], answer["reason"]) == ("upheld", "near_tie_steering"), answer
+    assert published.admin.get_escrow(key).status is EscrowStatus.UPHELD
