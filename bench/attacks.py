@@ -1140,6 +1140,8 @@ ATTACKS = [
            fresh_version_cheats),
     Attack("appeal_band", "appeal of logprobs 0.51 off (intake tolerance 0.5)", "hard", appeal_band),
     Attack("eos_skip", "skips every EOS that won within the margin", "hard", eos_skip, tiny_only=True),
+    Attack("near_tie_steering", "chooses its token at every near-tie within the sampling margin", "hard",
+           cheat("steer_near_ties", expect={"near_tie_steering"}), tiny_only=True),
     Attack("relay_flip", "relay flips bytes in a shard", "refused", relay_attack("relay_flip")),
     Attack("forged_manifest", "forged manifest (edited / other key)", "refused", relay_attack("forged_manifest")),
     Attack("rolled_back_manifest", "rolled-back manifest (v1's as v2 / v2 hidden)", "refused",
