@@ -61,7 +61,8 @@ class SimNode:
         whose first assignment has one), `cached_repeat` (the assigned tasks answered with samples another
         assignment's seeds drew: what replaying a cache for a task drawn again gives), `ground_tasks` (the tasks
         drawn under `ground_manifest`, the hash a key was ground for in advance, sampled and sealed honestly
-        under `manifest_hash`)."""
+        under `manifest_hash`), `steer_near_ties` (at every near-tie within the sampling tolerance the token the
+        node prefers, see `steer_near_ties`)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         chain_id, pool = submission_venue(self.domain)
@@ -110,16 +111,23 @@ class SimNode:
                 if cheat == "edit_token" and t == 0 and i == 0:  # the token the seeded draw ranks last
                     pos = len(tokens) // 2
                     tokens[pos] = _last_ranked(self.loaded, hidden[pos], params, seeds[0], pos)
-                    hidden = _prefill_hidden(self.loaded, prompts[0], tokens)  # a careful cheat re-proves
+                    hidden = prefill_hidden(self.loaded, prompts[0], tokens)  # a careful cheat re-proves
                 if cheat == "cheap_tokens":  # another model's tokens, proved and scored by an honest prefill
                     prompt = prompts[t * run.samples_per_task + i]
-                    hidden = _prefill_hidden(self.loaded, prompt, tokens)
+                    hidden = prefill_hidden(self.loaded, prompt, tokens)
                     logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seeds[t * run.samples_per_task + i],
                                               run.max_new_tokens, params)
                 if cheat == "skip_eos":
                     prompt, seed = prompts[t * run.samples_per_task + i], seeds[t * run.samples_per_task + i]
                     tokens = skip_narrow_eos(gen_model, prompt, seed, params, run.max_new_tokens, EOS_SKIP_TOLERANCE)
-                    hidden = _prefill_hidden(self.loaded, prompt, tokens)
+                    hidden = prefill_hidden(self.loaded, prompt, tokens)
+                    logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seed, run.max_new_tokens, params)
+                    finish = "eos" if tokens[-1] in self.loaded.eos_token_ids else "length"
+                if cheat == "steer_near_ties":
+                    prompt, seed = prompts[t * run.samples_per_task + i], seeds[t * run.samples_per_task + i]
+                    tokens, _ = steer_near_ties(gen_model, prompt, seed, params, run.max_new_tokens,
+                                                NEAR_TIE_TOLERANCE)
+                    hidden = prefill_hidden(self.loaded, prompt, tokens)
                     logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seed, run.max_new_tokens, params)
                     finish = "eos" if tokens[-1] in self.loaded.eos_token_ids else "length"
                 if cheat == "logprob_shift":
@@ -219,6 +227,42 @@ def skip_narrow_eos(loaded: LoadedModel, prompt: list[int], seed: int, params: S
     return tokens
 
 
+NEAR_TIE_TOLERANCE = 0.5
+"""The sampling tolerance a `steer_near_ties` node chooses within (the validators' default)."""
+
+
+def steer_near_ties(loaded: LoadedModel, prompt: list[int], seed: int, params: SamplingParams, max_tokens: int,
+                    tolerance: float) -> tuple[list[int], int]:
+    """(tokens, how many were chosen): the seeded draw, token by token, except that wherever other tokens than
+    the winner score within `tolerance` of it, the node takes the one it prefers (here the lowest id that is not
+    an EOS: any fixed preference, as a node steering the trainer toward some text would have). An EOS that wins is
+    kept (skipping one is `skip_eos`). Each chosen token loses the replay's draw by at most `tolerance`: a near-tie
+    disagreement, which passes the sampling check one by one (`validator.near_tie_rule` judges the account)."""
+    import torch
+
+    from models.forward import prefill
+    from models.loading import output_head
+    from models.sampling import scores, seed_tensor
+
+    eos = set(loaded.eos_token_ids)
+    tokens: list[int] = []
+    chose = 0
+    with torch.inference_mode():
+        while len(tokens) < max_tokens:
+            ids = torch.tensor([prompt + tokens], dtype=torch.long)
+            hidden = prefill(loaded, ids, torch.ones_like(ids), logits_last_only=True).hidden[0, -1:]
+            row = scores(output_head(loaded.model)(hidden).float(), params, seed_tensor([seed]),
+                         torch.tensor([len(tokens)]))[0].double()
+            winner = pick = int(row.argmax())
+            if winner not in eos:
+                pick = min(int(t) for t in torch.nonzero(row >= row[winner] - tolerance).flatten() if int(t) not in eos)
+            chose += pick != winner
+            tokens.append(pick)
+            if pick in eos:
+                break
+    return tokens, chose
+
+
 def narrow_eos_node(loaded: LoadedModel, run: RunSpec, version: int, above: float, *, domain: str,
                     manifest_hash: bytes, tries: int = 512) -> Identity:
     """A fresh key whose assignment #0 at `version` in `domain`'s pool, generated honestly, ends a sample at an
@@ -272,7 +316,8 @@ def _true_logprobs(loaded: LoadedModel, prompt: list[int], tokens: list[int], hi
     return list(report.logprobs)
 
 
-def _prefill_hidden(loaded: LoadedModel, prompt: list[int], tokens: list[int]) -> Any:
+def prefill_hidden(loaded: LoadedModel, prompt: list[int], tokens: list[int]) -> Any:
+    """The final hidden states that produced `tokens` after `prompt` (what a node proves), by one prefill."""
     import torch
 
     from models.forward import prefill

@@ -903,6 +903,22 @@ def honest_episodes(net: Any, trial: int) -> Trial:
                  note=f"{episodes} episodes a trial")
 
 
+def near_tie_steering(net: Any, trial: int) -> Trial:
+    """Issue 35 item 5: one key takes its preferred token at every near-tie (`steer_near_ties`) in submission after
+    submission; each passes the per-token checks, and the validator's account of the key's near-ties crosses the
+    honest tail (`validator.near_tie_rule`) within a few. The trial is the first submission not accepted (or the
+    last sent, accepted, when none crossed: missed)."""
+    node = net.node()
+    result = None
+    for _ in range(8):
+        _, data = node.build(version=VERSION, cheat="steer_near_ties")
+        result = net.submit(node, data, expect_reasons={"near_tie_steering"})
+        if result.klass != "accepted":
+            break
+    assert result is not None
+    return result
+
+
 # -- relay attacks ---------------------------------------------------------------------------------------
 
 
@@ -1308,6 +1324,8 @@ ATTACKS = [
            episode_cheat("two_policies")),
     Attack("ep_oversize", "episode: a turn over the per-turn token limit", "hard", episode_cheat("oversize")),
     Attack("ep_honest", "episode: honest (prime-node's loop), all accepted", "accepted", honest_episodes),
+    Attack("near_tie_steering", "chooses its token at every near-tie within the sampling margin", "hard",
+           near_tie_steering, tiny_only=True),
     Attack("relay_flip", "relay flips bytes in a shard", "refused", relay_attack("relay_flip")),
     Attack("forged_manifest", "forged manifest (edited / other key)", "refused", relay_attack("forged_manifest")),
     Attack("rolled_back_manifest", "rolled-back manifest (v1's as v2 / v2 hidden)", "refused",

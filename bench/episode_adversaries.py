@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.adversaries import EOS_SKIP_TOLERANCE, _eos_gap, _prefill_hidden, _true_logprobs, skip_narrow_eos
+from bench.adversaries import EOS_SKIP_TOLERANCE, _eos_gap, _true_logprobs, prefill_hidden, skip_narrow_eos
 from environments import ChatRenderer, Message, Task
 from models.engine import Engine
 from models.loading import LoadedModel
@@ -101,7 +101,7 @@ def _skipped_eos_turn(loaded: LoadedModel, ids: list[int], seed: int, params: Sa
                       ) -> TurnRollout:
     """A first turn (sampler step 0) whose narrowly winning EOS draws were replaced, proved and scored honestly."""
     tokens = skip_narrow_eos(loaded, ids, seed, params, max_tokens, EOS_SKIP_TOLERANCE)
-    hidden = _prefill_hidden(loaded, ids, tokens)
+    hidden = prefill_hidden(loaded, ids, tokens)
     logprobs = _true_logprobs(loaded, ids, tokens, hidden, seed, max_tokens, params)
     finish = "eos" if tokens[-1] in loaded.eos_token_ids else "length"
     return TurnRollout(tokens=tuple(tokens), logprobs=tuple(logprobs), finish_reason=finish, proofs=tuple(prove(hidden)))

@@ -83,6 +83,11 @@ def appeal_one(v: HardVerdict, *, pool: Any, node: Identity, domain: str, direct
             return {**out, "outcome": "not_appealable", "detail": "the slasher's evidence could not be fetched "
                     "(GET /v1/evidence/<evidence_hash> at the slashing validator)"}
         submission = str(json.loads(evidence)["submission"])
+    elif v.reason == "near_tie_steering":  # re-checked with the slasher's account of this node's near-ties
+        evidence = _evidence(v, directory)
+        if evidence is None:
+            return {**out, "outcome": "not_appealable", "detail": "the slasher's evidence could not be fetched "
+                    "(GET /v1/evidence/<evidence_hash> at the slashing validator)"}
     if submission is None:
         return {**out, "outcome": "not_appealable", "detail": "the submission envelope was not kept"}
     escrow = pool.get_escrow(v.work_key)

@@ -43,9 +43,10 @@ class Appeal(Body):
     submission: str = Field(min_length=2, max_length=MAX_INNER_ENVELOPE_CHARS)
     """The node's `Submission` envelope as it was sent (canonical JSON text; SHA-256 = verdict.submission_hash)."""
     evidence: str | None = Field(default=None, min_length=2, max_length=2 * MAX_INNER_ENVELOPE_CHARS + 65536)
-    """For a verdict that rests on more than the submission (equivocation): the slasher's evidence document as
-    it serves it (`GET /v1/evidence/{hash}`; SHA-256 = verdict.evidence_hash), which holds both signed
-    envelopes, so the re-check needs nothing from the slasher."""
+    """For a verdict that rests on more than the submission: the slasher's evidence document as it serves it
+    (`GET /v1/evidence/{hash}`; SHA-256 = verdict.evidence_hash). For equivocation it holds both signed
+    envelopes, so the re-check needs nothing from the slasher; for near_tie_steering it holds the node's
+    near-tie account, judged again at the appeal validator's own honest rate."""
 
 
 class AppealOutcome(StrEnum):

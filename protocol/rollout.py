@@ -136,6 +136,10 @@ class Reason(StrEnum):
     # a multi-turn episode's environment digest, turn count or ending is not the validator's replay of the
     # environment on the node's own turns (a faked tool output, an injected hint, a turn after the end)
     ENV_MISMATCH = "env_mismatch"
+    # the node's account of accepted work holds more near-tie disagreements (its token not the replay's winner,
+    # within the sampling tolerance) than honest float drift gives at 1e-6 per honest node per day: it chooses
+    # among near-ties (validator.near_tie_rule)
+    NEAR_TIE_STEERING = "near_tie_steering"
 
     @property
     def code(self) -> int:

@@ -69,6 +69,7 @@ from validator.episodes import episode_feed_item
 from validator.intake import Answer
 from validator.judge import Measurements, paid_tokens, reward_mismatch, units
 from validator.ledger import AppealRow, Ledger
+from validator.near_tie_rule import NearTieRuleError, beyond_honest
 from validator.verdicts import SOFTWARE
 from validator.weights import WeightStore, WeightsUnavailable
 
@@ -229,11 +230,17 @@ class AppealDesk:
                     failure = self._equivocation_proven(body.evidence, verdict, sub)
                 except ProtocolError as exc:
                     return self._refuse(400, "bad_evidence", str(exc))
+            steering: tuple[Reason, str] | None = None
+            if verdict.reason is Reason.NEAR_TIE_STEERING:
+                try:
+                    steering = self._steering_proven(body.evidence, verdict)
+                except ProtocolError as exc:
+                    return self._refuse(400, "bad_evidence", str(exc))
             if failure is not None:  # proven from the evidence alone: no model needed
                 row = self._decide(data, gate.signer, slasher, verdict, sub, failure,
                                    Measurements(extra={"equivocation": True}))
             else:  # not an equivocation, or one its evidence does not prove: the judged work is re-checked in full
-                row = self._recheck(data, gate.signer, slasher, verdict, sub)
+                row = self._recheck(data, gate.signer, slasher, verdict, sub, steering)
         self.resolve(row)
         row = self.ledger.appeal(key) or row
         return Answer(200, self.status(row))
@@ -317,8 +324,30 @@ class AppealDesk:
         return Reason.EQUIVOCATION, (f"the evidence holds two different payloads signed by {sub.node} for "
                                      f"assignment #{sub.counter} at v{sub.policy_version}")
 
-    def _recheck(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: AnySubmission
-                 ) -> AppealRow:
+    def _steering_proven(self, evidence: str | None, verdict: Verdict) -> tuple[Reason, str] | None:
+        """(NEAR_TIE_STEERING, detail) when the slasher's evidence shows an account of accepted work beyond the
+        honest near-tie tail at *this* validator's `checks.near_tie_honest_rate` (an appeal corrects a
+        miscalibrated rate); None when it does not (the verdict is overturned if the work itself passes).
+        `ProtocolError` when the appeal carries no evidence, or not the document the verdict committed to."""
+        if evidence is None:
+            raise ProtocolError("a near_tie_steering verdict is re-checked with its evidence: carry the slasher's "
+                                "evidence document (GET /v1/evidence/{evidence_hash} at the slasher)")
+        raw = evidence.encode()
+        if verdict.evidence_hash is None or hashlib.sha256(raw).digest() != verdict.evidence_hash:
+            raise ProtocolError("the evidence is not the document whose hash the verdict carries")
+        try:
+            account = json.loads(raw)["near_tie_account"]
+            tokens, near = account["tokens"], account["near_ties"]
+            p = self.cfg.checks.near_tie_honest_rate
+            if not beyond_honest(tokens, near, p):
+                return None
+        except (ValueError, KeyError, TypeError, NearTieRuleError):
+            return None  # the slasher's own evidence shows no account beyond the tail: nothing proven
+        return Reason.NEAR_TIE_STEERING, (f"the slasher's account holds {near} near-tie disagreements in {tokens} "
+                                          f"paid tokens, beyond the honest tail at rate {p:g} per token")
+
+    def _recheck(self, data: bytes, appellant: str, slasher: str, verdict: Verdict, sub: AnySubmission,
+                 steering: tuple[Reason, str] | None = None) -> AppealRow:
         core = self.core
         if self.chain.manifest_hash(sub.policy_version) is None:
             raise _CannotCheck(f"v{sub.policy_version} is not in this validator's chain view (yet)")
@@ -361,7 +390,7 @@ class AppealDesk:
                 except (ModelError, RuntimeError, MemoryError) as exc:
                     raise _CannotCheck(f"model stage: {exc}") from exc
                 judgement = core.checker.judge(sub, reports, self.thresholds)
-                failure = judgement.failure
+                failure = judgement.failure or steering  # the work passes: a steering verdict stands on its account
                 measurements = Measurements(rewards=rewards, samples=judgement.samples)
                 if failure is None:  # restored work reaches the trainer like accepted work, with our replay's numbers
                     try:

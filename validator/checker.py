@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from protocol.episodes import EpisodeSubmission
 from protocol.errors import ModelError, UngradableError
@@ -29,7 +29,8 @@ from validator.judge import (
     thresholds_hash,
     units,
 )
-from validator.ledger import Decision, Ledger, Row
+from validator.ledger import Decision, Ledger, Row, count_ties
+from validator.near_tie_rule import ALPHA, beyond_honest, log_tail_bound
 from validator.verdicts import stored_submission
 from validator.weights import WeightsUnavailable
 
@@ -42,11 +43,15 @@ if TYPE_CHECKING:
     from validator.chainview import ChainView
     from validator.config import ValidatorConfig
     from validator.grading import Grader
+    from validator.poolview import PoolView
     from validator.stats import Stats
     from validator.verdicts import Verdicts
     from validator.weights import WeightStore
 
 log = logging.getLogger(__name__)
+
+_EVIDENCE_ROWS = 1024
+"""Rows holding near-ties a `near_tie_steering` evidence document names at most (the newest)."""
 
 
 class Checker:
@@ -61,6 +66,9 @@ class Checker:
         self.guard = SystemicGuard(cfg, ledger, chain, thresholds, stats, self)
         self.timer: StageTimer | None = None
         self._renderer: tuple[object, ChatRenderer] | None = None
+        self.pool: PoolView | None = None
+        """The peers' signed notes (`validator.poolview`), set by the service when it has peers: the near-tie
+        account a steering verdict judges is the pool's."""
 
     def check_pending(self, limit: int | None = None) -> int:
         """Check a batch of received rows; returns how many were decided."""
@@ -183,6 +191,9 @@ class Checker:
                     reason, in_band = Reason.SUSPECTED_SYSTEMIC, False
                 measurements = replace(measurements, drift_band=in_band)
             decision = self.verdicts.reject(sub, row.envelope, reason, detail, measurements)
+        elif (steering := self.near_tie_steering(row.work_key, sub.node, measurements)) is not None:
+            decision = self.verdicts.reject(sub, row.envelope, Reason.NEAR_TIE_STEERING, steering[0], measurements,
+                                            extra_evidence=steering[1])
         else:
             feed = episode_feed_item(bytes.fromhex(row.work_key[2:]), sub, got)
             decision = self.verdicts.decide(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
@@ -217,9 +228,42 @@ class Checker:
                     reason, in_band = Reason.SUSPECTED_SYSTEMIC, False  # a softened row never counts again
                 measurements = replace(measurements, drift_band=in_band)
             return self.verdicts.reject(sub, row.envelope, reason, detail, measurements)
+        steering = self.near_tie_steering(row.work_key, sub.node, measurements)
+        if steering is not None:
+            return self.verdicts.reject(sub, row.envelope, Reason.NEAR_TIE_STEERING, steering[0], measurements,
+                                        extra_evidence=steering[1])
         feed = self.verdicts.feed_item(loaded, bytes.fromhex(row.work_key[2:]), sub, tasks, rewards, reports)
         return self.verdicts.decide(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
                                     f"{sub.n_samples()} samples, {sub.n_tokens()} tokens", measurements, feed=feed)
+
+    def near_tie_steering(self, work_key: str, node: str, measurements: Measurements
+                          ) -> tuple[str, dict[str, Any]] | None:
+        """(detail, evidence) of a `near_tie_steering` verdict when `node`'s account of accepted work, with this
+        otherwise acceptable submission counted, holds more near-tie disagreements than an honest node's could
+        (`validator.near_tie_rule` at `checks.near_tie_honest_rate`); None when it does not. The account is the
+        pool's (issue 35 item 7): this validator's kept tally plus every peer's in its fresh signed notes
+        (`PoolView.near_tie_account`; this validator's alone without peers), so a node gains nothing by spreading
+        its work. The evidence names the rows held here (a scan, read only when the verdict is due)."""
+        p = self.cfg.checks.near_tie_honest_rate
+        pooled = self.pool.near_tie_account(node) if self.pool is not None else self.ledger.near_tie_account(node)
+        acc = [pooled[0], pooled[1], 0]
+        count_ties(acc, measurements)
+        tokens, near = acc[0], acc[1]
+        if not beyond_honest(tokens, near, p):
+            return None
+        here = self.ledger.near_tie_evidence(node).plus(work_key, measurements)
+        self.stats.count("near_tie_steering")
+        bound = log_tail_bound(tokens, near, p)
+        detail = (f"{near} near-tie disagreements in {tokens} paid tokens of accepted work in the pool "
+                  f"(honest rate {p:g} per token: expected {p * tokens:.1f}; the honest tail bound "
+                  f"exp({bound:.1f}) is below {ALPHA:g})")
+        evidence = {"near_tie_account": {
+            "tokens": tokens, "near_ties": near, "honest_rate": p, "alpha": ALPHA,
+            "log_tail_bound": bound, "rule": "chernoff_binomial_upper_tail",
+            "here": {"tokens": here.tokens, "near_ties": here.near_ties},
+            # the rows here that hold the near-ties (oldest dropped past the cap; their sum is in `here`)
+            "rows": [list(r) for r in here.rows[-_EVIDENCE_ROWS:]]}}
+        return detail, evidence
 
     def measure(self, loaded: LoadedModel, subs: list[tuple[Submission, list[Task]]],
                 thresholds: ToplocThresholds | None = None) -> list[list[SequenceReport]]:

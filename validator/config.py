@@ -63,6 +63,15 @@ class CheckSettings(Section):
     0.096 for SmolLM2 in vLLM at pre-flight), so it equals the sampling tolerance;
     a run whose nodes all generate in fp32 (honest margins 0.0, bench/attacks.py) sets 0.01 and then a
     node that skips near-tie EOS tokens is slashed."""
+    near_tie_honest_rate: float = Field(0.07, gt=0.0, lt=1.0)
+    """Honest near-tie disagreements per paid token (the node's token not the replay's winner, within
+    `sampling_margin_tolerance`), an upper bound for the precision this run's nodes compute in against this
+    validator's replay (`python -m bench.near_ties`). Measured at tolerance 0.5: fp32 nodes 0 (tiny model and
+    SmolLM2); bf16 nodes 0.0009 (tiny) and 0.0215 (SmolLM2, 18 in 837 tokens, fp32 replay; 0.030 with a bf16
+    replay); the default lies above the 1e-6 upper confidence bound of SmolLM2's (0.068). A run of fp32 nodes
+    sets it far lower. A node whose accepted work here holds more near-ties than
+    an honest node's could at 1e-6 per honest node per day (the Chernoff tail of `validator.near_tie_rule`) gets
+    a hard `near_tie_steering` verdict on its next submission."""
     batch_tokens: int = Field(8192, ge=64)
     """Padded tokens per validation prefill."""
     batch_submissions: int = Field(8, ge=1)

@@ -629,6 +629,21 @@ class Ledger:
             f"SELECT 1 FROM submissions WHERE node = ? AND outcome = 'rejected_hard' AND (state = 'decided'{recent}) "
             "LIMIT 1", (node,) + (() if reported_since is None else (reported_since,))))
 
+    def near_tie_evidence(self, node: str) -> NearTieAccount:
+        """The near-tie account of `node`'s accepted work on this validator with the rows that hold near-ties (the
+        evidence of a `near_tie_steering` verdict): a scan of the node's rows, read only once a verdict is due
+        (the decision itself reads the kept tally, `near_tie_account`, and the pool's, `PoolView`)."""
+        acc = [0, 0, 0]
+        rows: list[tuple[str, int, int]] = []
+        for key, measurements in self._db.execute(
+                "SELECT work_key, measurements FROM submissions WHERE node = ? AND outcome = 'accepted' "
+                "ORDER BY received_at, work_key", (node,)):
+            before = acc[:2]
+            count_ties(acc, Measurements.from_json(json.loads(measurements or "{}")))
+            if acc[1] > before[1]:
+                rows.append((key, acc[0] - before[0], acc[1] - before[1]))
+        return NearTieAccount(tokens=acc[0], near_ties=acc[1], rows=tuple(rows))
+
     def mark_reported(self, work_keys: Sequence[str], tx_hash: str | None, *, now: float | None = None,
                       outcome: str | None = None) -> None:
         """Rows are reported. With `outcome`, only while the row still has that outcome: a verdict replaced
@@ -690,7 +705,7 @@ class Ledger:
             if outcome == "accepted":
                 m = Measurements.from_json(json.loads(measurements or "{}"))
                 units = m.units or 1
-                _count_ties(ties.setdefault(node, [0, 0, 0]), m)
+                count_ties(ties.setdefault(node, [0, 0, 0]), m)
                 accepted.append({"work_key": key, "node": node, "units": units, "feed_seq": feed.get(key),
                                  "reported": reported, "chain_tx": tx, "decided_at": decided_at, **extra})
             elif outcome == "rejected_hard":
@@ -987,7 +1002,7 @@ _TIES_MARK = "node_ties:v1"
 def _add_ties(db: _Db, node: str, m: Measurements, sign: int) -> None:
     """Inside the transaction that decides a row: add (`sign` 1) or take back (-1) its near-tie account."""
     acc = [0, 0, 0]
-    _count_ties(acc, m)
+    count_ties(acc, m)
     if any(acc):
         db.execute("INSERT INTO node_ties (node, tokens, near_ties, eos_near_ties) VALUES (?, ?, ?, ?) ON CONFLICT "
                    "(node) DO UPDATE SET tokens = node_ties.tokens + excluded.tokens, near_ties = node_ties.near_ties "
@@ -1035,7 +1050,27 @@ NEAR_TIE_REVIEW_FACTOR = 5.0
 """A node is listed for review when its near-ties per paid token exceed this many times the fleet's median."""
 
 
-def _count_ties(acc: list[int], m: Measurements) -> None:
+@dataclass(frozen=True)
+class NearTieAccount:
+    """A node's accepted work on one validator, as the near-tie rule counts it (`Ledger.near_tie_account`)."""
+
+    tokens: int
+    """Paid tokens."""
+    near_ties: int
+    """Near-tie disagreements among them."""
+    rows: tuple[tuple[str, int, int], ...] = ()
+    """(work key, paid tokens, near-ties) of each accepted row holding near-ties, oldest first."""
+
+    def plus(self, work_key: str, m: Measurements) -> NearTieAccount:
+        """The account with one more row (the submission being judged) counted."""
+        acc = [self.tokens, self.near_ties, 0]
+        count_ties(acc, m)
+        rows = self.rows + (((work_key, acc[0] - self.tokens, acc[1] - self.near_ties),)
+                            if acc[1] > self.near_ties else ())
+        return NearTieAccount(tokens=acc[0], near_ties=acc[1], rows=rows)
+
+
+def count_ties(acc: list[int], m: Measurements) -> None:
     """Add one accepted row's measurements to [paid tokens, near-ties, EOS near-ties]."""
     acc[0] += sum(s.paid_tokens or 0 for s in m.samples)
     acc[1] += m.near_ties or 0

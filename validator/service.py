@@ -94,6 +94,7 @@ class Service:
                                  peers=self.peers.urls, validators=self.core.assignment.validators,
                                  invalidation_window=lambda: self.chain.invalidation_window, stats=self.core.stats)
             self.core.intake.admission.pool = self.pool_view
+            self.core.checker.pool = self.pool_view
         self.appeals = AppealDesk(cfg, self.identity, self.ledger, self.chain,
                                   self.pool if cfg.reporter.enabled else None, self.core, self.weights,
                                   domain=self.domain, replay_guard=self.replay, nonces=self.nonces)

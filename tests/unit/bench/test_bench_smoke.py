@@ -82,6 +82,10 @@ PROGRAMS: dict[str, tuple[set[str], Check]] = {
     "toploc": ({"machine", "settings", "proof_math", "smollm2", "smoke", "reference_ran"},
                lambda o: len(o["proof_math"]) == 3 and o["smollm2"]["validation_tok_s"] > 0),
     "toploc_margins": ({"thresholds", "rows", "smoke"}, lambda o: len(o["rows"]) > 5),
+    "near_ties": ({"bench", "rows", "proposed", "steering", "smoke"},
+                  lambda o: {(r["node_dtype"], r["validator_dtype"]) for r in o["rows"]}
+                  == {("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16")}
+                  and len(o["steering"][0]["rows"]) == 3),
     "trainer": ({"train_tokens_per_s", "matmul_fraction", "packing_efficiency", "smoke"},
                 lambda o: o["train_tokens_per_s"] > 0),
     "validator": ({"info", "models", "http_intake", "junk_flood", "validation_over_generation", "cheap_checks_per_s"},

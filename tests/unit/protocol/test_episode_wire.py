@@ -98,5 +98,5 @@ def test_feed_sample_spans_and_loss_mask() -> None:
 
 def test_env_mismatch_is_hard_and_appended() -> None:
     # appended last: no existing uint16 code on chain moves
-    assert list(Reason)[-1] is Reason.ENV_MISMATCH and Reason.ENV_MISMATCH.hard
+    assert list(Reason)[-2] is Reason.ENV_MISMATCH and Reason.ENV_MISMATCH.hard
     assert Reason.TERMINATION.code == Reason.ENV_MISMATCH.code - 1

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from validator.judge import Measurements
 from validator.ledger import Decision, Ledger, LedgerError, near_tie_review
 
 pytestmark = pytest.mark.timeout(60)
@@ -642,6 +643,29 @@ def test_the_audit_lists_a_node_whose_near_ties_stand_out_from_the_fleet(ledger:
     # a fleet that does not drift at all (all fp32): any node with enough near-ties stands out
     assert [r["node"] for r in near_tie_review({"a": [1000, 0, 0], "b": [1000, 0, 0], "e": [1000, 0, 0],
                                                  "c": [1000, 12, 0], "d": [1000, 9, 0]})] == ["c"]
+
+
+def test_a_nodes_near_tie_account_counts_its_accepted_work_and_names_the_rows_holding_near_ties(
+        ledger: Ledger) -> None:
+    """Issue 35 item 5: the account `near_tie_steering` judges (paid tokens and near-ties of accepted work only),
+    with the rows its evidence names, oldest first; `plus` counts the submission being judged. The kept tally
+    (`near_tie_account`, no scan) agrees."""
+    def tied(key: str, near: int) -> Decision:
+        return Decision(outcome="accepted", reason="accepted", measurements={
+            "units": 100, "near_ties": near, "samples": [{"paid_tokens": 60}, {"paid_tokens": 40}]},
+            verdict=b"v-" + key.encode(), feed_item=b"i-" + key.encode())
+
+    add(ledger, "k0", node="0xa", counter=0, decision=tied("k0", 3), at=T0)
+    add(ledger, "k1", node="0xa", counter=1, decision=tied("k1", 0), at=T0 + 1)
+    add(ledger, "k2", node="0xa", counter=2, decision=hard("k2"), at=T0 + 2)  # rejected work is not counted
+    add(ledger, "k3", node="0xb", counter=0, decision=tied("k3", 5), at=T0 + 3)  # another node's
+    account = ledger.near_tie_evidence("0xa")
+    assert (account.tokens, account.near_ties, account.rows) == (200, 3, (("k0", 100, 3),))
+    judged = account.plus("k9", Measurements.from_json({"near_ties": 2, "samples": [{"paid_tokens": 50}]}))
+    assert (judged.tokens, judged.near_ties, judged.rows) == (250, 5, (("k0", 100, 3), ("k9", 50, 2)))
+    empty = ledger.near_tie_evidence("0xc")
+    assert (empty.tokens, empty.near_ties, empty.rows) == (0, 0, ())
+    assert ledger.near_tie_account("0xa")[:2] == (200, 3)
 
 
 def test_envelopes_pruned_after_the_window_free_the_nodes_stored_bytes(ledger: Ledger) -> None:
