@@ -290,12 +290,7 @@ class AppealDesk:
         """(EQUIVOCATION, detail) when the slasher's own evidence proves that the node's key signed two different
         payloads for this assignment; None when it does not (the verdict is overturned). `ProtocolError` when
         the appeal carries no evidence, or not the document the verdict committed to."""
-        if evidence is None:
-            raise ProtocolError("an equivocation verdict is re-checked from its evidence: carry the slasher's "
-                                "evidence document (GET /v1/evidence/{evidence_hash} at the slasher)")
-        raw = evidence.encode()
-        if verdict.evidence_hash is None or hashlib.sha256(raw).digest() != verdict.evidence_hash:
-            raise ProtocolError("the evidence is not the document whose hash the verdict carries")
+        raw = _committed_evidence(evidence, verdict, "an equivocation")
         try:
             doc = json.loads(raw)
             texts = [doc["first"], doc["submission"]]
@@ -329,12 +324,7 @@ class AppealDesk:
         honest near-tie tail at *this* validator's `checks.near_tie_honest_rate` (an appeal corrects a
         miscalibrated rate); None when it does not (the verdict is overturned if the work itself passes).
         `ProtocolError` when the appeal carries no evidence, or not the document the verdict committed to."""
-        if evidence is None:
-            raise ProtocolError("a near_tie_steering verdict is re-checked with its evidence: carry the slasher's "
-                                "evidence document (GET /v1/evidence/{evidence_hash} at the slasher)")
-        raw = evidence.encode()
-        if verdict.evidence_hash is None or hashlib.sha256(raw).digest() != verdict.evidence_hash:
-            raise ProtocolError("the evidence is not the document whose hash the verdict carries")
+        raw = _committed_evidence(evidence, verdict, "a near_tie_steering")
         try:
             account = json.loads(raw)["near_tie_account"]
             tokens, near = account["tokens"], account["near_ties"]
@@ -479,3 +469,15 @@ class AppealDesk:
             "units": row.units, "evidence_hash": row.evidence_hash, "resolved": row.resolved_at is not None,
             "chain_tx": row.chain_tx, "decision": row.decision.decode(),
         }
+
+
+def _committed_evidence(evidence: str | None, verdict: Verdict, what: str) -> bytes:
+    """The slasher's evidence document an appeal of `what` verdict carries, when it is the one `verdict` committed
+    to (its hash); `ProtocolError` when the appeal carries none or another."""
+    if evidence is None:
+        raise ProtocolError(f"{what} verdict is re-checked from its evidence: carry the slasher's evidence document "
+                            "(GET /v1/evidence/{evidence_hash} at the slasher)")
+    raw = evidence.encode()
+    if verdict.evidence_hash is None or hashlib.sha256(raw).digest() != verdict.evidence_hash:
+        raise ProtocolError("the evidence is not the document whose hash the verdict carries")
+    return raw
