@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.loopback import MANIFEST_V0, RUN
+from bench.loopback import MANIFEST_V0, RUN, start_site
 from environments import get as get_environment
 from environments import render_prompt
 from models.engine import Engine
@@ -363,11 +363,7 @@ class FakeRelay:
                 self.hits[path] = self.hits.get(path, 0) + 1
                 return await handler(request)
             app.router.add_get(path, counted)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await start_site(app, shutdown_timeout=0.5)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -262,3 +262,14 @@ def same_tree(a: Path, b: Path) -> bool:
     files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
     return files_a == files_b and all((a / f).read_bytes() == (b / f).read_bytes() for f in files_a)
+
+
+async def start_site(app: Any, **runner: Any) -> tuple[Any, int]:
+    """`app` (an aiohttp `web.Application`) served on 127.0.0.1 at a port the system picks: (its `AppRunner`, to
+    clean up, and the port). The one way the bench's and the tests' stand-in servers start."""
+    from aiohttp import web
+
+    r = web.AppRunner(app, **runner)
+    await r.setup()
+    await web.TCPSite(r, "127.0.0.1", 0).start()
+    return r, int(r.addresses[0][1])

@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 from shardcast_harness import run
 
 from bench.adversaries import FakeRelay
-from bench.loopback import same_tree
+from bench.loopback import same_tree, start_site
 from protocol.errors import RelayError
 from protocol.identity import Identity
 from shardcast import Client, Origin, Relay
@@ -205,11 +205,7 @@ class WithholdingRelay:
         self._session = aiohttp.ClientSession()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await start_site(app, shutdown_timeout=0.5)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -17,6 +17,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from bench.loopback import start_site
 from protocol.canonical import canonical_bytes, to_hex
 from protocol.envelope import seal
 from protocol.identity import Identity
@@ -137,11 +138,7 @@ class FeedServer:
     async def _start(self) -> None:
         app = web.Application()
         app.router.add_get("/v1/feed", self._feed)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        self._runner, self.port = await start_site(app, access_log=None)
 
     def __enter__(self) -> FeedServer:
         self._thread.start()
