@@ -349,13 +349,20 @@ class Network:
 
         slashed = 0
         for served, key in self.hard_keys:
-            try:
-                served.wait_reported(key, timeout=60)
-            except AssertionError:
+            if not self.reported(served, key):
                 continue
             pools = self._episodes[0] if self._episodes is not None and served is self._episodes[1] else self.pools
             slashed += pools.admin.get_work(key).status == WorkStatus.HARD_INVALIDATED
         return slashed, len(self.hard_keys)
+
+    @staticmethod
+    def reported(served: Any, key: str) -> bool:
+        """Whether the hard verdict on `key` left `served`'s outbox within 60 s."""
+        try:
+            served.wait_reported(key, timeout=60)
+        except AssertionError:
+            return False
+        return True
 
 
 def _margins(row: dict[str, Any]) -> dict[str, float]:
@@ -503,6 +510,8 @@ def resigned_recorded(net: Any, trial: int) -> Trial:
     key = first["work_key"]
     if served.wait_reported(key)["outcome"] != "accepted":
         return Trial("error", "honest work not accepted", False)
+    for at, hard in net.hard_keys:  # the earlier rows' hard verdicts land first: the clock jump would close
+        net.reported(at, hard)     # their windows too, and `on_chain` would count them as never slashed
     net.devchain.rpc("evm_increaseTime", [SETTINGS.invalidation_window + 10])  # its window closes
     net.devchain.rpc("evm_mine")
     s0 = sub.tasks[0].samples[0]
