@@ -14,6 +14,7 @@ import pytest
 from chainfixtures import ADMIN, VALIDATOR, VALIDATOR2, Pools
 from netfixtures import free_port
 
+from contracts.events import REORG_DEPTH, ChainEvent
 from contracts.pool import PoolClient
 from contracts.transactor import Transactor, connect
 from protocol.identity import Identity
@@ -92,6 +93,8 @@ def test_only_work_recorded_by_its_signer_and_not_invalidated_is_trained(
     with pytest.raises(DataStarvedError):
         src.next_batch(step=0, n_groups=1, async_level=0)
     assert src.held() == [] and src.cursors() == {v.url: 3}  # refused items are done, never asked again
+    # one chain read for the poll that brought the three items; none while nothing waited to be decided
+    assert src.chain is not None and src.chain.refreshes == 1
 
 
 def test_unrecorded_work_waits_for_the_chain_then_trains(
@@ -182,3 +185,35 @@ def test_the_config_connects_the_feed_to_the_chain(pools: Pools, tmp_path: Path)
 
     with pytest.raises(ConfigError, match="data names pool"):
         ValidatorFeedSource.from_config(ValidatorsData.model_validate({**base, "pool": "0x" + "12" * 20}))
+
+
+class _ReadLog(PoolClient):
+    """The real pool client, noting the block range of every event read."""
+
+    reads: list[tuple[int, int | None]]
+
+    def events(self, from_block: int, to_block: int | None = None, names: set[str] | None = None,
+               chunk: int = 5000) -> list[ChainEvent]:
+        self.reads.append((from_block, to_block))
+        return super().events(from_block, to_block, names, chunk)
+
+
+def test_the_chain_is_read_incrementally(pools: Pools, node: str) -> None:
+    pools.chain.rpc("anvil_mine", [hex(2 * REORG_DEPTH)])  # a chain longer than the depth read again
+    w3 = connect(pools.chain.rpc_url)
+    pool = _ReadLog(w3, pools.deployment.pool, Identity.create())
+    pool.reads = []
+    work = RecordedWork(pool, pools.deployment.start_block)
+    assert work.refresh() >= 0
+    key = pools.work_key(RUN_ID, node, 0, 1)
+    assert work.status(key, pools.validator.identity.address).value == "unknown"
+    pools.validator.record_work(node, key, 1)
+    assert work.refresh() == 1  # the one new event, whatever was read again
+    assert work.status(key, pools.validator.identity.address).value == "accepted"
+    assert work.status(key, pools.chain.account(VALIDATOR2).address).value == "other_validator"
+    assert work.refresh() == 0
+    first_to = pool.reads[0][1]
+    assert first_to is not None and first_to + 1 - REORG_DEPTH > pools.deployment.start_block
+    # from the last block read (less the reorg depth), never again from the deployment block
+    assert pool.reads[1][0] == max(pools.deployment.start_block, first_to + 1 - REORG_DEPTH)
+    assert pool.reads[2][0] == max(pools.deployment.start_block, first_to + 2 - REORG_DEPTH)
