@@ -21,8 +21,8 @@ a listing signed before the last one this source verified from that URL (or that
 replay, refused like a forgery: whoever sits between cannot keep serving an old, shorter page to starve the
 trainer of a validator's newer work.
 
-Bounds: a response is read up to `max_response_bytes` (Content-Length checked first, then counted
-while reading, uncompressed bytes only) and within `request_timeout_s` from connect to last byte (a
+Bounds (`trainer/feed_wire.py` reads): a response is read up to `max_response_bytes` (Content-Length checked
+first, then counted while reading, uncompressed bytes only) and within `request_timeout_s` from connect to last byte (a
 `protocol.deadline` client: a trickled status line and headers are cut off too); a page holds at most the
 `limit` asked for. A page refused as too large halves that validator's `limit` (down to 1). Validators
 are read concurrently, one request in flight each: a hung one (accepts, never answers) delays neither the
@@ -64,18 +64,25 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from protocol.canonical import parse_json, to_hex
-from protocol.deadline import deadline_client, request_deadline
+from protocol.deadline import deadline_client
 from protocol.envelope import Envelope, open_envelope
 from protocol.episodes import EpisodeFeedItem
-from protocol.errors import ChainError, ConfigError, OversizeError, PrimeError, ProtocolError, SignatureError
+from protocol.errors import ChainError, ConfigError, OversizeError, ProtocolError, SignatureError
 from protocol.identity import checksum
 from protocol.rollout import FeedItem, FeedPage, feed_item_hash
 from protocol.rollout_files import feed_groups
 from trainer.config import ValidatorsData
+from trainer.feed_wire import (
+    AcceptAnyNonce,
+    FeedError,
+    FeedUnavailableError,
+    ListedItem,
+    ListingPage,
+    read_capped,
+)
 from trainer.recorded_work import OnChain, RecordedWork
 from trainer.source import Batch, DataStarvedError, Fill, Group, RolloutSource, window_verdict
 
@@ -84,52 +91,6 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 SLOW_FEED_S = 1.0
 """How long one poll waits for every validator's answer; a slower one's page is taken at a later poll."""
-
-
-class FeedError(ProtocolError):
-    """A validator's feed response or item is refused: wrong shape, out of order, or not what was signed."""
-
-    code = "bad_feed"
-
-
-class FeedUnavailableError(PrimeError):
-    """A validator's feed could not be read (connection, timeout, HTTP status): polled again later."""
-
-    code = "feed_unavailable"
-
-
-class _AcceptAnyNonce:
-    """The replay guard `open_envelope` is given for feed items: it accepts every nonce.
-
-    A replay guard stops a message from being acted on twice. Here the action is training on a
-    piece of work, and that is de-duplicated by work key, which is stronger: it also catches the same
-    work under different envelopes (two validators, a re-sealed item). A nonce seen-set would instead
-    refuse the legitimate second fetch of an item after a resume (or after a failed step).
-    """
-
-    def check_and_record(
-        self, domain: str, signer: str, nonce: int, *, sent_at: float, expires_at: float, now: float | None = None
-    ) -> None:
-        return None
-
-
-class _Entry(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    seq: int = Field(ge=1, lt=2**63)
-    work_key: str = Field(max_length=256)
-    envelope: str
-
-
-class _Page(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    validator: str = Field(max_length=256)
-    domain: str = Field(max_length=256)
-    items: list[_Entry]
-    next: int = Field(ge=0)
-    listing: str
-    """A `FeedPage` envelope: the validator's signature over `after` and each item's (seq, work key, hash)."""
 
 
 @dataclass
@@ -232,11 +193,11 @@ class ValidatorFeedSource(RolloutSource):
         self._seen: dict[str, tuple[str, int, int]] = {}  # work key -> (url, seq, policy version)
         self._groups: dict[str, int] = {}  # fingerprint of a trained group -> its policy version
         self._buffer: deque[_Queued] = deque()
-        self._guard = _AcceptAnyNonce()
+        self._guard = AcceptAnyNonce()
         # a validator that trickles its status line and headers is given up at request_timeout_s too
         self._http = deadline_client(request_timeout_s)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.feeds), thread_name_prefix="feed")
-        self._inflight: dict[int, tuple[int, concurrent.futures.Future[_Page]]] = {}
+        self._inflight: dict[int, tuple[int, concurrent.futures.Future[ListingPage]]] = {}
         """Feed index -> (the `after` asked, the request): at most one request in flight per validator."""
 
     @classmethod
@@ -399,7 +360,7 @@ class ValidatorFeedSource(RolloutSource):
         futures = [f for _, f in self._inflight.values()]
         concurrent.futures.wait(futures, timeout=max(wait_s, SLOW_FEED_S), return_when=concurrent.futures.ALL_COMPLETED)
         got = False
-        pages: list[tuple[_Feed, _Page]] = []
+        pages: list[tuple[_Feed, ListingPage]] = []
         for i, feed in enumerate(self.feeds):
             after, future = self._inflight[i]
             if not future.done():
@@ -482,10 +443,11 @@ class ValidatorFeedSource(RolloutSource):
         (log.debug if what == feed.last_problem else log.warning)("validator %s: %s", feed.url, what)
         feed.last_problem = what
 
-    def _page(self, feed: _Feed, after: int) -> _Page:
-        data = self._get(feed.url + "/v1/feed", {"after": after, "limit": feed.limit})
+    def _page(self, feed: _Feed, after: int) -> ListingPage:
+        data = read_capped(self._http, feed.url + "/v1/feed", {"after": after, "limit": feed.limit},
+                           self.max_response_bytes, self.request_timeout_s)
         try:
-            page = _Page.model_validate(parse_json(data))
+            page = ListingPage.model_validate(parse_json(data))
         except ValidationError as exc:
             raise FeedError(f"malformed feed page: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
         if len(page.items) > feed.limit:
@@ -496,7 +458,7 @@ class ValidatorFeedSource(RolloutSource):
         self._check_listing(feed, page, after)
         return page
 
-    def _check_listing(self, feed: _Feed, page: _Page, after: int) -> None:
+    def _check_listing(self, feed: _Feed, page: ListingPage, after: int) -> None:
         """The page must be exactly what its validator signed for this request: the cursor moves to listed
         seqs, so an unsigned position (a forged entry, a proxy's edit, a page replayed for another `after`)
         would let whoever answers skip real work for good."""
@@ -522,33 +484,7 @@ class ValidatorFeedSource(RolloutSource):
                             "signed)")
         feed.listed_at = signed_at
 
-    def _get(self, url: str, params: dict[str, int]) -> bytes:
-        """The response body, refused unread past `max_response_bytes` or `request_timeout_s`."""
-        limit, start = self.max_response_bytes, time.monotonic()
-        try:
-            # identity encoding: a compressed body could expand far past the limit inside one chunk
-            with request_deadline(self.request_timeout_s), \
-                    self._http.stream("GET", url, params=params, headers={"accept-encoding": "identity"}) as resp:
-                if resp.status_code != 200:
-                    raise FeedUnavailableError(f"HTTP {resp.status_code}")
-                encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-                if encoding not in ("", "identity"):
-                    raise FeedError(f"content-encoding {encoding[:32]!r} (asked for identity)")
-                declared = resp.headers.get("content-length")
-                if declared is not None and (not (declared.isascii() and declared.isdigit()) or int(declared) > limit):
-                    raise OversizeError(f"Content-Length {declared[:32]!r}, limit {limit} bytes")
-                body = bytearray()
-                for chunk in resp.iter_raw():
-                    body += chunk
-                    if len(body) > limit:
-                        raise OversizeError(f"response over {limit} bytes")
-                    if time.monotonic() - start > self.request_timeout_s:
-                        raise FeedUnavailableError(f"response slower than {self.request_timeout_s} s")
-                return bytes(body)
-        except httpx.HTTPError as exc:
-            raise FeedUnavailableError(f"{type(exc).__name__}: {exc}") from exc
-
-    def _admit(self, feed: _Feed, entry: _Entry, batch: Batch, fresh: bool = True) -> None:
+    def _admit(self, feed: _Feed, entry: ListedItem, batch: Batch, fresh: bool = True) -> None:
         """Open one listed item; queue its groups, hold it for the chain, or record it as refused or duplicate
         (done). `fresh`: the chain was read at this poll (else the item is held)."""
         if entry.seq in feed.finished:  # done before a resume (past an item that was held then)
@@ -610,7 +546,7 @@ class ValidatorFeedSource(RolloutSource):
         log.warning("refused feed item %d from %s: work %s signed by %s is %s on chain", record.seq, feed.url, key,
                     signer, "recorded by another validator" if status is OnChain.OTHER_VALIDATOR else "invalidated")
 
-    def _open(self, feed: _Feed, entry: _Entry) -> tuple[FeedItem | EpisodeFeedItem, str]:
+    def _open(self, feed: _Feed, entry: ListedItem) -> tuple[FeedItem | EpisodeFeedItem, str]:
         """The signed item and its signer."""
         envelope = Envelope.from_bytes(entry.envelope.encode(), max_bytes=self.max_item_bytes)
         body = open_envelope(
