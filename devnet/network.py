@@ -321,7 +321,9 @@ class Network:
                                                  cfg.trainer.min_groups_per_step or cfg.run.tasks_per_batch)},
             "data": {"type": "validators", "urls": v_urls, "addresses": validator_addrs,
                      "chain_id": int(dep["chain_id"]), "pool": dep["pool"], "run_id": cfg.run.run_id,
-                     "poll_interval_s": 0.5, "wait_timeout_s": 86400.0},
+                     "poll_interval_s": 0.5, "wait_timeout_s": 86400.0,
+                     # trains only on work the chain shows recorded by the validator that signed it
+                     "chain": {"deployment": str(deployment), "rpc_url": rpc}},
             "checkpoint": {"dir": str(tdir / "checkpoints"), "interval": 1, "keep": 2},
             "publish": {"type": "shardcast", "store": str(self.state / "origin"), "run_id": cfg.run.run_id,
                         "key_env": "PRIME_DEVNET_TRAINER_KEY", "initial": True, "shard_mib": 8,

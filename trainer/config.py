@@ -106,6 +106,15 @@ class LocalData(Section):
     """Seed of the task stream (step n uses tasks derived from task_seed and n)."""
 
 
+class FeedChain(Section):
+    """Where the trainer reads which work the chain shows accepted, and by which validator."""
+
+    deployment: Path
+    """deployment.json written by `prime-chain`: the pool's address, chain id and the block its events start at."""
+    rpc_url: str = "http://127.0.0.1:8545"
+    """JSON-RPC URL of the chain (read only: the feed never sends a transaction)."""
+
+
 class ValidatorsData(Section):
     """Accepted work pulled from validators' signed feeds (`GET /v1/feed`); see trainer/validator_feed.py."""
 
@@ -140,6 +149,9 @@ class ValidatorsData(Section):
     max_item_age_s: float = Field(30 * 86400.0, gt=0.0)
     """Oldest feed item (by its signature time) accepted. Large on purpose: a restarted trainer reads
     hours-old items; the async window, not this, decides what is too old to train on."""
+    chain: FeedChain | None = None
+    """Train only on work the chain shows recorded by the validator that signed the feed item and not invalidated
+    (an item not recorded yet waits for it). Unset: a validator's signature alone is trusted (logged at start)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ValidatorsData:
