@@ -531,12 +531,12 @@ class Client:
             manifest = signed.manifest
             final = self.out_dir / f"v{manifest.version}"
             if final.is_dir() and (self.out_dir / "manifests" / f"{manifest.version}.json").exists():
-                missing = _missing_files(final, manifest)
-                if not missing:
+                why = self._not_installed_as(manifest)
+                if why is None:
                     self._install_guarded(lambda: self._swap(manifest.version), manifest.version)
                     return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
                                       time.monotonic() - started, self.board.summary())
-                log.warning("v%d is installed without %s: pulling it again", manifest.version, ", ".join(missing[:5]))
+                log.warning("v%d is installed %s: pulling it again", manifest.version, why)
             chain_failure: RelayError | None = None
             whole = False
             if manifest.delta is not None:
@@ -744,6 +744,20 @@ class Client:
         total = sum(manifest.shards[i].size for i in todo)
         return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"v{manifest.version}",
                     file=sys.stderr, mininterval=0.25)
+
+    def _not_installed_as(self, manifest: Manifest) -> str | None:
+        """Why the installed copy of `manifest.version` is not `manifest` (the one just resolved, signed); None
+        when it is. A copy installed from another manifest of that version (another run's, a trainer's that
+        started over) is not taken for it, whatever its files are."""
+        try:
+            held = self._installed_manifest(manifest.version)
+        except StorageError as exc:
+            return f"with an unreadable manifest ({exc})"
+        if held.content_hash() != manifest.content_hash():
+            return (f"from another manifest (0x{held.content_hash().hex()[:12]}, the sources sign "
+                    f"0x{manifest.content_hash().hex()[:12]})")
+        missing = _missing_files(self.out_dir / f"v{manifest.version}", manifest)
+        return f"without {', '.join(missing[:5])}" if missing else None
 
     def _held_base(self, manifest: Manifest) -> Manifest | None:
         """The installed manifest of the delta's base when its full weights are here and are the ones named."""
