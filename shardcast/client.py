@@ -531,12 +531,18 @@ class Client:
             manifest = signed.manifest
             final = self.out_dir / f"v{manifest.version}"
             if final.is_dir() and (self.out_dir / "manifests" / f"{manifest.version}.json").exists():
-                why = self._not_installed_as(manifest)
-                if why is None:
+                other = self._other_manifest(manifest)
+                if other is not None and for_delta:
+                    # the base of a delta: the version held stays (a validator checks work against it); the delta
+                    # is then not for this base, and its pull takes the full weights instead
+                    raise DeltaBaseError(f"v{manifest.version} is installed {other}; it is kept")
+                missing = _missing_files(final, manifest)
+                if other is None and not missing:
                     self._install_guarded(lambda: self._swap(manifest.version), manifest.version)
                     return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
                                       time.monotonic() - started, self.board.summary())
-                log.warning("v%d is installed %s: pulling it again", manifest.version, why)
+                log.warning("v%d is installed %s: pulling it again", manifest.version,
+                            other or f"without {', '.join(missing[:5])}")
             chain_failure: RelayError | None = None
             whole = False
             if manifest.delta is not None:
@@ -745,19 +751,18 @@ class Client:
         return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"v{manifest.version}",
                     file=sys.stderr, mininterval=0.25)
 
-    def _not_installed_as(self, manifest: Manifest) -> str | None:
-        """Why the installed copy of `manifest.version` is not `manifest` (the one just resolved, signed); None
-        when it is. A copy installed from another manifest of that version (another run's, a trainer's that
-        started over) is not taken for it, whatever its files are."""
+    def _other_manifest(self, manifest: Manifest) -> str | None:
+        """How the installed copy of `manifest.version` came from another manifest than `manifest` (the one just
+        resolved, signed: another run's, a trainer's that started over, a key that equivocated); None when it came
+        from this one. Same file names and sizes do not make it this version."""
         try:
             held = self._installed_manifest(manifest.version)
         except StorageError as exc:
             return f"with an unreadable manifest ({exc})"
         if held.content_hash() != manifest.content_hash():
-            return (f"from another manifest (0x{held.content_hash().hex()[:12]}, the sources sign "
+            return (f"from another manifest (0x{held.content_hash().hex()[:12]}; the sources sign "
                     f"0x{manifest.content_hash().hex()[:12]})")
-        missing = _missing_files(self.out_dir / f"v{manifest.version}", manifest)
-        return f"without {', '.join(missing[:5])}" if missing else None
+        return None
 
     def _held_base(self, manifest: Manifest) -> Manifest | None:
         """The installed manifest of the delta's base when its full weights are here and are the ones named."""
