@@ -59,6 +59,12 @@ class TrainerSettings(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The trainer's compute dtype (its `dtype`): auto = float32 on CPU, bfloat16 autocast on GPU; bfloat16 trains
     SmolLM2 about 1.5x faster on a CPU with native bf16 (AVX-512 bf16, AMX), far slower on one without."""
+    publish_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The dtype the trainer publishes its weights in (its `publish.dtype`; it keeps fp32 master weights). A version
+    travels as a sparse delta only when that is smaller than the full weights: in float32 every weight Adam moves
+    changes (the tiny model at its default learning rate changed 92-97% of its elements per step, so every version
+    is an anchor); in bfloat16 most small updates round to no change (the tiny model at lr 1e-5: deltas of 28-46% of
+    the full weights)."""
     std_normalize: bool = False
     """Divide group-centred advantages by the group's standard deviation (the trainer's `loss.std_normalize`)."""
     warmup_steps: int = Field(0, ge=0)

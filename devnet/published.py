@@ -28,6 +28,14 @@ def published_versions(store: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def published_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The delta/full split of `rows` (`published_versions`): versions and deltas among them, the bytes that
+    travel, the full weights' bytes and the share of those that travel (None without bytes)."""
+    sent, full = sum(r["bytes"] for r in rows), sum(r["full_bytes"] for r in rows)
+    return {"versions": len(rows), "deltas": sum(1 for r in rows if r["kind"] == "delta"), "bytes": sent,
+            "full_bytes": full, "share": sent / full if full else None}
+
+
 def published_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The table `prime-devnet status` prints, ending with the delta/full split."""
     if not rows:
@@ -36,8 +44,8 @@ def published_lines(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         lines.append(f"{r['version']:>8} {r['kind']:<7} {'' if r['base'] is None else r['base']:>5} "
                      f"{r['bytes']:>12} {r['full_bytes']:>12} {r['dtype'] or '-'}")
-    deltas = [r for r in rows if r["kind"] == "delta"]
-    sent, full = sum(r["bytes"] for r in rows), sum(r["full_bytes"] for r in rows)
-    lines.append(f"published: {len(deltas)} of {len(rows)} versions as deltas; {sent} bytes travel for "
-                 f"{full} bytes of weights ({sent / full:.1%})" if full else "published: empty versions")
+    split = published_split(rows)
+    lines.append(f"published: {split['deltas']} of {split['versions']} versions as deltas; {split['bytes']} bytes "
+                 f"travel for {split['full_bytes']} bytes of weights ({split['share']:.1%})"
+                 if split["share"] is not None else "published: empty versions")
     return lines

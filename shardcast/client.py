@@ -18,6 +18,9 @@ The bookkeeping stays out of the checkpoint's namespace: a checkpoint may itself
 A pull killed half-way resumes from `.partial/<N>/`: shards in the journal are re-hashed locally (cheap)
 and kept, the rest are fetched. Replay guard: a `latest` pull never moves `current` backwards and
 refuses manifests of another run; a pull of an explicit version must get a manifest of that version.
+
+Beside this module: `shardcast/staging.py` (a pull's staging directory and its bookkeeping) and
+`shardcast/delta_route.py` (how a delta version is had: its base chain or its full weights, the delta applied).
 """
 
 from __future__ import annotations
@@ -34,24 +37,29 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import blake3
 
 from protocol.errors import RelayError
 from protocol.identity import checksum
 from shardcast.bans import DEFAULT_BAN_S, BanList
-from shardcast.delta import apply_delta
+from shardcast.delta_route import DeltaRoute
 from shardcast.errors import (
     DeltaBaseError,
-    DeltaError,
     ManifestError,
     RelayConfigError,
     SourceTimeoutError,
     StorageError,
 )
-from shardcast.manifest import Manifest, ShardEntry, SignedManifest
+from shardcast.manifest import Manifest, SignedManifest
 from shardcast.sources import SourceBoard
+from shardcast.staging import (
+    JOURNAL,
+    STAGED_MANIFEST,
+    StagedVersion,
+    drop_if_nothing_verified,
+    drop_stale_staging,
+    missing_files,
+)
 from shardcast.transfer import (
-    INDEX_TIMEOUT_S,
     MANIFEST_TIMEOUT_S,
     Downloader,
     TransferStats,
@@ -64,11 +72,6 @@ from shardcast.wire import parse_source
 log = logging.getLogger(__name__)
 
 _WATCH_INTERVAL_S = 0.5
-STAGED_MANIFEST = ".manifest.json"
-"""The signed manifest of a pull in progress, in `.partial/<N>/` (a dot-name: never a checkpoint file)."""
-JOURNAL = ".journal"
-"""Indices of the verified shards of a pull in progress, in `.partial/<N>/`."""
-_LEGACY_STAGED_MANIFEST = "manifest.json"  # where clients before the dot-names kept STAGED_MANIFEST
 _FOLLOW_BACKOFF_START_S = 0.5
 _FOLLOW_BACKOFF_MAX_S = 30.0
 HEDGE_S = 1.0
@@ -122,108 +125,7 @@ class _Fetched:
     served: dict[str, int]
 
 
-class _StagedVersion:
-    """The files of a version being pulled, written in place; implements `ShardSink`. `table`: whose files and shards
-    are laid out (the signed manifest's own by default; a delta's `full_view()` when its full weights are fetched)."""
-
-    def __init__(self, directory: Path, signed: SignedManifest, table: Manifest | None = None) -> None:
-        self.directory = directory
-        self.manifest = table if table is not None else signed.manifest
-        self._fds: list[int] = []
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / STAGED_MANIFEST).write_bytes(signed.to_bytes())
-        except OSError as exc:
-            raise StorageError(f"cannot stage v{self.manifest.version} in {directory}: {exc.strerror or exc}") from exc
-        for entry in self.manifest.files:
-            path = directory / entry.path
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                self.close()
-                raise StorageError(f"cannot create {entry.path} in {directory}: {exc.strerror or exc}") from exc
-            self._fds.append(fd)
-            try:
-                if os.fstat(fd).st_size != entry.size:
-                    os.ftruncate(fd, entry.size)
-            except OSError as exc:  # e.g. EFBIG: larger than this file system allows
-                self.close()
-                raise StorageError(f"cannot hold {entry.path} ({entry.size} bytes) in {directory}: "
-                                   f"{exc.strerror or exc}") from exc
-        self._journal = open(directory / JOURNAL, "a")  # noqa: SIM115 (closed in close())
-
-    def check_space(self, todo: list[int]) -> None:
-        """`StorageError` naming the first file that cannot fit if the file system lacks room for `todo`.
-
-        Files are sparse until written, so what they still need is their size less what is already
-        allocated to them (journaled shards and the bytes of an interrupted attempt).
-        """
-        if not todo:
-            return
-        try:
-            stat = os.statvfs(self.directory)
-        except OSError as exc:
-            raise StorageError(f"cannot inspect {self.directory}: {exc.strerror or exc}") from exc
-        free = stat.f_bavail * stat.f_frsize
-        needed = 0
-        for entry, fd in zip(self.manifest.files, self._fds, strict=True):
-            needed += max(0, entry.size - os.fstat(fd).st_blocks * 512)
-            if needed > free:
-                raise StorageError(
-                    f"no room for {entry.path} of v{self.manifest.version} ({entry.size} bytes) in "
-                    f"{self.directory}: {needed} bytes needed up to this file, {free} free"
-                )
-
-    def verified_on_disk(self) -> set[int]:
-        """Shards listed in the journal whose bytes still hash right (a crash may have lost writes)."""
-        try:
-            listed = {int(line) for line in (self.directory / JOURNAL).read_text().split() if line.isdigit()}
-        except OSError:
-            return set()
-        good = set()
-        for index in listed:
-            if index < len(self.manifest.shards) and self._hash_matches(self.manifest.shards[index]):
-                good.add(index)
-        return good
-
-    def _hash_matches(self, shard: ShardEntry) -> bool:
-        hasher = blake3.blake3()
-        fd = self._fds[shard.file]
-        pos = 0
-        while pos < shard.size:
-            chunk = os.pread(fd, min(8 << 20, shard.size - pos), shard.offset + pos)
-            if not chunk:
-                return False
-            hasher.update(chunk)
-            pos += len(chunk)
-        return hasher.hexdigest() == shard.hash
-
-    def open(self, shard: ShardEntry) -> tuple[int, int]:
-        return self._fds[shard.file], shard.offset
-
-    def commit(self, shard: ShardEntry, fd: int) -> None:
-        self._journal.write(f"{shard.index}\n")
-        self._journal.flush()
-
-    def discard(self, shard: ShardEntry, fd: int) -> None:
-        """Nothing to undo: unjournaled bytes are simply overwritten by the next attempt."""
-
-    def close(self, *, fsync: bool = False) -> None:
-        try:
-            for fd in self._fds:
-                if fsync:
-                    os.fsync(fd)
-                os.close(fd)
-        except OSError as exc:
-            raise StorageError(f"writing v{self.manifest.version} in {self.directory}: {exc.strerror or exc}") from exc
-        finally:
-            self._fds = []
-            if hasattr(self, "_journal"):
-                self._journal.close()
-
-
-class Client:
+class Client(DeltaRoute):
     """Pulls checkpoint versions of one run from a set of relays."""
 
     def __init__(
@@ -531,12 +433,18 @@ class Client:
             manifest = signed.manifest
             final = self.out_dir / f"v{manifest.version}"
             if final.is_dir() and (self.out_dir / "manifests" / f"{manifest.version}.json").exists():
-                missing = _missing_files(final, manifest)
-                if not missing:
+                other = self._other_manifest(manifest)
+                if other is not None and for_delta:
+                    # the base of a delta: the version held stays (a validator checks work against it); the delta
+                    # is then not for this base, and its pull takes the full weights instead
+                    raise DeltaBaseError(f"v{manifest.version} is installed {other}; it is kept")
+                missing = missing_files(final, manifest)
+                if other is None and not missing:
                     self._install_guarded(lambda: self._swap(manifest.version), manifest.version)
                     return PullResult(manifest.version, final, manifest, 0, len(manifest.shards), 0,
                                       time.monotonic() - started, self.board.summary())
-                log.warning("v%d is installed without %s: pulling it again", manifest.version, ", ".join(missing[:5]))
+                log.warning("v%d is installed %s: pulling it again", manifest.version,
+                            other or f"without {', '.join(missing[:5])}")
             chain_failure: RelayError | None = None
             whole = False
             if manifest.delta is not None:
@@ -571,90 +479,17 @@ class Client:
                           seconds, self.board.summary(), stats.range_resumes, stats.hash_failures, fetched.served,
                           whole=whole)
 
-    async def _base_for_delta(self, session: aiohttp.ClientSession, manifest: Manifest, holders: list[str],
-                              for_delta: bool) -> tuple[bool, RelayError | None]:
-        """Install the base of delta `manifest` if that is the way to get it. (False, None): the base is here, fetch
-        the delta; (True, why): fetch the full weights instead, because the base chain cannot be had (`why`) or is
-        dearer than the full weights and a holder offers them (None). Inside a base pull (`for_delta`) the base is
-        pulled whatever it costs, and a failure raises: the outermost pull decides."""
-        if self._held_base(manifest) is not None:
-            return False, None
-        if not for_delta:
-            chain = await self._chain_bytes(session, manifest)
-            if isinstance(chain, RelayError):
-                log.warning("%s: fetching its full weights instead", chain)
-                return True, chain
-            if chain >= manifest.full_bytes and await self._offers_whole(session, manifest, holders):
-                log.info("v%d: its base chain is %d bytes, its full weights %d: fetching the full weights",
-                         manifest.version, chain, manifest.full_bytes)
-                return True, None
-        try:
-            await self._hold_base(manifest)
-        except RelayError as exc:
-            if for_delta or isinstance(exc, StorageError):
-                raise
-            log.warning("v%d: its base chain cannot be had (%s): fetching its full weights instead",
-                        manifest.version, exc)
-            return True, exc
-        return False, None
-
-    async def _offers_whole(self, session: aiohttp.ClientSession, manifest: Manifest, holders: list[str]) -> bool:
-        """Whether one of `holders` serves the full weights of delta `manifest` (a HEAD of its first full shard;
-        relays answer 404, origins keep them): only then is a base chain dearer than them skipped."""
-        if not manifest.weight_shards:
-            return True
-
-        async def one(url: str) -> bool:
-            try:
-                async with session.head(f"{url}/v/{manifest.version}/full/0",
-                                        timeout=aiohttp.ClientTimeout(total=INDEX_TIMEOUT_S)) as response:
-                    return response.status == 200
-            except (aiohttp.ClientError, TimeoutError):
-                return False
-
-        pending = {asyncio.ensure_future(one(url)) for url in holders}
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if any(task.result() for task in done):
-                    return True
-        finally:
-            for task in pending:
-                task.cancel()
-        return False
-
-    async def _chain_bytes(self, session: aiohttp.ClientSession, manifest: Manifest) -> int | RelayError:
-        """Bytes a pull of delta `manifest` through its base chain fetches: its own, and each base's down to one
-        installed here or to the anchor (from their signed manifests); the reason when a base's manifest cannot be
-        had from any source, or is not the base named (`DeltaBaseError`)."""
-        total, ref = manifest.total_bytes, manifest.delta
-        while ref is not None:
-            if self._held(ref.base_version, ref.base_weights) is not None:
-                return total
-            signed = await self._hedged_manifest(session, self.board.order(self.sources), ref.base_version,
-                                                 run_id=manifest.run_id, min_version=None)
-            if signed is None:
-                return RelayError(f"v{manifest.version}: no source serves the manifest of v{ref.base_version}, "
-                                  f"in its base chain")
-            if signed.manifest.weights_hash() != ref.base_weights:
-                return DeltaBaseError(f"v{manifest.version}: its base chain names v{ref.base_version} with weights "
-                                      f"{ref.base_weights[:12]}, the sources serve weights "
-                                      f"{signed.manifest.weights_hash()[:12]}")
-            total += signed.manifest.total_bytes
-            ref = signed.manifest.delta
-        return total
-
     async def _fetch(self, session: aiohttp.ClientSession, signed: SignedManifest, table: Manifest, holders: list[str],
                      version: int | None, *, route: str = "shards") -> _Fetched:
         """Download the shards of `table` (the signed manifest's own, or its `full_view()` at `route` `full`) from
         `holders` into a staging directory, resuming what an earlier attempt verified there."""
         manifest = signed.manifest
         staging = self.out_dir / ".partial" / (str(manifest.version) + ("" if route == "shards" else ".whole"))
-        _drop_stale_staging(staging, signed)
+        drop_stale_staging(staging, signed)
         try:
-            staged = _StagedVersion(staging, signed, table)
+            staged = StagedVersion(staging, signed, table)
         except StorageError:
-            _drop_if_nothing_verified(staging)
+            drop_if_nothing_verified(staging)
             raise
         try:
             done = staged.verified_on_disk()
@@ -663,7 +498,7 @@ class Client:
                 staged.check_space(todo)
             except StorageError:
                 staged.close()
-                _drop_if_nothing_verified(staging)
+                drop_if_nothing_verified(staging)
                 raise
             board = SourceBoard(holders)
             for url in holders:  # carry scores and bans over from manifest resolution
@@ -745,67 +580,6 @@ class Client:
         return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"v{manifest.version}",
                     file=sys.stderr, mininterval=0.25)
 
-    def _held_base(self, manifest: Manifest) -> Manifest | None:
-        """The installed manifest of the delta's base when its full weights are here and are the ones named."""
-        ref = manifest.delta
-        assert ref is not None
-        return self._held(ref.base_version, ref.base_weights)
-
-    def _held(self, version: int, weights: str) -> Manifest | None:
-        """The installed manifest of `version` when its full weights are here and have the weights hash `weights`."""
-        directory = self.out_dir / f"v{version}"
-        if not directory.is_dir() or not (self.out_dir / "manifests" / f"{version}.json").is_file():
-            return None
-        try:
-            base = self._installed_manifest(version)
-        except StorageError:
-            return None
-        if base.weights_hash() != weights or _missing_files(directory, base):
-            return None
-        return base
-
-    async def _hold_base(self, manifest: Manifest) -> None:
-        """Make sure the base of delta `manifest` is installed: pull it (an anchor, or a delta whose own base is
-        pulled first) when it is not. A base that cannot be had stops this pull with the reason."""
-        ref = manifest.delta
-        assert ref is not None
-        if self._held_base(manifest) is not None:
-            return
-        log.info("v%d is a delta against v%d, which is not here: pulling v%d first", manifest.version,
-                 ref.base_version, ref.base_version)
-        await self._pull_once(ref.base_version, time.monotonic(), for_delta=True)
-        if self._held_base(manifest) is None:
-            raise DeltaBaseError(f"v{manifest.version} is a delta against v{ref.base_version} (weights "
-                                 f"{ref.base_weights[:12]}), and the v{ref.base_version} the relays serve is not it")
-
-    def _reconstruct(self, manifest: Manifest, staging: Path) -> Path:
-        """Apply the verified delta in `staging` to the installed base; the directory of the full weights, each
-        shard checked against the signed table (`DeltaMismatchError`, the staged delta dropped, otherwise)."""
-        ref = manifest.delta
-        assert ref is not None
-        base = self._held_base(manifest)
-        if base is None:  # retention removed it while the delta arrived
-            raise DeltaBaseError(f"v{manifest.version}: its base v{ref.base_version} went away during the pull")
-        full = self.out_dir / ".partial" / f"{manifest.version}.full"
-        shutil.rmtree(full, ignore_errors=True)
-        try:
-            apply_delta(self.out_dir / f"v{ref.base_version}", base, staging, manifest, full)
-        except (DeltaError, OSError) as exc:
-            shutil.rmtree(full, ignore_errors=True)
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, OSError):
-                raise StorageError(f"applying the delta of v{manifest.version}: {exc}") from exc
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-        return full
-
-    def _installed_manifest(self, version: int) -> Manifest:
-        path = self.out_dir / "manifests" / f"{version}.json"
-        try:
-            return SignedManifest.parse(path.read_bytes()).manifest
-        except (OSError, ManifestError) as exc:
-            raise StorageError(f"v{version} is installed but {path} cannot be read: {exc}") from exc
-
     def _install_guarded(self, step: Any, version: int) -> None:
         """Run an install step; a file system that refuses it is a `StorageError` naming the directory."""
         try:
@@ -849,52 +623,6 @@ class Client:
         for old in [v for v in versions if v != current][: max(0, len(versions) - self.keep)]:
             shutil.rmtree(self.out_dir / f"v{old}", ignore_errors=True)
             (self.out_dir / "manifests" / f"{old}.json").unlink(missing_ok=True)
-
-
-def _missing_files(directory: Path, manifest: Manifest) -> list[str]:
-    """Files of `manifest` absent from `directory` or of the wrong size (an install damaged since, or made
-    by a client that kept its bookkeeping under a checkpoint's own file name)."""
-    missing = []
-    for entry in manifest.weight_files:
-        try:
-            if (directory / entry.path).stat().st_size != entry.size:
-                missing.append(entry.path)
-        except OSError:
-            missing.append(entry.path)
-    return missing
-
-
-def _drop_if_nothing_verified(staging: Path) -> None:
-    """Remove a staged pull that holds no verified shard (after a failure: nothing is worth keeping, and
-    its files, sparse or not, may be huge)."""
-    try:
-        journaled = (staging / JOURNAL).read_text().split()
-    except OSError:
-        journaled = []
-    if not journaled:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _drop_stale_staging(staging: Path, signed: SignedManifest) -> None:
-    """Start `staging` over if it holds a pull of another manifest for this version.
-
-    A pull staged by a client before the dot-named bookkeeping keeps the manifest as `manifest.json`:
-    kept (journal and all) when it is this manifest and the checkpoint has no file of that name,
-    else started over, since the checkpoint's own `manifest.json` was then overwritten.
-    """
-    current, legacy = staging / STAGED_MANIFEST, staging / _LEGACY_STAGED_MANIFEST
-    try:
-        if current.exists():
-            if current.read_bytes() != signed.to_bytes():
-                shutil.rmtree(staging)
-        elif legacy.exists():
-            declared = any(f.path == _LEGACY_STAGED_MANIFEST for f in signed.manifest.files)
-            if declared or legacy.read_bytes() != signed.to_bytes():
-                shutil.rmtree(staging)
-            else:
-                legacy.unlink()
-    except OSError as exc:
-        raise StorageError(f"cannot clear {staging}: {exc.strerror or exc}") from exc
 
 
 class _Superseded(Exception):

@@ -7,7 +7,9 @@ file, nodes' `/health`, validators' `/v1/audit` counts, the pool's events), and 
 - each node's `/metrics` (`prime_node_version_started_timestamp_seconds{version}`: when its first batch
   at each version began) and the SHARDCAST manifests' signed `created_at_ms` from the origin or a relay
   (`GET /v/{version}/manifest`): how long each version took to reach each node;
-- the pool (`getNode`: stake, status, accepted units).
+- the pool (`getNode`: stake, status, accepted units);
+- the versions the trainer published, read from the origin's store on disk (`devnet/published.py`, the rows
+  `prime-devnet status` prints): bytes per version and the delta/full split.
 
 A role that does not answer is shown as down; a hostile or broken answer is skipped, never a crash. Nothing
 waits on a hung role (issue 26 item 3): every read has a total deadline, and a validator, node or chain the
@@ -22,11 +24,13 @@ import math
 import re
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from devnet.network import Layout
+from devnet.published import published_split, published_versions
 from devnet.view import View
 from protocol.deadline import PeerTimeoutError, bounded_request, deadline_client
 
@@ -245,12 +249,14 @@ class Collector:
             })
         items = [i for known in self._items.values() for i in known.values()]
         chain = snap.get("chain", {})
+        published = published_versions(Path(self.layout.state_dir) / "origin")
         return {
             "generated_at": now, "run": self.layout.run, "model": self.layout.model,
             "trainer": snap.get("trainer", {}), "totals": totals, "validators": validators, "nodes": nodes,
             "propagation": {"p50_s": percentile(all_delays, 50), "p99_s": percentile(all_delays, 99),
                             "samples": len(all_delays)},
             "submissions": timeline(items, now),
+            "published": {"versions": published, "split": published_split(published)},
             "chain": {"up": chain.get("up", False), "policy_version": chain.get("policy_version"),
                       "rewards_reserved": chain.get("rewards_reserved"), "events": chain.get("events", {}),
                       "recent": list(reversed(chain.get("recent", [])))[:20], "error": chain.get("error")},

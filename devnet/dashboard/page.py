@@ -115,6 +115,28 @@ def propagation_chart(nodes: list[dict[str, Any]], w: int = 560, h: int = 220, p
             f'<div class="legend">{legend}</div>')
 
 
+def _share(part: Any, whole: Any) -> str:
+    return f"{part / whole:.1%}" if isinstance(part, int) and isinstance(whole, int) and whole > 0 else "-"
+
+
+def published_table(published: dict[str, Any]) -> str:
+    """Bytes per published version (what travels, against the full weights), from `devnet/published.py`'s rows."""
+    rows = published.get("versions") or []
+    if not rows:
+        return '<p class="empty">no version in the origin\'s store yet</p>'
+    body = "".join(
+        f'<tr data-version="{_e(r.get("version"))}"><td>{_e(r.get("version"))}</td>'
+        f'<td data-k="published.{_e(r.get("version"))}.kind" class="{"delta" if r.get("kind") == "delta" else "anchor"}">'
+        f'{_e(r.get("kind"))}</td>'
+        f'<td data-k="published.{_e(r.get("version"))}.base">{_num(r.get("base"))}</td>'
+        f'<td data-k="published.{_e(r.get("version"))}.bytes">{_num(r.get("bytes"))}</td>'
+        f'<td data-k="published.{_e(r.get("version"))}.full_bytes">{_num(r.get("full_bytes"))}</td>'
+        f'<td>{_share(r.get("bytes"), r.get("full_bytes"))}</td><td>{_e(r.get("dtype") or "-")}</td></tr>'
+        for r in rows)
+    return ('<table id="published"><tr><th>version</th><th>kind</th><th>base</th><th>bytes that travel</th>'
+            f'<th>full weights</th><th>share</th><th>dtype</th></tr>{body}</table>')
+
+
 def _verdicts(verdicts: dict[str, dict[str, int]], prefix: str) -> str:
     parts = []
     for outcome in ("accepted", "rejected_hard", "rejected_soft"):
@@ -164,6 +186,7 @@ def render(data: dict[str, Any]) -> str:
     event_counts = " ".join(f'<span data-k="events.{_e(k)}" data-value="{_e(n)}">{_e(k)} {_e(n)}</span>'
                             for k, n in sorted(chain.get("events", {}).items()))
     run = data.get("run") or {}
+    split = (data.get("published") or {}).get("split") or {}
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_S}">
 <title>prime-devnet: {_e(run.get("run_id", ""))}</title>
@@ -177,7 +200,7 @@ table{{border-collapse:collapse;background:#fff}} td,th{{border-bottom:1px solid
 svg text{{font-size:11px;fill:#555}} .axis{{stroke:#999}} .line{{fill:none;stroke:#1565c0;stroke-width:2}}
 #reward-chart circle{{fill:#1565c0}} .up{{color:#2e7d32}} .down{{color:#c62828;font-weight:bold}}
 .verdict{{display:inline-block;padding:0 5px;border-radius:3px;margin:1px;color:#fff}}
-.accepted{{background:#2e7d32}} .rejected_hard{{background:#c62828}} .rejected_soft{{background:#ef6c00}}
+.accepted{{background:#2e7d32}} .delta{{color:#1565c0}} .anchor{{color:#555}} .rejected_hard{{background:#c62828}} .rejected_soft{{background:#ef6c00}}
 .key{{display:inline-block;width:10px;height:10px;margin:0 3px 0 8px}} .empty{{color:#777}} .args{{font-family:monospace;font-size:12px}}
 </style></head><body>
 <h1>prime-devnet · run {_e(run.get("run_id", "-"))} · {_e(data.get("model", ""))} · {_e(run.get("env", ""))}</h1>
@@ -187,12 +210,14 @@ svg text{{font-size:11px;fill:#555}} .axis{{stroke:#999}} .line{{fill:none;strok
 <div class="tile">chain policy version<b data-k="chain.policy_version">{_num(chain.get("policy_version"))}</b>{"chain up" if chain.get("up") else "chain DOWN"}</div>
 <div class="tile">submissions<b data-k="totals.received">{_e(totals["received"])}</b>received by the validators</div>
 <div class="tile">accepted<b data-k="totals.accepted">{_e(totals["accepted"])}</b>hard <span data-k="totals.rejected_hard">{_e(totals["rejected_hard"])}</span> · soft <span data-k="totals.rejected_soft">{_e(totals["rejected_soft"])}</span> · pending <span data-k="totals.pending">{_e(totals["pending"])}</span></div>
+<div class="tile">versions as deltas<b data-k="published.deltas">{_num(split.get("deltas"))}</b>of <span data-k="published.versions">{_num(split.get("versions"))}</span> · <span data-k="published.share">{_share(split.get("bytes"), split.get("full_bytes"))}</span> of the full bytes travel</div>
 <div class="tile">version to node<b data-k="propagation.p50">{_num(prop["p50_s"], 2)} s</b>p50 · p99 <span data-k="propagation.p99">{_num(prop["p99_s"], 2)}</span> s ({_e(prop["samples"])})</div>
 </div>
 <div class="grid">
 <div class="card"><h2>Reward per trainer step</h2>{reward_chart(rewards)}</div>
 <div class="card"><h2>Submissions over time (validators' ledgers)</h2>{submissions_chart(data["submissions"])}</div>
 <div class="card"><h2>Seconds from a version's signing to each node's first batch at it</h2>{propagation_chart(data["nodes"])}</div>
+<div class="card"><h2>Weights published: bytes per version (origin's store)</h2>{published_table(data.get("published") or {})}</div>
 <div class="card"><h2>Recent chain events</h2><p>{event_counts or "none yet"}</p>
 <table><tr><th>block</th><th>event</th><th>arguments</th></tr>{event_rows}</table></div>
 </div>

@@ -5,13 +5,19 @@ steps, and against that one running devnet
   after the load; what cannot change (rewards of finished steps, stakes) must match exactly; a screenshot is
   saved (PRIME_DASHBOARD_SCREENSHOT=PATH keeps a copy; skipped without Chromium);
 - the reward is recorded per step, every node's work is accepted, the audit reconciles, and SIGTERM (what Ctrl-C
-  and `prime-devnet down` send) leaves no process of the devnet alive.
+  and `prime-devnet down` send) leaves no process of the devnet alive;
+- every version after the first travels as a sparse delta (issue 37): the trainer publishes bf16 at lr 1e-5, where
+  most updates round to no change (in fp32 at the tiny model's default lr nearly every weight changes each step, so
+  no delta is smaller and every version is an anchor; see `trainer.publish_dtype` in devnet/config.py); the
+  origin's store, `prime-devnet status` and the dashboard show it, and the nodes and validators pulled the deltas
+  through the relays.
 One devnet for both (~50 s on an idle 2-core box, ~3 min when other heavy work shares it)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +33,7 @@ import pytest
 from headless import browser, dump_dom, marked, screenshot
 
 from devnet.processes import ProcessTable
+from devnet.published import published_lines, published_versions
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -65,7 +72,8 @@ def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Devnet]:
         # two steps more than the tests wait for, so the network is still working while they look at it
         up = subprocess.Popen(
             [sys.executable, "-m", "devnet.cli", "up", "--state-dir", str(state), "--nodes", "2", "--dashboard-port",
-             "0", "--trainer.max-steps", str(STEPS + 2), "--summary-interval-s", "1", "--start-timeout-s", "150"],
+             "0", "--trainer.max-steps", str(STEPS + 2), "--summary-interval-s", "1", "--start-timeout-s", "150",
+             "--trainer.publish-dtype", "bfloat16", "--trainer.lr", "1e-5"],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)})
         net: Devnet | None = None
         try:
@@ -87,6 +95,14 @@ def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Devnet]:
     assert [e.name for e in entries if e.alive() or e.group_members()] == []
     tail = log_path.read_text().splitlines()[-1]
     assert tail == f"prime-devnet: stopped {len(entries)} processes", tail
+
+
+def _expected_kind(version: int) -> str:
+    """What the trainer publishes `version` as: an anchor every `anchor_every` versions (the devnet leaves the
+    trainer's default), a delta in between (each one is smaller here: see the module docstring)."""
+    from trainer.config import ShardcastPublish
+
+    return "anchor" if version % ShardcastPublish.model_fields["anchor_every"].default == 0 else "delta"
 
 
 def _ledgers(layout: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +136,7 @@ def test_dashboard_shows_what_the_ledgers_hold(devnet: Devnet, tmp_path: Path) -
     url = layout["dashboard"] + "/"
 
     before = _ledgers(layout)
+    published = published_versions(devnet.state / "origin")
     dom = dump_dom(url)
     after = _ledgers(layout)
     shown = marked(dom)
@@ -154,6 +171,13 @@ def test_dashboard_shows_what_the_ledgers_hold(devnet: Devnet, tmp_path: Path) -
     delays = [float(e["data-value"]) for e in shown.elements if e["<tag>"] == "circle" and "data-version" in e]
     assert delays and all(0 <= d < 300 for d in delays)
     assert float(shown.one("propagation.p50").removesuffix(" s")) <= float(shown.one("propagation.p99"))
+    # the weights published: every version read from the origin's store just before, as it is there
+    assert len(published) >= 2
+    for row in published:
+        key = f"published.{row['version']}."
+        assert shown.one(key + "kind") == row["kind"] == _expected_kind(row["version"]), published_lines(published)
+        assert int(shown.one(key + "bytes")) == row["bytes"] and int(shown.one(key + "full_bytes")) == row["full_bytes"]
+    assert int(shown.one("published.deltas")) >= len(published) - 1 >= 1
 
     shot = screenshot(url, tmp_path / "dashboard.png", height=1450)
     keep = os.environ.get("PRIME_DASHBOARD_SCREENSHOT")
@@ -182,4 +206,27 @@ def test_devnet_trains_and_accounts_for_every_rollout(devnet: Devnet) -> None:
     assert "audit: reconciled" in audit.stdout
     status = _devnet("status", "--state-dir", str(state))
     assert status.returncode == 0 and "running" in status.stdout
+
+    # every version after the first moved as a delta (issue 37): read from the origin's store as status reads it
+    rows = published_versions(state / "origin")
+    table = "\n".join(published_lines(rows))
+    assert [r["version"] for r in rows] == list(range(len(rows))) and len(rows) >= 2, table
+    assert [r["kind"] for r in rows] == [_expected_kind(r["version"]) for r in rows], table
+    for r in rows:
+        assert r["dtype"] == "bfloat16", table
+        if r["kind"] == "delta":
+            assert r["base"] == r["version"] - 1 and r["bytes"] < r["full_bytes"], table
+    split = re.search(r"^published: (\d+) of (\d+) versions as deltas; \d+ bytes travel for \d+ bytes", status.stdout,
+                      re.M)
+    assert split is not None, status.stdout
+    deltas, versions = int(split[1]), int(split[2])
+    assert versions >= len(rows) and deltas == sum(_expected_kind(v) == "delta" for v in range(versions)), status.stdout
+    # the nodes and validators installed delta versions from their deltas (the shardcast client's log names the ones
+    # it took as full weights instead: a client several versions behind may, when the base chain costs more)
+    deltas_published = {r["version"] for r in rows if r["kind"] == "delta"}
+    for name in [n["name"] for n in layout["nodes"]] + [v["name"] for v in layout["validators"]]:
+        log = (state / "logs" / f"{name}.log").read_text()
+        installs = re.findall(r" installed v(\d+) in \S+ s \(([^)]*)\)", log)
+        from_deltas = {int(v) for v, how in installs if "as its full weights" not in how} & deltas_published
+        assert from_deltas, (name, installs, table)
     # stopping everything is checked by the module's fixture once both tests are done

@@ -145,6 +145,27 @@ def test_an_install_that_lost_a_file_is_pulled_again(tmp_path: Path, trainer: Id
     run(body())
 
 
+def test_a_version_installed_from_another_manifest_is_pulled_again(tmp_path: Path, trainer: Identity) -> None:
+    """A client holding v1 and its manifest from one publication (the trainer started over, an out_dir kept from
+    an earlier run of the same id) does not take it for the v1 the sources sign now: files of the same names and
+    sizes, other bytes. It fetches every shard again and installs the signed manifest and weights."""
+    old, new = _checkpoint(tmp_path / "old", seed=0), _checkpoint(tmp_path / "new", seed=1)
+    out = tmp_path / "out"
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin-old", run_id="r", identity=trainer, shard_size=16 * KiB) as origin:
+            await origin.wait_published(origin.publish(old))
+            await Client([origin.url], trainer=trainer.address, out_dir=out, progress=False).pull()
+        async with Origin(tmp_path / "origin-new", run_id="r", identity=trainer, shard_size=16 * KiB) as origin:
+            await origin.wait_published(origin.publish(new))
+            result = await Client([origin.url], trainer=trainer.address, out_dir=out, progress=False).pull()
+            signed = (tmp_path / "origin-new" / "versions" / "1" / "manifest.json").read_bytes()
+        assert result.version == 1 and result.fetched_shards == len(result.manifest.shards)
+        assert (out / "manifests" / "1.json").read_bytes() == signed
+    run(body())
+    assert same_tree(out / "current", new) and not same_tree(new, old)
+
+
 def _huge_manifest(run_id: str, size: int) -> Manifest:
     """A manifest declaring a small file and one of `size` bytes in 1 GiB shards (hashes are never
     checked: no shard is fetched)."""

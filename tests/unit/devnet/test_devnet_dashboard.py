@@ -10,16 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from headless import dump_dom, marked
-from netfixtures import hung_server
+from netfixtures import free_port, hung_server
+from safetensors.numpy import save_file
 
 from devnet.dashboard.collector import Collector, parse_started, percentile, timeline
 from devnet.dashboard.page import render
 from devnet.network import Layout
+from devnet.published import published_split, published_versions
 from devnet.view import View
 from node.monitor import Monitor
 from node.worker import Tally
+from protocol.identity import Identity
+from shardcast.publisher import DeltaBase, publish_blocking
 
 EVIL = '<script>document.title="owned"</script><img src=x onerror=alert(1)>'
 
@@ -64,6 +69,10 @@ def test_timeline_bins_every_submission_once_by_verdict() -> None:
     assert sum(sum(b[k] for k in ("accepted", "pending")) for b in odd["bins"]) == 2 and len(odd["bins"]) <= 41
 
 
+PUBLISHED = [{"version": 0, "kind": "anchor", "base": None, "bytes": 4000, "full_bytes": 4000, "dtype": "bfloat16"},
+             {"version": 1, "kind": "delta", "base": 0, "bytes": 300, "full_bytes": 4000, "dtype": "bfloat16"}]
+
+
 def _data() -> dict[str, Any]:
     node = {"name": "node-0", "address": "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65", "up": True,
             "state": "working", "policy_version": 4,
@@ -81,6 +90,7 @@ def _data() -> dict[str, Any]:
                                    "pending": 1}, "listed": 10}],
         "nodes": [node], "propagation": {"p50_s": 1.5, "p99_s": 2.5, "samples": 2},
         "submissions": timeline([{"received_at": 100.0 + i, "outcome": "accepted"} for i in range(7)], 120.0),
+        "published": {"versions": PUBLISHED, "split": published_split(PUBLISHED)},
         "chain": {"up": True, "policy_version": 4, "rewards_reserved": 5, "events": {"WorkRecorded": 7, EVIL: 1},
                   "recent": [{"name": EVIL, "block": 9, "args": {"node": EVIL}}], "error": None},
     }
@@ -102,6 +112,8 @@ def test_page_renders_in_a_headless_browser_offline_with_hostile_strings_escaped
     assert shown.one(n + "verdict.accepted.accepted") == "7" and shown.one(n + f"verdict.rejected_soft.{EVIL}") == "2"
     assert shown.one(n + "p50") == "1.50" and shown.one(n + "p99") == "2.50"
     assert shown.one("validator.0x7099.accepted") == "7" and shown.one("validator.0x7099.rejected_soft") == "2"
+    assert shown.one("published.1.kind") == "delta" and shown.one("published.1.bytes") == "300"
+    assert shown.one("published.deltas") == "1" and shown.one("published.share") == "53.8%"
     points = [(e["data-step"], e["data-value"]) for e in shown.elements if e["<tag>"] == "circle" and "data-step" in e]
     assert points == [("0", "0.100000"), ("1", "0.250000"), ("2", "0.500000")]
     bars = sum(int(e["data-value"]) for e in shown.elements if e["<tag>"] == "rect" and e.get("data-kind"))
@@ -156,6 +168,8 @@ def test_every_node_and_validator_supplied_field_is_escaped() -> None:
         data["run"], data["model"] = {"run_id": evil, "env": evil}, evil
         data["chain"] = {"up": True, "policy_version": evil, "events": {evil: evil},
                          "recent": [{"name": evil, "block": evil, "args": {evil: evil}}], "error": evil}
+        data["published"] = {"versions": [dict.fromkeys(("version", "kind", "base", "bytes", "full_bytes", "dtype"),
+                                                        evil)], "split": dict.fromkeys(("deltas", "versions"), evil)}
         bins = data["submissions"]["bins"]
         bins[0]["accepted"] = 3  # counts are the collector's own integers; the rest of a bin is from ledgers
         page = render(data)
@@ -166,6 +180,48 @@ def test_every_node_and_validator_supplied_field_is_escaped() -> None:
         assert {k for k, _ in seen.attrs} <= {k for k, _ in honest.attrs}, evil
         # and the string itself is shown (as text), not dropped
         assert any(evil in t for t in seen.text), evil
+
+
+def _ckpt(directory: Path, weights: np.ndarray) -> Path:
+    directory.mkdir()
+    save_file({"w": weights}, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text("{}")
+    return directory
+
+
+def test_the_page_shows_bytes_per_version_and_the_split_from_the_origins_store(tmp_path: Path) -> None:
+    """The collector reads the versions the trainer published from the origin's store (the rows `prime-devnet status`
+    prints, `devnet/published.py`), and the page shows each version's kind and bytes and the delta/full split."""
+    trainer, store = Identity.create(), tmp_path / "origin"
+    w = np.arange(65536, dtype=np.float32)
+    moved = w.copy()
+    moved[::100] += 1  # 1% of the weights move: a delta
+    first = publish_blocking(_ckpt(tmp_path / "v0", w), store, identity=trainer, run_id="r", version=0,
+                             shard_size=1 << 16, dtype="float32")
+    second = publish_blocking(_ckpt(tmp_path / "v1", moved), store, identity=trainer, run_id="r", version=1,
+                              shard_size=1 << 16, dtype="float32", base=DeltaBase(tmp_path / "v0", first.manifest))
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: every read of a role fails at once
+    layout = Layout(state_dir=str(tmp_path), model="tiny", run={}, rpc_url=dead,
+                    deployment=str(tmp_path / "deployment.json"), trainer={}, origin=dead, relays=[],
+                    validators=[], nodes=[])
+    snap: dict[str, Any] = {"trainer": {}, "validators": [], "nodes": [], "chain": {"up": False}}
+    collector = Collector(layout, View(layout, lambda: snap, dict), timeout_s=2.0)
+    try:
+        data = collector.collect()
+    finally:
+        collector.close()
+    rows = published_versions(store)
+    assert data["published"]["versions"] == rows and [r["kind"] for r in rows] == ["anchor", "delta"]
+    sent, full = first.manifest.total_bytes + second.manifest.total_bytes, 2 * first.manifest.full_bytes
+    assert data["published"]["split"] == {"versions": 2, "deltas": 1, "bytes": sent, "full_bytes": full,
+                                          "share": sent / full}
+    shown = marked(render(data))
+    assert shown.one("published.0.kind") == "anchor" and shown.one("published.1.kind") == "delta"
+    assert shown.one("published.1.base") == "0"
+    assert shown.one("published.1.bytes") == str(second.manifest.total_bytes)
+    assert shown.one("published.1.full_bytes") == str(second.manifest.full_bytes)
+    assert shown.one("published.deltas") == "1" and shown.one("published.versions") == "2"
+    assert shown.one("published.share") == f"{sent / full:.1%}"
 
 
 @pytest.mark.timeout(60)
