@@ -1359,10 +1359,13 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
 
     from node.engines import Completion, InferenceEngine, ModelsEngine, Request
     from node.rollouts import build_submission
+    from protocol.rollout import Precision
 
     class Recorder(InferenceEngine):
         def __init__(self, tokenizer: Any) -> None:
             self._tok, self.requests = tokenizer, list[Request]()
+
+        precision = Precision.FP32  # never generates: it raises once it has the requests
 
         @property
         def tokenizer(self) -> Any:
@@ -1373,8 +1376,13 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
             raise _Collected
 
     class Replay(InferenceEngine):
-        def __init__(self, tokenizer: Any, done: dict[tuple[tuple[int, ...], int], Completion]) -> None:
-            self._tok, self.done = tokenizer, done
+        def __init__(self, tokenizer: Any, done: dict[tuple[tuple[int, ...], int], Completion],
+                     precision: Precision) -> None:
+            self._tok, self.done, self._precision = tokenizer, done, precision
+
+        @property
+        def precision(self) -> Precision:
+            return self._precision  # the engine's that generated `done`
 
         @property
         def tokenizer(self) -> Any:
@@ -1409,7 +1417,7 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
         done = {(tuple(r.prompt), r.seed): c for r, c in zip(recorder.requests, completions, strict=True)}
         served, _ = net.assigned(node)
         for counter in range(k):
-            sub = build_submission(Replay(tok, done), net.run, node.identity.address, VERSION, counter,
+            sub = build_submission(Replay(tok, done, engine.precision), net.run, node.identity.address, VERSION, counter,
                                    node.manifest_hash, chain_id=net.chain_id, pool=net.pool)
             status, body = net.post(served, node.seal(sub))
             submitted.append((served, status, body, f"batch {k * per_sub} threads {threads} "
