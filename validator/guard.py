@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from protocol.errors import PrimeError
 from protocol.rollout import Reason
+from validator.judge import thresholds_at, tolerances_of
 
 if TYPE_CHECKING:
     from protocol.episodes import AnySubmission
@@ -131,15 +132,17 @@ class SystemicGuard:
         history = self.ledger.accepted_before(sorted(nodes), before)
         return {n: self.weight(n, history.get(n, 0)) for n in nodes}
 
-    def in_band(self, reason: Reason, samples: Sequence[SampleMeasurement]) -> bool:
-        """`drift_band` under this validator's thresholds."""
-        return drift_band(reason, samples, self.thresholds, self.checks.logprob_tolerance, self.cfg.drift_band_factor)
+    def in_band(self, reason: Reason, samples: Sequence[SampleMeasurement], sub: AnySubmission | None = None) -> bool:
+        """`drift_band` under this validator's thresholds, at the sampling margin of `sub`'s declared precision
+        (the run-wide one without `sub`)."""
+        th = self.thresholds if sub is None else thresholds_at(self.thresholds, tolerances_of(self.checks, sub))
+        return drift_band(reason, samples, th, self.checks.logprob_tolerance, self.cfg.drift_band_factor)
 
     def softens(self, sub: AnySubmission, reason: Reason, samples: Sequence[SampleMeasurement],
                 now: float | None = None) -> bool:
         """True when this hard failure is to be recorded as soft `suspected_systemic`."""
         s = self.cfg
-        if not self.in_band(reason, samples):
+        if not self.in_band(reason, samples, sub):
             return False
         t = time.time() if now is None else now
         version = sub.policy_version
