@@ -186,7 +186,7 @@ class Checker:
         if got.failure is not None:
             reason, detail = got.failure
             if reason.hard and turns:
-                in_band = self.guard.in_band(reason, turns, sub)
+                in_band = self.guard.in_band(reason, turns)
                 if self.guard.softens(sub, reason, turns):
                     detail = f"{reason.value} ({detail}) and our self-test of v{sub.policy_version} failed: " \
                              "suspecting ourselves"
@@ -225,7 +225,7 @@ class Checker:
             reason, detail = judgement.failure
             if reason.hard:
                 # whether honest drift could explain it; the guard may then blame ourselves (validator.guard)
-                in_band = self.guard.in_band(reason, judgement.samples, sub)
+                in_band = self.guard.in_band(reason, judgement.samples)
                 if self.guard.softens(sub, reason, judgement.samples):
                     detail = f"{reason.value} ({detail}) and our self-test of v{sub.policy_version} failed: " \
                              "suspecting ourselves"
