@@ -27,7 +27,7 @@ from node.rollouts import build_submission
 from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.nonce import random_nonce
-from protocol.rollout import RunSpec, SampleRollout, Submission, TaskRollouts, submission_venue
+from protocol.rollout import Precision, RunSpec, SampleRollout, Submission, TaskRollouts, submission_venue
 from protocol.seeds import sampling_seed, task_seed
 from toploc.validation import prove
 
@@ -49,7 +49,7 @@ class SimNode:
     sealed: list[bytes] = field(default_factory=list)
 
     def build(self, version: int = 1, counter: int | None = None, cheat: str | None = None,
-              model: LoadedModel | None = None) -> tuple[Submission, bytes]:
+              model: LoadedModel | None = None, precision: Precision | None = None) -> tuple[Submission, bytes]:
         """One assignment's submission and its sealed bytes; `cheat` names a way to cheat: `other_weights`
         (generate with `model`), `other_prompt` (another system prompt), `edit_token`, `cheap_tokens`
         (`model`'s tokens, proved and scored by an honest prefill), `other_seed`, `early_stop`,
@@ -62,7 +62,9 @@ class SimNode:
         assignment's seeds drew: what replaying a cache for a task drawn again gives), `ground_tasks` (the tasks
         drawn under `ground_manifest`, the hash a key was ground for in advance, sampled and sealed honestly
         under `manifest_hash`), `steer_near_ties` (at every near-tie within the sampling tolerance the token the
-        node prefers, see `steer_near_ties`)."""
+        node prefers, see `steer_near_ties`), `steer_one_near_tie` (honest work but for one token of the first sample:
+        a near-tie losing the draw by `ONE_NEAR_TIE_MARGIN` to the sampling tolerance). `precision`: what a cheat's submission declares (None: nothing, as a
+        node from before the field; honest work declares its engine's, as prime-node does)."""
         if counter is None:
             counter, self.counter = self.counter, self.counter + 1
         chain_id, pool = submission_venue(self.domain)
@@ -130,6 +132,15 @@ class SimNode:
                     hidden = prefill_hidden(self.loaded, prompt, tokens)
                     logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seed, run.max_new_tokens, params)
                     finish = "eos" if tokens[-1] in self.loaded.eos_token_ids else "length"
+                if cheat == "steer_one_near_tie" and t == 0 and i == 0:
+                    prompt, seed = prompts[0], seeds[0]
+                    tokens, chose = steer_near_ties(gen_model, prompt, seed, params, run.max_new_tokens,
+                                                    NEAR_TIE_TOLERANCE, budget=1, min_margin=ONE_NEAR_TIE_MARGIN)
+                    if chose != 1:
+                        raise ValueError("steer_one_near_tie: the first sample has no near-tie to steer")
+                    hidden = prefill_hidden(self.loaded, prompt, tokens)
+                    logprobs = _true_logprobs(self.loaded, prompt, tokens, hidden, seed, run.max_new_tokens, params)
+                    finish = "eos" if tokens[-1] in self.loaded.eos_token_ids else "length"
                 if cheat == "logprob_shift":
                     logprobs = [x - 0.51 for x in logprobs]
                 if cut and len(tokens) > 4:  # stop 3 tokens early, claim an EOS ending
@@ -144,7 +155,7 @@ class SimNode:
             task_rollouts.append(TaskRollouts(task_id=task.task_id, samples=tuple(samples)))
         sub = Submission(run_id=run.run_id, node=self.identity.address, policy_version=version,
                          manifest_hash=self.manifest_hash, counter=counter, env=run.env, env_version=run.env_version,
-                         tasks=tuple(task_rollouts))
+                         precision=precision, tasks=tuple(task_rollouts))
         data = self.seal(sub)
         return sub, data
 
@@ -229,15 +240,19 @@ def skip_narrow_eos(loaded: LoadedModel, prompt: list[int], seed: int, params: S
 
 NEAR_TIE_TOLERANCE = 0.5
 """The sampling tolerance a `steer_near_ties` node chooses within (the validators' default)."""
+ONE_NEAR_TIE_MARGIN = 0.1
+"""The least margin of the one token `steer_one_near_tie` steers: inside bf16's tolerance (0.5), far beyond
+fp32's (0.01)."""
 
 
 def steer_near_ties(loaded: LoadedModel, prompt: list[int], seed: int, params: SamplingParams, max_tokens: int,
-                    tolerance: float) -> tuple[list[int], int]:
+                    tolerance: float, *, budget: int | None = None, min_margin: float = 0.0) -> tuple[list[int], int]:
     """(tokens, how many were chosen): the seeded draw, token by token, except that wherever other tokens than
     the winner score within `tolerance` of it, the node takes the one it prefers (here the lowest id that is not
     an EOS: any fixed preference, as a node steering the trainer toward some text would have). An EOS that wins is
     kept (skipping one is `skip_eos`). Each chosen token loses the replay's draw by at most `tolerance`: a near-tie
-    disagreement, which passes the sampling check one by one (`validator.near_tie_rule` judges the account)."""
+    disagreement, which passes the sampling check one by one (`validator.near_tie_rule` judges the account).
+    `budget`: choose at most this many tokens; `min_margin`: only tokens that lose the draw by at least this."""
     import torch
 
     from models.forward import prefill
@@ -254,8 +269,9 @@ def steer_near_ties(loaded: LoadedModel, prompt: list[int], seed: int, params: S
             row = scores(output_head(loaded.model)(hidden).float(), params, seed_tensor([seed]),
                          torch.tensor([len(tokens)]))[0].double()
             winner = pick = int(row.argmax())
-            if winner not in eos:
-                pick = min(int(t) for t in torch.nonzero(row >= row[winner] - tolerance).flatten() if int(t) not in eos)
+            if winner not in eos and (budget is None or chose < budget):
+                near = (row >= row[winner] - tolerance) & (row <= row[winner] - min_margin)
+                pick = min((int(t) for t in torch.nonzero(near).flatten() if int(t) not in eos), default=winner)
             chose += pick != winner
             tokens.append(pick)
             if pick in eos:

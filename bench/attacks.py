@@ -928,6 +928,17 @@ def near_tie_steering(net: Any, trial: int) -> Trial:
     return result
 
 
+def fp32_near_ties(net: Any, trial: int) -> Trial:
+    """Issue 35 item 5: a node that declares fp32 (as the harness's engines compute) and takes its preferred token at
+    every near-tie within bf16's 0.5: fp32's row allows 0.01 (honest fp32 margins are 0.0), so its first submission
+    is a hard `sampling_mismatch`, with no account to build up."""
+    from protocol.rollout import Precision
+
+    node = net.node()
+    _, data = node.build(version=VERSION, cheat="steer_near_ties", precision=Precision.FP32)
+    return net.submit(node, data, expect_reasons={"sampling_mismatch"})
+
+
 # -- relay attacks ---------------------------------------------------------------------------------------
 
 
@@ -1335,6 +1346,8 @@ ATTACKS = [
     Attack("ep_honest", "episode: honest (prime-node's loop), all accepted", "accepted", honest_episodes),
     Attack("near_tie_steering", "chooses its token at every near-tie within the sampling margin", "hard",
            near_tie_steering, tiny_only=True),
+    Attack("fp32_near_ties", "declares fp32, chooses its token at near-ties within bf16's 0.5", "hard",
+           fp32_near_ties, tiny_only=True),
     Attack("relay_flip", "relay flips bytes in a shard", "refused", relay_attack("relay_flip")),
     Attack("forged_manifest", "forged manifest (edited / other key)", "refused", relay_attack("forged_manifest")),
     Attack("rolled_back_manifest", "rolled-back manifest (v1's as v2 / v2 hidden)", "refused",
@@ -1359,10 +1372,13 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
 
     from node.engines import Completion, InferenceEngine, ModelsEngine, Request
     from node.rollouts import build_submission
+    from protocol.rollout import Precision
 
     class Recorder(InferenceEngine):
         def __init__(self, tokenizer: Any) -> None:
             self._tok, self.requests = tokenizer, list[Request]()
+
+        precision = Precision.FP32  # never generates: it raises once it has the requests
 
         @property
         def tokenizer(self) -> Any:
@@ -1373,8 +1389,13 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
             raise _Collected
 
     class Replay(InferenceEngine):
-        def __init__(self, tokenizer: Any, done: dict[tuple[tuple[int, ...], int], Completion]) -> None:
-            self._tok, self.done = tokenizer, done
+        def __init__(self, tokenizer: Any, done: dict[tuple[tuple[int, ...], int], Completion],
+                     precision: Precision) -> None:
+            self._tok, self.done, self._precision = tokenizer, done, precision
+
+        @property
+        def precision(self) -> Precision:
+            return self._precision  # the engine's that generated `done`
 
         @property
         def tokenizer(self) -> Any:
@@ -1409,7 +1430,7 @@ def honest_run(net: Any, target_rollouts: int) -> dict[str, Any]:
         done = {(tuple(r.prompt), r.seed): c for r, c in zip(recorder.requests, completions, strict=True)}
         served, _ = net.assigned(node)
         for counter in range(k):
-            sub = build_submission(Replay(tok, done), net.run, node.identity.address, VERSION, counter,
+            sub = build_submission(Replay(tok, done, engine.precision), net.run, node.identity.address, VERSION, counter,
                                    node.manifest_hash, chain_id=net.chain_id, pool=net.pool)
             status, body = net.post(served, node.seal(sub))
             submitted.append((served, status, body, f"batch {k * per_sub} threads {threads} "

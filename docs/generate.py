@@ -197,7 +197,9 @@ def _default(field: FieldInfo) -> str:
     if isinstance(value, enum.Enum):
         return _code(json.dumps(value.value))
     if isinstance(value, (list, tuple, dict, str, bool, int, float)):
-        return _code(json.dumps(value, default=str))
+        # models inside a default (a table of rows) as their JSON, not their repr
+        return _code(json.dumps(value, default=lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel)
+                                else str(v)))
     return _code(repr(value))
 
 

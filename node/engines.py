@@ -15,9 +15,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from node.config import CpuEngineSettings, EngineSettings, VllmEngineSettings
-from node.inference import Completion, InferenceEngine, Request, check_context
+from node.inference import Completion, InferenceEngine, Request, check_context, precision_of
 from protocol.errors import ConfigError
 from protocol.model_spec import ModelSpec
+from protocol.rollout import Precision
 from protocol.run import RunSpec
 
 if TYPE_CHECKING:
@@ -49,6 +50,10 @@ class ModelsEngine(InferenceEngine):
     @property
     def context_limit(self) -> int:
         return self.loaded.max_context
+
+    @property
+    def precision(self) -> Precision:
+        return precision_of(str(self.loaded.dtype))  # the loaded weights' dtype: what the forward pass runs in
 
     def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
         from models.sampling import SamplingParams

@@ -109,4 +109,5 @@ def build_episode_submission(engine: InferenceEngine, run: RunSpec, node: str, v
                 reward=env.score_state(task, e.state)))
         groups.append(TaskEpisodes(task_id=task.task_id, samples=tuple(samples)))
     return EpisodeSubmission(run_id=run.run_id, node=node, policy_version=version, manifest_hash=manifest_hash,
-                             counter=counter, env=run.env, env_version=run.env_version, tasks=tuple(groups))
+                             counter=counter, env=run.env, env_version=run.env_version,
+                             precision=engine.precision, tasks=tuple(groups))

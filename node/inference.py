@@ -11,7 +11,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from protocol.errors import ModelError
+from protocol.rollout import Precision
 from protocol.run import RunSpec
+
+PRECISIONS: dict[str, Precision] = {"float32": Precision.FP32, "bfloat16": Precision.BF16, "float16": Precision.FP16}
+"""The precision a submission declares for each compute dtype an engine can run in (torch's and vLLM's names)."""
+
+
+def precision_of(dtype: str) -> Precision:
+    """The declared precision of compute dtype `dtype` (`float32`, `torch.bfloat16`, ...); `ModelError` for one
+    the protocol has no tolerance for (a node never declares a precision it did not compute in)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in PRECISIONS:
+        raise ModelError(f"compute dtype {dtype!r} has no declared precision (one of {sorted(PRECISIONS)})")
+    return PRECISIONS[name]
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,12 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def tokenizer(self) -> Any:
         """The model's tokenizer (prompts are rendered and completions decoded with it)."""
+
+    @property
+    @abc.abstractmethod
+    def precision(self) -> Precision:
+        """The dtype this engine actually generates in, as the submission declares it (`precision_of`): the
+        validator judges the replay with that precision's tolerances, so it must be what ran, never a choice."""
 
     @abc.abstractmethod
     def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:

@@ -24,6 +24,7 @@ from node.rollouts import build_submission, prompt_ids
 from protocol.episodes import AnySubmission, EpisodeRollout, TaskEpisodes, TurnRollout
 from protocol.identity import Identity
 from protocol.model_spec import ModelSpec
+from protocol.precision import tolerances_from_checks
 from protocol.rollout import RunSpec, SampleRollout, TaskRollouts
 from protocol.seeds import env_seed, sampling_seed, task_seed
 
@@ -97,7 +98,11 @@ def run_preflight(engine: InferenceEngine, model: ModelSpec, run: RunSpec, check
     from toploc.thresholds import ToplocThresholds
     from toploc.validation import Rollout, measure
 
-    thresholds = ToplocThresholds(**{k: checks[k] for k in ToplocThresholds.model_fields if k in checks})
+    # the tolerances of the precision this engine computes in, the one its submissions declare
+    precision = engine.precision
+    tolerance = tolerances_from_checks(checks, precision).sampling_margin
+    thresholds = ToplocThresholds(**{**{k: checks[k] for k in ToplocThresholds.model_fields if k in checks},
+                                     "sampling_margin_tolerance": tolerance})
     logprob_tolerance = float(checks.get("logprob_tolerance", 0.5))
     reward_tolerance = float(checks.get("reward_tolerance", 1e-6))
     node = Identity.create().address  # seeds only: nothing is signed
@@ -178,7 +183,8 @@ def run_preflight(engine: InferenceEngine, model: ModelSpec, run: RunSpec, check
     if limit is not None:
         report.checks.insert(0, context)
     if thresholds.max_sampling_mismatches == 0:  # then one position past the tolerance already fails
-        report.checks.insert(3, Check("sampling margin", worst["sampling"], thresholds.sampling_margin_tolerance))
+        report.checks.insert(3, Check(f"sampling margin ({precision})", worst["sampling"],
+                                      thresholds.sampling_margin_tolerance))
     return report
 
 

@@ -48,4 +48,5 @@ def build_submission(engine: InferenceEngine, run: RunSpec, node: str, version: 
                                          finish_reason=c.finish_reason, reward=reward, proofs=tuple(c.proofs)))
         groups.append(TaskRollouts(task_id=task.task_id, samples=tuple(samples)))
     return Submission(run_id=run.run_id, node=node, policy_version=version, manifest_hash=manifest_hash,
-                      counter=counter, env=run.env, env_version=run.env_version, tasks=tuple(groups))
+                      counter=counter, env=run.env, env_version=run.env_version, precision=engine.precision,
+                      tasks=tuple(groups))

@@ -50,9 +50,10 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from models.sampling import SamplingParams as ProtocolParams
 from models.sampling import sample, seed_tensor
-from node.inference import Completion, InferenceEngine, Request, check_context
+from node.inference import Completion, InferenceEngine, Request, check_context, precision_of
 from protocol.errors import ModelError
 from protocol.model_spec import HFModelSpec, ModelSpec, SmolLM2Spec, TinyModelSpec
+from protocol.rollout import Precision
 from protocol.run import RunSpec
 
 if TYPE_CHECKING:
@@ -482,6 +483,10 @@ class VllmEngine(InferenceEngine):
     @property
     def context_limit(self) -> int:
         return self.runtime.max_len
+
+    @property
+    def precision(self) -> Precision:
+        return precision_of(self.runtime.settings.dtype)  # the dtype the runtime's LLM was started with
 
     def generate(self, requests: list[Request], run: RunSpec) -> list[Completion]:
         return self.generate_traced(requests, run)[0]

@@ -16,7 +16,14 @@ import hashlib
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from protocol.canonical import Address, Hash32, HexBytes
 from protocol.envelope import Body
@@ -62,9 +69,25 @@ class TaskRollouts(BaseModel):
     """Sample i was generated with `sampling_seed(node, version, task_id, i, counter=...)`."""
 
 
+class Precision(StrEnum):
+    """The dtype a node's engine computes in. The validator's sampling tolerances are measured per precision
+    (`checks.precision_tolerances`): an fp32 engine's honest margins against the replay are 0.0, a bf16 one's
+    reach ~0.3, so the tolerance a node gets is the one its precision needs and no looser."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+UNDECLARED_PRECISION = Precision.BF16
+"""What a submission without `precision` (a node from before the field) is judged as: the loosest precision, whose
+tolerances are the single ones every node got before, so an old honest node is never judged more strictly."""
+
+
 class SubmissionHeader(Body):
     """The fields every submission version starts with: which assignment (run, node, policy version, counter), the
-    weights that did the work and the environment (no `kind`: a base, not a message of its own)."""
+    weights that did the work, the environment and the compute precision (no `kind`: a base, not a message of its
+    own)."""
 
     run_id: str = Field(min_length=1, max_length=128)
     """The training run."""
@@ -80,6 +103,23 @@ class SubmissionHeader(Body):
     """Environment name."""
     env_version: str = Field(min_length=1, max_length=64)
     """Environment version."""
+    precision: Precision | None = None
+    """The dtype the node's engine generated in (`fp32`, `bf16`, `fp16`; anything else is refused). Absent in the
+    signed body of a node from before the field (never sent as null: one body, one encoding), and then judged as
+    `UNDECLARED_PRECISION`."""
+
+    @model_serializer(mode="wrap")
+    def _omit_undeclared(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        # an undeclared precision is no key at all, so an old node's signed body stays canonical
+        out: dict[str, object] = handler(self)
+        if out.get("precision", "") is None:
+            del out["precision"]
+        return out
+
+    @property
+    def declared_precision(self) -> Precision:
+        """The precision this submission is judged as (`UNDECLARED_PRECISION` when it names none)."""
+        return UNDECLARED_PRECISION if self.precision is None else self.precision
 
 
 class Submission(SubmissionHeader):

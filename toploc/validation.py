@@ -78,6 +78,9 @@ class Rollout:
     step_offset: int = 0
     """The sampler step of the first token (a multi-turn episode's later turn continues its sample's stream:
     the count of the episode's model tokens before it)."""
+    tolerance: float | None = None
+    """The sampling margin this rollout is measured with (the validator: its submission's declared precision's);
+    None: the thresholds' `sampling_margin_tolerance`."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ def measure(
         n = len(r.tokens)
         with stage(timer, "measure.sampling"):
             sampling = sampling_check(margins[at : at + n], winners[at : at + n], list(r.tokens),
-                                      cfg.sampling_margin_tolerance)
+                                      cfg.sampling_margin_tolerance if r.tolerance is None else r.tolerance)
         with stage(timer, "measure.termination"):
             termination = check_termination(list(r.tokens), eos_token_ids=loaded.eos_token_ids,
                                             max_tokens=r.max_tokens, sampling=sampling)

@@ -67,7 +67,7 @@ from protocol.rollout import FeedItem, Outcome, Reason, Submission, Verdict, sub
 from validator.chainview import ChainView
 from validator.episodes import episode_feed_item
 from validator.intake import Answer
-from validator.judge import Measurements, paid_tokens, reward_mismatch, units
+from validator.judge import Measurements, paid_tokens, reward_mismatch, tolerances_of, units
 from validator.ledger import AppealRow, Ledger
 from validator.near_tie_rule import NearTieRuleError, beyond_honest
 from validator.verdicts import SOFTWARE
@@ -233,7 +233,7 @@ class AppealDesk:
             steering: tuple[Reason, str] | None = None
             if verdict.reason is Reason.NEAR_TIE_STEERING:
                 try:
-                    steering = self._steering_proven(body.evidence, verdict)
+                    steering = self._steering_proven(body.evidence, verdict, sub)
                 except ProtocolError as exc:
                     return self._refuse(400, "bad_evidence", str(exc))
             if failure is not None:  # proven from the evidence alone: no model needed
@@ -319,16 +319,17 @@ class AppealDesk:
         return Reason.EQUIVOCATION, (f"the evidence holds two different payloads signed by {sub.node} for "
                                      f"assignment #{sub.counter} at v{sub.policy_version}")
 
-    def _steering_proven(self, evidence: str | None, verdict: Verdict) -> tuple[Reason, str] | None:
+    def _steering_proven(self, evidence: str | None, verdict: Verdict, sub: AnySubmission
+                         ) -> tuple[Reason, str] | None:
         """(NEAR_TIE_STEERING, detail) when the slasher's evidence shows an account of accepted work beyond the
-        honest near-tie tail at *this* validator's `checks.near_tie_honest_rate` (an appeal corrects a
+        honest near-tie tail at *this* validator's honest rate for `sub`'s declared precision (an appeal corrects a
         miscalibrated rate); None when it does not (the verdict is overturned if the work itself passes).
         `ProtocolError` when the appeal carries no evidence, or not the document the verdict committed to."""
         raw = _committed_evidence(evidence, verdict, "a near_tie_steering")
         try:
             account = json.loads(raw)["near_tie_account"]
             tokens, near = account["tokens"], account["near_ties"]
-            p = self.cfg.checks.near_tie_honest_rate
+            p = tolerances_of(self.cfg.checks, sub).near_tie_honest_rate
             if not beyond_honest(tokens, near, p):
                 return None
         except (ValueError, KeyError, TypeError, NearTieRuleError):

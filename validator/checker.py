@@ -13,7 +13,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from protocol.episodes import EpisodeSubmission
+from protocol.episodes import AnySubmission, EpisodeSubmission
 from protocol.errors import ModelError, UngradableError
 from protocol.rollout import Outcome, Reason, Submission
 from protocol.timing import StageTimer, stage
@@ -26,7 +26,9 @@ from validator.judge import (
     judge,
     paid_tokens,
     reward_mismatch,
+    thresholds_at,
     thresholds_hash,
+    tolerances_of,
     units,
 )
 from validator.ledger import Decision, Ledger, Row, count_ties
@@ -159,14 +161,14 @@ class Checker:
         if self._renderer is None or self._renderer[0] is not loaded.tokenizer:
             self._renderer = (loaded.tokenizer, ChatRenderer(loaded.tokenizer))
         tasks = self.assignment.tasks(sub.node, sub.policy_version, sub.counter)
-        c = self.cfg.checks
+        c, tol = self.cfg.checks, tolerances_of(self.cfg.checks, sub)
         return check_episodes(
             loaded, self._renderer[1], sub, tasks,
             env_seeds=[self.assignment.env_seed(sub, t.task_id) for t in tasks],
             seeds=[[self.assignment.sampling_seed(sub, t.task_id, i) for i in range(len(tr.samples))]
                    for t, tr in zip(tasks, sub.tasks, strict=True)],
-            run=self.cfg.run, thresholds=self.thresholds, reward_tolerance=c.reward_tolerance,
-            logprob_tolerance=c.logprob_tolerance, eos_tie_drift=c.eos_tie_drift, batch_tokens=c.batch_tokens)
+            run=self.cfg.run, thresholds=thresholds_at(self.thresholds, tol), reward_tolerance=c.reward_tolerance,
+            logprob_tolerance=c.logprob_tolerance, eos_tie_drift=tol.eos_tie_drift, batch_tokens=c.batch_tokens)
 
     def _check_episodes(self, loaded: LoadedModel, row: Row, sub: EpisodeSubmission) -> int:
         try:
@@ -191,7 +193,7 @@ class Checker:
                     reason, in_band = Reason.SUSPECTED_SYSTEMIC, False
                 measurements = replace(measurements, drift_band=in_band)
             decision = self.verdicts.reject(sub, row.envelope, reason, detail, measurements)
-        elif (steering := self.near_tie_steering(row.work_key, sub.node, measurements)) is not None:
+        elif (steering := self.near_tie_steering(row.work_key, sub, measurements)) is not None:
             decision = self.verdicts.reject(sub, row.envelope, Reason.NEAR_TIE_STEERING, steering[0], measurements,
                                             extra_evidence=steering[1])
         else:
@@ -204,9 +206,11 @@ class Checker:
 
     def judge(self, sub: Submission, reports: list[SequenceReport], thresholds: ToplocThresholds | None = None
               ) -> Judgement:
-        """`validator.judge.judge` under this validator's checks (or `thresholds`)."""
+        """`validator.judge.judge` under this validator's checks (or `thresholds`), with the EOS-tie drift of `sub`'s
+        declared precision (the reports were measured at its sampling margin: `measure`)."""
         c = self.cfg.checks
-        return judge(sub, reports, thresholds or self.thresholds, c.logprob_tolerance, c.eos_tie_drift)
+        return judge(sub, reports, thresholds or self.thresholds, c.logprob_tolerance,
+                     tolerances_of(c, sub).eos_tie_drift)
 
     def _verdict(self, loaded: LoadedModel, row: Row, sub: Submission, tasks: list[Task],
                  rewards: list[list[float]], reports: list[SequenceReport]) -> Decision:
@@ -228,7 +232,7 @@ class Checker:
                     reason, in_band = Reason.SUSPECTED_SYSTEMIC, False  # a softened row never counts again
                 measurements = replace(measurements, drift_band=in_band)
             return self.verdicts.reject(sub, row.envelope, reason, detail, measurements)
-        steering = self.near_tie_steering(row.work_key, sub.node, measurements)
+        steering = self.near_tie_steering(row.work_key, sub, measurements)
         if steering is not None:
             return self.verdicts.reject(sub, row.envelope, Reason.NEAR_TIE_STEERING, steering[0], measurements,
                                         extra_evidence=steering[1])
@@ -236,15 +240,15 @@ class Checker:
         return self.verdicts.decide(sub, row.envelope, Outcome.ACCEPTED, Reason.ACCEPTED,
                                     f"{sub.n_samples()} samples, {sub.n_tokens()} tokens", measurements, feed=feed)
 
-    def near_tie_steering(self, work_key: str, node: str, measurements: Measurements
+    def near_tie_steering(self, work_key: str, sub: AnySubmission, measurements: Measurements
                           ) -> tuple[str, dict[str, Any]] | None:
-        """(detail, evidence) of a `near_tie_steering` verdict when `node`'s account of accepted work, with this
-        otherwise acceptable submission counted, holds more near-tie disagreements than an honest node's could
-        (`validator.near_tie_rule` at `checks.near_tie_honest_rate`); None when it does not. The account is the
+        """(detail, evidence) of a `near_tie_steering` verdict when the node's account of accepted work, with this
+        otherwise acceptable submission `sub` counted, holds more near-tie disagreements than an honest node's could
+        (`validator.near_tie_rule` at the near-tie honest rate of `sub`'s declared precision); None when it does not. The account is the
         pool's (issue 35 item 7): this validator's kept tally plus every peer's in its fresh signed notes
         (`PoolView.near_tie_account`; this validator's alone without peers), so a node gains nothing by spreading
         its work. The evidence names the rows held here (a scan, read only when the verdict is due)."""
-        p = self.cfg.checks.near_tie_honest_rate
+        node, p = sub.node, tolerances_of(self.cfg.checks, sub).near_tie_honest_rate
         pooled = self.pool.near_tie_account(node) if self.pool is not None else self.ledger.near_tie_account(node)
         acc = [pooled[0], pooled[1], 0]
         count_ties(acc, measurements)
@@ -258,7 +262,8 @@ class Checker:
                   f"(honest rate {p:g} per token: expected {p * tokens:.1f}; the honest tail bound "
                   f"exp({bound:.1f}) is below {ALPHA:g})")
         evidence = {"near_tie_account": {
-            "tokens": tokens, "near_ties": near, "honest_rate": p, "alpha": ALPHA,
+            "tokens": tokens, "near_ties": near, "honest_rate": p, "precision": sub.declared_precision.value,
+            "alpha": ALPHA,
             "log_tail_bound": bound, "rule": "chernoff_binomial_upper_tail",
             "here": {"tokens": here.tokens, "near_ties": here.near_ties},
             # the rows here that hold the near-ties (oldest dropped past the cap; their sum is in `here`)
@@ -276,12 +281,14 @@ class Checker:
         rollouts: list[Rollout] = []
         shape: list[int] = []
         for sub, tasks in subs:
-            n = 0
+            n, tolerance = 0, tolerances_of(self.cfg.checks, sub).sampling_margin  # its declared precision's
+
             for task, tr in zip(tasks, sub.tasks, strict=True):
                 prompt = prompt_tokens(loaded, task)
                 for i, s in enumerate(tr.samples):
                     seed = self.assignment.sampling_seed(sub, task.task_id, i)
-                    rollouts.append(Rollout(prompt, list(s.tokens), list(s.proofs), seed, run.max_new_tokens))
+                    rollouts.append(Rollout(prompt, list(s.tokens), list(s.proofs), seed, run.max_new_tokens,
+                                            tolerance=tolerance))
                     n += 1
             shape.append(n)
         reports = measure(loaded, rollouts, params, thresholds or self.thresholds,

@@ -22,6 +22,8 @@ from protocol.config import (
     parse_config,
 )
 from protocol.model_spec import ModelSpec, TinyModelSpec
+from protocol.precision import DEFAULT_PRECISION_TOLERANCES, Tolerances, tolerances_for
+from protocol.rollout import Precision
 from protocol.run import RunSpec
 
 
@@ -51,7 +53,9 @@ class CheckSettings(Section):
     max_mant_err_median: float = Field(8.0, ge=0.0)
     """TOPLOC: a chunk fails when its median mantissa error is above this."""
     sampling_margin_tolerance: float = Field(0.5, ge=0.0)
-    """A token counts as a sampling mismatch when the replayed winner beats it by more than this."""
+    """A token counts as a sampling mismatch when the replayed winner beats it by more than this. The run-wide
+    ceiling: a submission is judged with its declared precision's `precision_tolerances` row, never looser than
+    this (and with exactly this where the table has no row for it)."""
     max_sampling_mismatches: int = Field(0, ge=0)
     """A sample fails with more sampling mismatches than this."""
     eos_tie_drift: float = Field(0.5, ge=0.0)
@@ -62,7 +66,7 @@ class CheckSettings(Section):
     default admits bf16 nodes, whose honest margins against a replay reach ~0.3 (bench/validator.py, bf16;
     0.096 for SmolLM2 in vLLM at pre-flight), so it equals the sampling tolerance;
     a run whose nodes all generate in fp32 (honest margins 0.0, bench/attacks.py) sets 0.01 and then a
-    node that skips near-tie EOS tokens is slashed."""
+    node that skips near-tie EOS tokens is slashed. The run-wide ceiling of `precision_tolerances`."""
     near_tie_honest_rate: float = Field(0.07, gt=0.0, lt=1.0)
     """Honest near-tie disagreements per paid token (the node's token not the replay's winner, within
     `sampling_margin_tolerance`), an upper bound for the precision this run's nodes compute in against this
@@ -71,7 +75,17 @@ class CheckSettings(Section):
     replay); the default lies above the 1e-6 upper confidence bound of SmolLM2's (0.068). A run of fp32 nodes
     sets it far lower. A node whose accepted work here holds more near-ties than
     an honest node's could at 1e-6 per honest node per day (the Chernoff tail of `validator.near_tie_rule`) gets
-    a hard `near_tie_steering` verdict on its next submission."""
+    a hard `near_tie_steering` verdict on its next submission. The run-wide ceiling of `precision_tolerances`."""
+    precision_tolerances: dict[Precision, Tolerances] = Field(
+        default_factory=lambda: dict(DEFAULT_PRECISION_TOLERANCES))
+    """Per compute precision a submission declares (`precision`; one without it is judged as `bf16`): the sampling
+    margin, EOS-tie drift and near-tie honest rate its work is judged with, each no looser than the run-wide
+    `sampling_margin_tolerance`, `eos_tie_drift` and `near_tie_honest_rate` above (those alone for a precision with
+    no row). Measured (`python -m bench.near_ties`, bench/measured/near_ties*.json): fp32 nodes against an fp32
+    replay had honest margins 0.0 and 0 near-ties (tiny model 3,513 tokens, SmolLM2 890), so fp32 gets 0.01 /
+    0.01 / 0.01: small but not zero, room for a validator on another CPU, and a node that declares fp32 can no
+    longer steer the tokens within 0.5 of the winner (43% of the tiny model's). bf16 nodes reached margins ~0.3
+    and 18 near-ties in 837 SmolLM2 tokens, so bf16 keeps 0.5 / 0.5 / 0.07; fp16 (not measured) gets bf16's row."""
     batch_tokens: int = Field(8192, ge=64)
     """Padded tokens per validation prefill."""
     batch_submissions: int = Field(8, ge=1)
@@ -83,6 +97,12 @@ class CheckSettings(Section):
     counter c is taken only if m <= c <= m + counter_gap; beyond it is refused (409
     `counter_out_of_order`, no slash, nothing recorded: the node resends in order). A node that sends in
     order never needs a gap; a small one absorbs reordering without letting a node choose its tasks."""
+
+    def tolerances(self, precision: Precision) -> Tolerances:
+        """What work declared in `precision` is judged with (`protocol.precision.tolerances_for`)."""
+        ceiling = Tolerances(sampling_margin=self.sampling_margin_tolerance, eos_tie_drift=self.eos_tie_drift,
+                             near_tie_honest_rate=self.near_tie_honest_rate)
+        return tolerances_for(self.precision_tolerances, ceiling, precision)
 
     def digest(self) -> str:
         """What `run.checks_hash` pins: SHA-256 of every setting here that can change a verdict (all but the

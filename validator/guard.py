@@ -132,7 +132,12 @@ class SystemicGuard:
         return {n: self.weight(n, history.get(n, 0)) for n in nodes}
 
     def in_band(self, reason: Reason, samples: Sequence[SampleMeasurement]) -> bool:
-        """`drift_band` under this validator's thresholds."""
+        """`drift_band` under this validator's thresholds. The sampling margin is the run-wide one, not the
+        submission's precision's row: the band asks whether *our* side could explain the failure (weights gone
+        wrong, another machine), and our error is not bounded by the node's precision. At fp32's row (0.01) the
+        band would be 0.02, and a validator whose own weights went wrong would slash every honest fp32 node
+        (`test_guard`). A steering node is still hard: one node alone never pulls the trigger, and the self-test
+        re-judges known-good work at each row's own precision."""
         return drift_band(reason, samples, self.thresholds, self.checks.logprob_tolerance, self.cfg.drift_band_factor)
 
     def softens(self, sub: AnySubmission, reason: Reason, samples: Sequence[SampleMeasurement],

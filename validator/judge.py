@@ -23,6 +23,7 @@ from protocol.rollout import Reason, SampleRollout, Submission
 
 if TYPE_CHECKING:
     from protocol.episodes import AnySubmission
+    from protocol.precision import Tolerances
     from protocol.rollout import RunSpec
     from toploc.thresholds import ToplocThresholds
     from toploc.validation import SequenceReport
@@ -249,6 +250,17 @@ def thresholds_of(checks: CheckSettings) -> ToplocThresholds:
         max_exp_mismatches=checks.max_exp_mismatches, max_mant_err_mean=checks.max_mant_err_mean,
         max_mant_err_median=checks.max_mant_err_median, sampling_margin_tolerance=checks.sampling_margin_tolerance,
         max_sampling_mismatches=checks.max_sampling_mismatches)
+
+
+def tolerances_of(checks: CheckSettings, sub: AnySubmission) -> Tolerances:
+    """The tolerances `sub` is judged with: its declared precision's row (`CheckSettings.tolerances`; a submission
+    that declares none is judged as `protocol.rollout.UNDECLARED_PRECISION`). Every judging path asks this."""
+    return checks.tolerances(sub.declared_precision)
+
+
+def thresholds_at(th: ToplocThresholds, tolerances: Tolerances) -> ToplocThresholds:
+    """`th` with the sampling margin of `tolerances` (`tolerances_of`)."""
+    return th.model_copy(update={"sampling_margin_tolerance": tolerances.sampling_margin})
 
 
 def thresholds_hash(checks: CheckSettings, run: RunSpec) -> str:
