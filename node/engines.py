@@ -15,9 +15,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from node.config import CpuEngineSettings, EngineSettings, VllmEngineSettings
-from node.inference import Completion, InferenceEngine, Request, check_context, precision_of
+from node.inference import Completion, InferenceEngine, Request, check_context
 from protocol.errors import ConfigError
 from protocol.model_spec import ModelSpec
+from protocol.precision import precision_of
 from protocol.rollout import Precision
 from protocol.run import RunSpec
 

@@ -14,18 +14,6 @@ from protocol.errors import ModelError
 from protocol.rollout import Precision
 from protocol.run import RunSpec
 
-PRECISIONS: dict[str, Precision] = {"float32": Precision.FP32, "bfloat16": Precision.BF16, "float16": Precision.FP16}
-"""The precision a submission declares for each compute dtype an engine can run in (torch's and vLLM's names)."""
-
-
-def precision_of(dtype: str) -> Precision:
-    """The declared precision of compute dtype `dtype` (`float32`, `torch.bfloat16`, ...); `ModelError` for one
-    the protocol has no tolerance for (a node never declares a precision it did not compute in)."""
-    name = str(dtype).removeprefix("torch.")
-    if name not in PRECISIONS:
-        raise ModelError(f"compute dtype {dtype!r} has no declared precision (one of {sorted(PRECISIONS)})")
-    return PRECISIONS[name]
-
 
 @dataclass(frozen=True)
 class Request:

@@ -50,9 +50,10 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from models.sampling import SamplingParams as ProtocolParams
 from models.sampling import sample, seed_tensor
-from node.inference import Completion, InferenceEngine, Request, check_context, precision_of
+from node.inference import Completion, InferenceEngine, Request, check_context
 from protocol.errors import ModelError
 from protocol.model_spec import HFModelSpec, ModelSpec, SmolLM2Spec, TinyModelSpec
+from protocol.precision import precision_of
 from protocol.rollout import Precision
 from protocol.run import RunSpec
 

@@ -6,6 +6,10 @@ A row is never looser than the validator's run-wide numbers (`checks.sampling_ma
 `near_tie_honest_rate`, the `ceiling` here): those stay what an operator turns down for a run (an all-fp32 run's
 `eos_tie_drift = 0.01`), and a precision the table does not name gets exactly them, the single tolerance every
 node got before precisions were declared.
+
+The replay's own precision counts too: an fp32 node's work replayed by a validator that prefills in bf16 drifts
+like a bf16 node's, so work is judged with the looser of its declared precision's row and the replay's row (a
+validator's choice of dtype is never the node's fault).
 """
 
 from __future__ import annotations
@@ -15,7 +19,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.errors import ModelError
 from protocol.rollout import Precision
+
+PRECISIONS: dict[str, Precision] = {"float32": Precision.FP32, "bfloat16": Precision.BF16, "float16": Precision.FP16}
+"""The precision of each compute dtype an engine or a validator's prefill can run in (torch's and vLLM's names)."""
+
+
+def precision_of(dtype: str) -> Precision:
+    """The precision of compute dtype `dtype` (`float32`, `torch.bfloat16`, ...); `ModelError` for one the
+    protocol has no tolerance for (a node never declares a precision it did not compute in)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in PRECISIONS:
+        raise ModelError(f"compute dtype {dtype!r} has no declared precision (one of {sorted(PRECISIONS)})")
+    return PRECISIONS[name]
 
 
 class Tolerances(BaseModel):
@@ -29,6 +46,12 @@ class Tolerances(BaseModel):
     """A skipped near-tie EOS whose margin is above this is a hard `termination` failure."""
     near_tie_honest_rate: float = Field(gt=0.0, lt=1.0)
     """Honest near-tie disagreements per paid token (the `near_tie_steering` rule's rate)."""
+
+    def or_looser(self, other: Tolerances) -> Tolerances:
+        """Each number the looser of the two (the drift between two precisions is the larger one's)."""
+        return Tolerances(sampling_margin=max(self.sampling_margin, other.sampling_margin),
+                          eos_tie_drift=max(self.eos_tie_drift, other.eos_tie_drift),
+                          near_tie_honest_rate=max(self.near_tie_honest_rate, other.near_tie_honest_rate))
 
     def at_most(self, ceiling: Tolerances) -> Tolerances:
         """Each number no looser than `ceiling`'s."""
@@ -48,16 +71,19 @@ DEFAULT_PRECISION_TOLERANCES: dict[Precision, Tolerances] = {
 }
 
 
-def tolerances_for(table: Mapping[Precision, Tolerances], ceiling: Tolerances, precision: Precision) -> Tolerances:
-    """What work declared in `precision` is judged with: its row of `table`, no looser than `ceiling`; `ceiling`
-    itself for a precision the table does not name."""
-    row = table.get(precision)
-    return ceiling if row is None else row.at_most(ceiling)
+def tolerances_for(table: Mapping[Precision, Tolerances], ceiling: Tolerances, precision: Precision,
+                   replay: Precision = Precision.FP32) -> Tolerances:
+    """What work declared in `precision` and replayed in `replay` is judged with: the looser of their rows of
+    `table`, no looser than `ceiling`; `ceiling` itself when the table does not name one of them."""
+    row, theirs = table.get(precision), table.get(replay)
+    if row is None or theirs is None:
+        return ceiling
+    return row.or_looser(theirs).at_most(ceiling)
 
 
 def tolerances_from_checks(checks: Mapping[str, Any], precision: Precision) -> Tolerances:
-    """`tolerances_for` from a validator's `checks` as `/v1/info` serves them (a node's pre-flight); a validator
-    from before the table gets its run-wide numbers, as it judges."""
+    """`tolerances_for` from a validator's `checks` as `/v1/info` serves them (a node's pre-flight, against its
+    own fp32 replay); a validator from before the table gets its run-wide numbers, as it judges."""
     ceiling = Tolerances(sampling_margin=float(checks.get("sampling_margin_tolerance", 0.5)),
                          eos_tie_drift=float(checks.get("eos_tie_drift", 0.5)),
                          near_tie_honest_rate=float(checks.get("near_tie_honest_rate", 0.07)))

@@ -329,7 +329,7 @@ class AppealDesk:
         try:
             account = json.loads(raw)["near_tie_account"]
             tokens, near = account["tokens"], account["near_ties"]
-            p = tolerances_of(self.cfg.checks, sub).near_tie_honest_rate
+            p = tolerances_of(self.cfg, sub).near_tie_honest_rate
             if not beyond_honest(tokens, near, p):
                 return None
         except (ValueError, KeyError, TypeError, NearTieRuleError):

@@ -161,7 +161,7 @@ class Checker:
         if self._renderer is None or self._renderer[0] is not loaded.tokenizer:
             self._renderer = (loaded.tokenizer, ChatRenderer(loaded.tokenizer))
         tasks = self.assignment.tasks(sub.node, sub.policy_version, sub.counter)
-        c, tol = self.cfg.checks, tolerances_of(self.cfg.checks, sub)
+        c, tol = self.cfg.checks, tolerances_of(self.cfg, sub)
         return check_episodes(
             loaded, self._renderer[1], sub, tasks,
             env_seeds=[self.assignment.env_seed(sub, t.task_id) for t in tasks],
@@ -210,7 +210,7 @@ class Checker:
         declared precision (the reports were measured at its sampling margin: `measure`)."""
         c = self.cfg.checks
         return judge(sub, reports, thresholds or self.thresholds, c.logprob_tolerance,
-                     tolerances_of(c, sub).eos_tie_drift)
+                     tolerances_of(self.cfg, sub).eos_tie_drift)
 
     def _verdict(self, loaded: LoadedModel, row: Row, sub: Submission, tasks: list[Task],
                  rewards: list[list[float]], reports: list[SequenceReport]) -> Decision:
@@ -248,7 +248,7 @@ class Checker:
         pool's (issue 35 item 7): this validator's kept tally plus every peer's in its fresh signed notes
         (`PoolView.near_tie_account`; this validator's alone without peers), so a node gains nothing by spreading
         its work. The evidence names the rows held here (a scan, read only when the verdict is due)."""
-        node, p = sub.node, tolerances_of(self.cfg.checks, sub).near_tie_honest_rate
+        node, p = sub.node, tolerances_of(self.cfg, sub).near_tie_honest_rate
         pooled = self.pool.near_tie_account(node) if self.pool is not None else self.ledger.near_tie_account(node)
         acc = [pooled[0], pooled[1], 0]
         count_ties(acc, measurements)
@@ -281,7 +281,7 @@ class Checker:
         rollouts: list[Rollout] = []
         shape: list[int] = []
         for sub, tasks in subs:
-            n, tolerance = 0, tolerances_of(self.cfg.checks, sub).sampling_margin  # its declared precision's
+            n, tolerance = 0, tolerances_of(self.cfg, sub).sampling_margin  # its declared precision's
 
             for task, tr in zip(tasks, sub.tasks, strict=True):
                 prompt = prompt_tokens(loaded, task)

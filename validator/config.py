@@ -85,7 +85,9 @@ class CheckSettings(Section):
     replay had honest margins 0.0 and 0 near-ties (tiny model 3,513 tokens, SmolLM2 890), so fp32 gets 0.01 /
     0.01 / 0.01: small but not zero, room for a validator on another CPU, and a node that declares fp32 can no
     longer steer the tokens within 0.5 of the winner (43% of the tiny model's). bf16 nodes reached margins ~0.3
-    and 18 near-ties in 837 SmolLM2 tokens, so bf16 keeps 0.5 / 0.5 / 0.07; fp16 (not measured) gets bf16's row."""
+    and 18 near-ties in 837 SmolLM2 tokens, so bf16 keeps 0.5 / 0.5 / 0.07; fp16 (not measured) gets bf16's row.
+    Work is judged with the looser of its precision's row and the row of this validator's `dtype` (an fp32 node
+    against a bf16 prefill drifts like a bf16 node)."""
     batch_tokens: int = Field(8192, ge=64)
     """Padded tokens per validation prefill."""
     batch_submissions: int = Field(8, ge=1)
@@ -98,11 +100,12 @@ class CheckSettings(Section):
     `counter_out_of_order`, no slash, nothing recorded: the node resends in order). A node that sends in
     order never needs a gap; a small one absorbs reordering without letting a node choose its tasks."""
 
-    def tolerances(self, precision: Precision) -> Tolerances:
-        """What work declared in `precision` is judged with (`protocol.precision.tolerances_for`)."""
+    def tolerances(self, precision: Precision, replay: Precision = Precision.FP32) -> Tolerances:
+        """What work declared in `precision` and replayed in `replay` is judged with
+        (`protocol.precision.tolerances_for`)."""
         ceiling = Tolerances(sampling_margin=self.sampling_margin_tolerance, eos_tie_drift=self.eos_tie_drift,
                              near_tie_honest_rate=self.near_tie_honest_rate)
-        return tolerances_for(self.precision_tolerances, ceiling, precision)
+        return tolerances_for(self.precision_tolerances, ceiling, precision, replay)
 
     def digest(self) -> str:
         """What `run.checks_hash` pins: SHA-256 of every setting here that can change a verdict (all but the

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from protocol.canonical import canonical_bytes
+from protocol.precision import precision_of
 from protocol.rollout import Reason, SampleRollout, Submission
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from protocol.rollout import RunSpec
     from toploc.thresholds import ToplocThresholds
     from toploc.validation import SequenceReport
-    from validator.config import CheckSettings
+    from validator.config import CheckSettings, ValidatorConfig
 
 PRECEDENCE = (Reason.SCHEMA, Reason.PROOF_MISMATCH, Reason.SAMPLING_MISMATCH, Reason.TERMINATION,
               Reason.LOGPROB_MISMATCH)
@@ -252,10 +253,12 @@ def thresholds_of(checks: CheckSettings) -> ToplocThresholds:
         max_sampling_mismatches=checks.max_sampling_mismatches)
 
 
-def tolerances_of(checks: CheckSettings, sub: AnySubmission) -> Tolerances:
-    """The tolerances `sub` is judged with: its declared precision's row (`CheckSettings.tolerances`; a submission
-    that declares none is judged as `protocol.rollout.UNDECLARED_PRECISION`). Every judging path asks this."""
-    return checks.tolerances(sub.declared_precision)
+def tolerances_of(cfg: ValidatorConfig, sub: AnySubmission) -> Tolerances:
+    """The tolerances `sub` is judged with: the looser of its declared precision's row and the row of this
+    validator's own prefill dtype (`cfg.dtype`: an fp32 node replayed in bf16 drifts like a bf16 node, and our
+    replay's drift is never the node's fault) (`CheckSettings.tolerances`; a submission that declares none is
+    judged as `protocol.rollout.UNDECLARED_PRECISION`). Every judging path asks this."""
+    return cfg.checks.tolerances(sub.declared_precision, precision_of(cfg.dtype))
 
 
 def thresholds_at(th: ToplocThresholds, tolerances: Tolerances) -> ToplocThresholds:

@@ -8,10 +8,10 @@ import pytest
 from bench.loopback import MANIFEST_V0, RUN, TINY
 from node.config import CpuEngineSettings
 from node.engines import build_engine
-from node.inference import precision_of
 from node.rollouts import build_submission
 from protocol.errors import ModelError
 from protocol.identity import Identity
+from protocol.precision import precision_of
 from protocol.rollout import Precision
 
 pytestmark = pytest.mark.timeout(300)

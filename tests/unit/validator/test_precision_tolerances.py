@@ -10,7 +10,7 @@ from protocol.errors import ConfigError
 from protocol.precision import Tolerances
 from protocol.rollout import Precision, SampleRollout, Submission, TaskRollouts
 from protocol.run import RunSpec
-from validator.config import CheckSettings, load_config
+from validator.config import CheckSettings, ValidatorConfig, load_config
 from validator.judge import thresholds_hash, tolerances_of
 
 NODE = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"  # anvil's public dev account 1 (an address, no key)
@@ -23,9 +23,14 @@ def _submission(precision: Precision | None) -> Submission:
                       tasks=(TaskRollouts(task_id="0" * 32, samples=(sample,)),))
 
 
+def _at(checks: CheckSettings, dtype: str = "float32") -> ValidatorConfig:
+    """A validator with `checks` whose prefill runs in `dtype`."""
+    return ValidatorConfig(checks=checks, dtype=dtype)  # type: ignore[arg-type]
+
+
 def test_a_submission_gets_its_declared_precisions_row() -> None:
     checks = CheckSettings()
-    fp32, bf16, old = (tolerances_of(checks, _submission(p)) for p in (Precision.FP32, Precision.BF16, None))
+    fp32, bf16, old = (tolerances_of(_at(checks), _submission(p)) for p in (Precision.FP32, Precision.BF16, None))
     assert fp32 == Tolerances(sampling_margin=0.01, eos_tie_drift=0.01, near_tie_honest_rate=0.01)
     # bf16, and a node from before the field: exactly the single numbers every node got before
     assert bf16 == old == Tolerances(sampling_margin=checks.sampling_margin_tolerance,
@@ -36,12 +41,21 @@ def test_a_submission_gets_its_declared_precisions_row() -> None:
 
 def test_no_row_is_looser_than_the_run_wide_numbers() -> None:
     fp32_run = CheckSettings(eos_tie_drift=0.01)  # an all-fp32 run, as the harness's validators
-    assert tolerances_of(fp32_run, _submission(Precision.BF16)).eos_tie_drift == 0.01
-    assert tolerances_of(fp32_run, _submission(None)).eos_tie_drift == 0.01
+    assert tolerances_of(_at(fp32_run), _submission(Precision.BF16)).eos_tie_drift == 0.01
+    assert tolerances_of(_at(fp32_run), _submission(None)).eos_tie_drift == 0.01
     no_fp16 = CheckSettings(precision_tolerances={Precision.FP32: Tolerances(
         sampling_margin=0.02, eos_tie_drift=0.02, near_tie_honest_rate=0.02)})
-    assert tolerances_of(no_fp16, _submission(Precision.FP16)).sampling_margin == no_fp16.sampling_margin_tolerance
-    assert tolerances_of(no_fp16, _submission(Precision.FP32)).sampling_margin == 0.02
+    assert tolerances_of(_at(no_fp16), _submission(Precision.FP16)).sampling_margin == no_fp16.sampling_margin_tolerance
+    assert tolerances_of(_at(no_fp16), _submission(Precision.FP32)).sampling_margin == 0.02
+
+
+def test_a_validator_that_replays_in_bf16_judges_fp32_work_with_bf16s_row() -> None:
+    """An fp32 node's honest margins against a bf16 prefill reach bf16's (~0.3): the validator's choice of dtype
+    must not make it a sampling mismatch (our failure is never the node's fault)."""
+    checks = CheckSettings()
+    at_bf16 = tolerances_of(_at(checks, "bfloat16"), _submission(Precision.FP32))
+    assert at_bf16 == checks.tolerances(Precision.BF16) and at_bf16.sampling_margin > 0.3
+    assert tolerances_of(_at(checks), _submission(Precision.FP32)).sampling_margin < 0.3
 
 
 def test_the_table_is_pinned_with_the_verdict_thresholds() -> None:
