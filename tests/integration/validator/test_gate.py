@@ -42,13 +42,14 @@ def _status(s: socket.socket) -> int:
     return int(data.split(b" ", 2)[1])
 
 
-def _answered(s: socket.socket) -> bytes:
-    """What the server has answered on `s` so far, without waiting (b"" while it still reads the body)."""
+def _answered(s: socket.socket) -> bytes | None:
+    """What the server has answered on `s` so far without waiting: None while it still reads the body, b"" once
+    it closed without a word."""
     s.setblocking(False)
     try:
         return s.recv(4096)
     except BlockingIOError:
-        return b""
+        return None
     finally:
         s.setblocking(True)
 
@@ -137,19 +138,26 @@ def test_a_peer_whose_intake_is_full_counts_as_down(make_validator, make_node, p
     v = make_validator(validators=[me.address, peer.address], flood={"max_concurrent": 1},
                        gate={"read_grace_s": 120.0})
     greedy = make_node()
-    # the validator learns of the node now: left to its first upload, a catch-up another signer caused less than
-    # CATCHUP_S before would answer it 403 no_standing, its slot would never be held and the probe would pass
-    v.service.chain.refresh()
+    v.service.chain.refresh()  # the validator knows the node before its upload (no catch-up timing in the test)
     assert v.service.chain.node_active(greedy.identity.address)
     watch = PeerWatch([v.url], identity=peer, domain=v.service.domain, failover_after_s=0.01)
+
+    def hold() -> socket.socket:
+        return _open_upload(v.url, "/v1/submissions", 4000,
+                            _signed(v, greedy.identity, b"x" * 4000, "/v1/submissions"))
+
     try:
         watch.probe()
         assert not watch.down(me.address) and watch.urls() == {me.address: v.url}
-        held = _open_upload(v.url, "/v1/submissions", 4000,
-                            _signed(v, greedy.identity, b"x" * 4000, "/v1/submissions"))
+        held, refused = hold(), []
         deadline = time.monotonic() + 60
         while not watch.down(me.address):  # the one slot is held: the probe is refused
-            assert time.monotonic() < deadline, (watch.peers[0].error, _answered(held), v.service.core.stats.snapshot())
+            assert time.monotonic() < deadline, (watch.peers[0].error, refused, v.service.core.stats.snapshot())
+            if (answer := _answered(held)) is not None:
+                # a probe held the one slot when the upload came (503): the upload holds it once a probe does not
+                refused.append(answer[:40])
+                held.close()
+                held = hold()
             watch.probe()
             time.sleep(0.05)
         assert "503" in watch.peers[0].error
