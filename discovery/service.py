@@ -34,7 +34,7 @@ import trio
 from discovery.admission import Admission, Announcement, Limits, Trust
 from discovery.board import AnnouncementBoard, Outcome, Subscription, admit_to_board
 from discovery.config import DiscoveryConfig
-from discovery.errors import DiscoveryError
+from discovery.errors import DiscoveryError, StaleError
 from discovery.host import GossipHost, GossipSettings
 from discovery.http import FetchResult, fetch_announcements
 from discovery.messages import (
@@ -225,6 +225,10 @@ class Discovery:
             while True:
                 refusal = self._own_refusals.pop(key, None)
                 if refusal is not None:
+                    held = self._held_own(topic, body)
+                    if isinstance(refusal, StaleError) and held is not None:
+                        # the re-announcer signed the same intent a moment later and its copy landed first
+                        return held
                     raise refusal
                 for ann in self.board.entries(topic):
                     if ann.wire == wire:
@@ -243,6 +247,14 @@ class Discovery:
             f"{self.host.settings.validation_timeout_s} s twice (an overloaded machine?); re-announced every "
             f"{self.config.reannounce_s} s"
         )
+
+    def _held_own(self, topic: Topic, body: AnnouncedBody) -> Announcement | None:
+        """Our own announcement of `body` on `topic` the board holds, if any."""
+        assert self.identity is not None
+        for ann in self.board.entries(topic):
+            if ann.signer == self.identity.address and ann.body == body:
+                return ann
+        return None
 
     def _own_addrs(self) -> tuple[str, ...]:
         if self.config.announce_addrs:

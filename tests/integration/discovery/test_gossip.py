@@ -23,9 +23,10 @@ from discovery_harness import (
 )
 
 from discovery.admission import Trust
+from discovery.board import admit_to_board
 from discovery.config import DiscoveryConfig
 from discovery.errors import DiscoveryError, NotBelievedError
-from discovery.messages import PolicyAnnounced, RelayAnnounced, Topic, topic_name
+from discovery.messages import PolicyAnnounced, RelayAnnounced, Topic, ValidatorAnnounced, topic_name
 from discovery.service import Discovery
 from protocol.envelope import seal
 from protocol.identity import Identity
@@ -183,6 +184,18 @@ def test_a_late_joiner_learns_the_current_state(net: Net) -> None:
     with late.subscribe([Topic.POLICY]) as sub:
         first = sub.get(timeout=5)
         assert first is not None and first.body.policy_version == 2  # type: ignore[union-attr]
+
+
+def test_an_announcement_overtaken_by_its_own_re_announcement_is_not_an_error(net: Net) -> None:
+    """CI: `announce_validator` raised StaleError when the re-announcer (every `reannounce_s`) signed the same intent
+    a moment later and its copy reached the board first. Here that newer copy is on the board before the call."""
+    b = net.start(net.validators[0])
+    url = "http://127.0.0.1:8701"
+    body = ValidatorAnnounced(peer_id=b.peer_id, addrs=b._own_addrs(), http_url=url)
+    newer = seal(net.validators[0], body, domain=b.domain, nonce=random_nonce(), now=time.time() + 1).to_bytes()
+    admit_to_board(b.admission, b.board, newer, topic=Topic.VALIDATORS, source="http")
+    ann = b.announce_validator(url)
+    assert ann.wire == newer and [a.wire for a in b.board.validators()] == [newer]
 
 
 def test_a_killed_peer_does_not_stall_the_others(net: Net) -> None:
