@@ -20,7 +20,7 @@ from contracts.transactor import Transactor, connect
 from protocol.identity import Identity
 from protocol.rollout import FeedItem, submission_domain
 from protocol.rollout_files import feed_groups
-from tests.unit.trainer.feed_server import RUN_ID, FeedServer, feed_item
+from tests.unit.trainer.feed_server import RUN_ID, FeedServer, briefly, feed_item
 from trainer.config import ValidatorsData
 from trainer.recorded_work import RecordedWork
 from trainer.source import DataStarvedError, Group
@@ -51,7 +51,7 @@ def make(pools: Pools) -> Iterator[Make]:
             chain = RecordedWork(PoolClient(w3, pools.deployment.pool, reader, Transactor(w3, reader, retries=0)),
                                  pools.deployment.start_block)
             opts: dict[str, Any] = {"addresses": [s.address for s in servers], "run_id": RUN_ID,
-                                    "poll_interval_s": 0.02, "wait_timeout_s": 1.0, "request_timeout_s": 5.0,
+                                    "poll_interval_s": 0.02, "wait_timeout_s": 60.0, "request_timeout_s": 5.0,
                                     "vocab_size": 64, "chain": chain, **kw}
             src = ValidatorFeedSource([s.url for s in servers], servers[0].domain, **opts)
             stack.callback(src.close)
@@ -90,7 +90,7 @@ def test_only_work_recorded_by_its_signer_and_not_invalidated_is_trained(
     assert batch.groups == _groups(good)
     assert batch.counts.rejected_files == 2
     assert src.stats["refused_other_validator"] == 1 and src.stats["refused_invalidated"] == 1
-    with pytest.raises(DataStarvedError):
+    with briefly(src), pytest.raises(DataStarvedError):
         src.next_batch(step=0, n_groups=1, async_level=0)
     assert src.held() == [] and src.cursors() == {v.url: 3}  # refused items are done, never asked again
     # one chain read for the poll that brought the three items; none while nothing waited to be decided
@@ -107,7 +107,7 @@ def test_unrecorded_work_waits_for_the_chain_then_trains(
     src = make(v)
     assert src.next_batch(step=0, n_groups=1, async_level=0).groups == _groups(recorded)
     assert src.held() == [v.items[0].work_key]
-    with pytest.raises(DataStarvedError):  # held: neither trained nor refused
+    with briefly(src), pytest.raises(DataStarvedError):  # held: neither trained nor refused
         src.next_batch(step=0, n_groups=1, async_level=0)
     assert src.cursors() == {v.url: 0} and src.stats["held"] == 1
     assert not any(k.startswith("refused") for k in src.stats)
@@ -153,7 +153,7 @@ def test_resume_is_exact_across_a_held_item(
     resumed.load_state_dict(state)
     batch = resumed.next_batch(step=0, n_groups=3, async_level=0)  # k3's second group, then the held item
     assert sorted(batch.groups, key=repr) == sorted(_groups(k3)[1:] + _groups(held), key=repr)
-    with pytest.raises(DataStarvedError):  # nothing trained before the checkpoint is trained again
+    with briefly(resumed), pytest.raises(DataStarvedError):  # nothing trained before the checkpoint is trained again
         resumed.next_batch(step=0, n_groups=1, async_level=0)
     assert resumed.cursors() == {v.url: 3}
 
@@ -165,7 +165,7 @@ def test_a_chain_that_does_not_answer_holds_the_work(
     v.add(item)
     _record(pools.validator, item)
     src = make(v, rpc_url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    with pytest.raises(DataStarvedError):
+    with briefly(src), pytest.raises(DataStarvedError):
         src.next_batch(step=0, n_groups=1, async_level=0)
     assert src.held() == [v.items[0].work_key] and src.stats["chain_unavailable"] >= 1
     assert src.cursors() == {v.url: 0} and not any(k.startswith("refused") for k in src.stats)

@@ -11,9 +11,11 @@ import asyncio
 import json
 import random
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from aiohttp import web
 
@@ -178,3 +180,14 @@ def raw(body: bytes, status: int = 200) -> Handler:
         return web.Response(body=body, status=status, content_type="application/json")
 
     return handler
+
+
+@contextmanager
+def briefly(source: Any, wait_timeout_s: float = 1.0) -> Iterator[None]:
+    """`source` (a `ValidatorFeedSource`) gives up after `wait_timeout_s` inside the block: a test's expected
+    starvation is quick, while the batches it expects to fill keep the long wait a busy machine may need."""
+    kept, source.wait_timeout_s = source.wait_timeout_s, wait_timeout_s
+    try:
+        yield
+    finally:
+        source.wait_timeout_s = kept

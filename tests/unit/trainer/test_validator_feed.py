@@ -22,6 +22,7 @@ from tests.unit.trainer.feed_server import (
     RUN_ID,
     FeedServer,
     Listed,
+    briefly,
     feed_item,
     oversize_declared,
     oversize_streamed,
@@ -49,7 +50,7 @@ def make() -> Iterator[Make]:
     with ExitStack() as stack:
         def build(*servers: FeedServer, **kw: Any) -> ValidatorFeedSource:
             opts: dict[str, Any] = {"addresses": [s.address for s in servers], "run_id": RUN_ID,
-                                    "poll_interval_s": 0.02, "wait_timeout_s": 1.0, "request_timeout_s": 5.0,
+                                    "poll_interval_s": 0.02, "wait_timeout_s": 60.0, "request_timeout_s": 5.0,
                                     "vocab_size": 64, **kw}
             if "accepted" in kw:
                 del opts["addresses"]
@@ -77,7 +78,7 @@ def test_feed_items_become_groups(serve: Serve, make: Make) -> None:
     assert first.tokens == items[0].groups[0].prompt_tokens + items[0].groups[0].samples[0].tokens
     assert first.loss_mask == (False,) * 4 + (True,) * len(items[0].groups[0].samples[0].tokens)
     assert first.policy_version == 0 and first.reward == items[0].groups[0].samples[0].reward
-    with pytest.raises(DataStarvedError):
+    with briefly(src), pytest.raises(DataStarvedError):
         src.next_batch(step=0, n_groups=1, async_level=1)
     late = feed_item(0, 9)
     v.add(late)  # the feed grows; the source picks up where it stopped
@@ -100,7 +101,7 @@ def test_the_same_work_from_two_validators_is_trained_once(serve: Serve, make: M
     assert sorted(batch.groups, key=lambda g: g[0].group_id) == sorted(
         _groups(*shared, feed_item(0, 10), feed_item(0, 11)), key=lambda g: g[0].group_id)
     assert src.stats["duplicates"] == 3
-    with pytest.raises(DataStarvedError):
+    with briefly(src), pytest.raises(DataStarvedError):
         src.next_batch(step=0, n_groups=1, async_level=0)
 
 
@@ -224,7 +225,7 @@ def test_a_replayed_listing_is_refused_and_the_newer_work_still_flows(serve: Ser
     old = v.page(0, [])  # genuine, signed before any page the source verifies below
     time.sleep(0.01)  # so the pages signed from here on carry a later timestamp
     src = make(v)
-    with pytest.raises(DataStarvedError):
+    with briefly(src), pytest.raises(DataStarvedError):
         src.next_batch(step=0, n_groups=1, async_level=0)  # verifies the validator's (empty) pages
     last = json.loads(v.served[-1]) if replay == "the-last-one" else old
     item = feed_item(0, 1)
@@ -341,7 +342,7 @@ def test_resume_fetches_exactly_what_was_not_consumed(serve: Serve, make: Make) 
     assert resumed.next_batch(0, 3, 0).groups == step1.groups
     assert a.requests[n_requests[0]][0] == 1 and b.requests[n_requests[1]][0] == 1  # from the cursors
     assert resumed.stats["duplicates"] == 0  # b's copy of k2 was behind b's cursor: not even fetched again
-    with pytest.raises(DataStarvedError):
+    with briefly(resumed), pytest.raises(DataStarvedError):
         resumed.next_batch(0, 1, 0)
 
 

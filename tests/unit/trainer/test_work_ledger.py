@@ -23,7 +23,7 @@ def test_a_step_records_the_work_it_trained_dropped_and_left_queued(tmp_path: Pa
         for item in [*items.values(), extra]:
             v.add(item)
         src = ValidatorFeedSource([v.url], DOMAIN, addresses=[v.address], run_id=RUN_ID, poll_interval_s=0.02,
-                                  wait_timeout_s=1.0, vocab_size=64)
+                                  wait_timeout_s=60.0, vocab_size=64)  # filled at once; the wait is for a busy box
         try:
             batch = src.next_batch(step=5, n_groups=4, async_level=1)
             key = {version: to_hex(item.work_key) for version, item in items.items()}
