@@ -107,6 +107,14 @@ class Served:
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0)
 
+    def post_work(self, data: bytes) -> str:
+        """Post the submission `data`; its work key once taken (200 or 202), else AssertionError with the answer."""
+        with self.client() as c:
+            r = c.post("/v1/submissions", content=data)
+        if r.status_code not in (200, 202):
+            raise AssertionError(f"HTTP {r.status_code}: {r.text}")
+        return str(r.json()["work_key"])
+
     def stop(self) -> None:
         if self.server.should_exit:  # stopped already (a test took it down early)
             return

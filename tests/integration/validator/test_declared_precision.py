@@ -21,20 +21,13 @@ from protocol.seeds import work_key
 pytestmark = pytest.mark.timeout(300)
 
 
-def _post(v: Any, data: bytes) -> str:
-    with v.client() as c:
-        r = c.post("/v1/submissions", content=data)
-        assert r.status_code in (200, 202), r.text
-        return str(r.json()["work_key"])
-
-
 def _steered_margins(row: dict[str, Any]) -> float:
     return max(s["sampling_max_margin"] for s in row["measurements"]["samples"])
 
 
 def test_one_steered_near_tie_is_a_mismatch_for_fp32_and_passes_for_bf16_and_undeclared(make_validator, make_node):
     v = make_validator()
-    keys = {p: _post(v, make_node().build(cheat="steer_one_near_tie", precision=p)[1])
+    keys = {p: v.post_work(make_node().build(cheat="steer_one_near_tie", precision=p)[1])
             for p in (Precision.FP32, Precision.BF16, None)}
     rows = {p: v.wait_decided(k) for p, k in keys.items()}
 
@@ -54,7 +47,7 @@ def test_honest_fp32_work_passes_at_fp32s_tolerance(make_validator, make_node):
     v = make_validator()
     sub, data = make_node().build()
     assert sub.precision is Precision.FP32  # what the tiny model's engine computed in, as prime-node declares
-    row = v.wait_decided(_post(v, data))
+    row = v.wait_decided(v.post_work(data))
     assert row["outcome"] == "accepted", (row["reason"], row["detail"])
 
 

@@ -22,13 +22,6 @@ from validator.near_tie_rule import ALPHA, beyond_honest
 pytestmark = pytest.mark.timeout(300)
 
 
-def _post(v: Any, data: bytes) -> str:
-    with v.client() as c:
-        r = c.post("/v1/submissions", content=data)
-        assert r.status_code in (200, 202), r.text
-        return str(r.json()["work_key"])
-
-
 STEERED_SUBMISSIONS = 8
 """Submissions the steering node sends at most: one alone can sit under the tail at the default honest rate (the
 tiny model's ~160 tokens a submission); the account crosses it within a few, and then the validator refuses the
@@ -68,7 +61,7 @@ def test_a_node_that_steers_near_ties_is_slashed_with_its_account_and_honest_wor
     # is not in its view yet (403 `node_inactive`; CI run 29).
     honest = (make_node(), make_node())
     bad, _, row, before = _steer_until_slashed(v, make_node())
-    good = [_post(v, n.build()[1]) for n in honest]
+    good = [v.post_work(n.build()[1]) for n in honest]
 
     assert row["outcome"] == "rejected_hard", (row["reason"], row["detail"])
     samples = row["measurements"]["samples"]

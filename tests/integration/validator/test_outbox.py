@@ -16,13 +16,6 @@ from contracts.pool import WorkStatus
 pytestmark = pytest.mark.timeout(300)
 
 
-def _post(v: Any, data: bytes) -> str:
-    with v.client() as c:
-        r = c.post("/v1/submissions", content=data)
-        assert r.status_code in (200, 202), r.text
-        return str(r.json()["work_key"])
-
-
 def _wait_state(v: Any, key: str, state: str, timeout: float = 60.0) -> dict[str, Any]:
     with v.client() as c:
         deadline = time.monotonic() + timeout
@@ -40,7 +33,7 @@ def test_resigned_old_work_that_can_never_be_slashed_does_not_block_reporting(ma
     v = make_validator(reporter={"interval_s": 0.2, "batch": 1, "max_backoff_s": REPORTER_MAX_BACKOFF_S}, audit_cache_s=0.0,
                        systemic={"window_s": 0.3, "min_nodes": 100, "fraction": 1.0})
     built = [attacker.build() for _ in range(10)]
-    old_keys = [_post(v, data) for _, data in built]
+    old_keys = [v.post_work(data) for _, data in built]
     for key in old_keys:
         assert v.wait_reported(key)["outcome"] == "accepted"
         assert published.admin.get_work(key).status == WorkStatus.ACCEPTED
@@ -57,8 +50,8 @@ def test_resigned_old_work_that_can_never_be_slashed_does_not_block_reporting(ma
             # 409: an equivocation verdict; 429: the node is held back while a hard verdict of it is pending
             assert r.status_code in (409, 429), r.text
     # work submitted afterwards is still recorded, and other slashes still land
-    honest_key = _post(v, honest.build()[1])
-    bad_key = _post(v, cheater.build(cheat="other_seed")[1])
+    honest_key = v.post_work(honest.build()[1])
+    bad_key = v.post_work(cheater.build(cheat="other_seed")[1])
     assert v.wait_reported(honest_key)["outcome"] == "accepted"
     assert published.admin.get_work(honest_key).status == WorkStatus.ACCEPTED
     bad = v.wait_reported(bad_key)
@@ -170,7 +163,7 @@ def test_envelopes_are_pruned_once_the_invalidation_window_passed(make_validator
     honest, cheater = make_node(), make_node()
     v = make_validator(reporter={"interval_s": 0.2, "max_backoff_s": REPORTER_MAX_BACKOFF_S}, systemic={"window_s": 0.3, "min_nodes": 100, "fraction": 1.0})
     sub, data = honest.build()
-    ok_key, bad_key = _post(v, data), _post(v, cheater.build(cheat="inflate_reward")[1])
+    ok_key, bad_key = v.post_work(data), v.post_work(cheater.build(cheat="inflate_reward")[1])
     ok, bad = v.wait_reported(ok_key), v.wait_reported(bad_key)
     assert (ok["outcome"], bad["outcome"]) == ("accepted", "rejected_hard")
     window = published.admin.params().invalidation_window
