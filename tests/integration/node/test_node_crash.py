@@ -67,23 +67,37 @@ skip = true
     db = tmp_path / "state" / "protection.sqlite"
     rng = random.Random(7)
     kills = 0
-    for _ in range(3):  # a few lives, each killed with SIGKILL once it has signed something more
+
+    def tail(log: Path) -> str:
+        return log.read_text(errors="replace")[-3000:]
+
+    for life in range(3):  # a few lives, each killed with SIGKILL once it has signed something more
         before = len(_signed(db))
-        proc = subprocess.Popen([sys.executable, "-m", "node.cli", "join", "--config", str(config)], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = tmp_path / f"life-{life}.log"  # a file, not a pipe nobody reads: a full pipe would block the node
+        with log.open("wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "node.cli", "join", "--config", str(config)], cwd=REPO,
+                                    env=env, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 180
         while len(_signed(db)) <= before:
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
-            assert time.monotonic() < deadline, "the node signed nothing new"
+            assert proc.poll() is None, tail(log)
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"the node signed nothing new in 180 s: {tail(log)}")
             time.sleep(0.05)
         time.sleep(rng.uniform(0.0, 0.4))  # somewhere in generating, recording, sealing or posting
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         kills += 1
     # the last life runs to completion: resends what the others left, then two more batches
-    last = subprocess.run([sys.executable, "-m", "node.cli", "join", "--config", str(config), "--max-batches", "2"],
-                          cwd=REPO, env=env, capture_output=True, timeout=300)
-    assert last.returncode == 0, last.stderr.decode()[-3000:]
+    log = tmp_path / "last.log"
+    with log.open("wb") as err:
+        try:
+            last = subprocess.run([sys.executable, "-m", "node.cli", "join", "--config", str(config),
+                                   "--max-batches", "2"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                  timeout=300)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the last life did not finish in 300 s: {tail(log)}") from None
+    assert last.returncode == 0, tail(log)
 
     records = _signed(db)
     node = Identity.load_keystore(tmp_path / "node-key.json", "pw").address
