@@ -107,6 +107,22 @@ def _skipped_eos_turn(loaded: LoadedModel, ids: list[int], seed: int, params: Sa
     return TurnRollout(tokens=tuple(tokens), logprobs=tuple(logprobs), finish_reason=finish, proofs=tuple(prove(hidden)))
 
 
+def _oversize_turn(loaded: LoadedModel, ids: list[int], seed: int, params: SamplingParams, length: int
+                   ) -> TurnRollout:
+    """A first turn (sampler step 0) of exactly `length` tokens whatever the draws: the sampled ones without their
+    EOS, then the first non-EOS token of the context repeated (a sampled turn may end early, under the limit);
+    proved and scored honestly."""
+    eos = set(loaded.eos_token_ids)
+    g = Engine(loaded).generate([ids], params, [seed], length, [0])[0]
+    tokens = [t for t in g.tokens if t not in eos]
+    filler = next(t for t in [*tokens, *ids] if t not in eos)
+    tokens += [filler] * (length - len(tokens))
+    hidden = prefill_hidden(loaded, ids, tokens)
+    logprobs = _true_logprobs(loaded, ids, tokens, hidden, seed, length, params)
+    return TurnRollout(tokens=tuple(tokens), logprobs=tuple(logprobs), finish_reason="length",
+                       proofs=tuple(prove(hidden)))
+
+
 def other_env_seed(run: RunSpec, task: Task, true_seed: int, turn_text: str) -> int:
     """The first seed after `true_seed` under which the environment, answered `turn_text` every turn, says
     something else (what a node grinding the environment's randomness would pick); `LookupError` if none of 64
@@ -164,7 +180,7 @@ def play(loaded: LoadedModel, renderer: ChatRenderer, run: RunSpec, at: Assignme
                 if name == "skip_eos" and k == 0:
                     turn = _skipped_eos_turn(loaded, ids, seed, params, run.max_new_tokens)
                 elif name == "oversize" and k == 0:
-                    turn = _turn(loaded, ids, seed, steps, params, run.max_new_tokens + 8)
+                    turn = _oversize_turn(loaded, ids, seed, params, run.max_new_tokens + 8)
                 else:
                     model = cheat.other if name == "two_policies" and k == 1 and cheat.other is not None else loaded
                     redrawn = seed + 1 if name == "redraw" and k == 0 else seed
