@@ -225,26 +225,43 @@ class SlashingProtection:
 
     def record_verdict(self, run_id: str, node: str, policy_version: int, counter: int, *, hard: bool,
                        verdict: str | None) -> None:
-        """A verdict arrived. Hard: keep it (signed, as received) with the envelope it judged. Otherwise the
-        assignment's sent envelopes are dropped (nothing to appeal)."""
+        """A verdict arrived: in one transaction the record moves to `decided` (its payload dropped) and, hard,
+        the verdict is kept (signed, as received) with the envelope it judged; otherwise the assignment's sent
+        envelopes are dropped (nothing to appeal). One transaction, because a crash between dropping the sent
+        envelopes and deciding the record left a `submitted` record whose verdict named an envelope the node
+        no longer held: after the restart it took the validator's true verdict for a lie and shunned it."""
         node = checksum(node)
         where = (run_id, node, policy_version, counter)
         with self._lock:
-            if hard and verdict:
-                try:
-                    env = json.loads(verdict)
-                    body = env["body"]
-                    key, validator, digest = str(body["work_key"]), checksum(env["signer"]), str(body["submission_hash"])
-                    reason = str(body["reason"])
-                except (ValueError, KeyError, TypeError, PrimeError):
-                    return  # not a verdict envelope: nothing an appeal could use
-                sent = self._db.execute("SELECT envelope FROM sent WHERE submission_hash=?", (digest,)).fetchone()
-                self._db.execute(
-                    "INSERT OR IGNORE INTO hard_verdicts (work_key, run_id, node, policy_version, counter, reason, "
-                    "validator, submission_hash, verdict, submission, received_at) VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (key, *where, reason, validator, digest, verdict, sent[0] if sent else None, time.time()))
-            self._db.execute("DELETE FROM sent WHERE run_id=? AND node=? AND policy_version=? AND counter=?", where)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                keep_sent = False
+                if hard and verdict:
+                    try:
+                        env = json.loads(verdict)
+                        body = env["body"]
+                        key, validator = str(body["work_key"]), checksum(env["signer"])
+                        digest, reason = str(body["submission_hash"]), str(body["reason"])
+                    except (ValueError, KeyError, TypeError, PrimeError):
+                        keep_sent = True  # not a verdict envelope: nothing an appeal could use
+                    else:
+                        sent = self._db.execute("SELECT envelope FROM sent WHERE submission_hash=?",
+                                                (digest,)).fetchone()
+                        self._db.execute(
+                            "INSERT OR IGNORE INTO hard_verdicts (work_key, run_id, node, policy_version, counter, "
+                            "reason, validator, submission_hash, verdict, submission, received_at) VALUES "
+                            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (key, *where, reason, validator, digest, verdict, sent[0] if sent else None, time.time()))
+                if not keep_sent:
+                    self._db.execute("DELETE FROM sent WHERE run_id=? AND node=? AND policy_version=? AND counter=?",
+                                     where)
+                self._db.execute("UPDATE signed SET state='decided', payload=NULL WHERE run_id=? AND node=? AND "
+                                 "policy_version=? AND counter=?", where)
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
 
     def sent_hashes(self, run_id: str, node: str, policy_version: int, counter: int) -> set[str]:
         """The SHA-256 (`0x` hex) of every envelope sent for one assignment still awaiting its verdict: a

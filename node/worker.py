@@ -442,6 +442,11 @@ class Worker:
     def submit(self, sub: AnySubmission, *, resealed: bool = False) -> dict[str, Any]:
         """Record, seal and POST one submission to the validator that takes it; its answer ({} when kept).
 
+        Work sealed before and not decided (kept through a crash or an outage) goes out as the same envelope,
+        byte for byte: a validator holding it answers as before, and `sent` does not grow by one envelope per
+        retry. It is sealed afresh only when a validator refuses those bytes (`resealed`: a nonce replay, or
+        too old for a validator new to it).
+
         The validators are tried in rendezvous order: the assigned one first, the next one when the
         assigned one is unreachable (it accepts only if it cannot reach the first either; otherwise it
         answers 421 and the work is kept and resent later). One that ran out of tries is skipped for
@@ -453,8 +458,13 @@ class Worker:
             logger.warning("v%d #%d: no validator known (configured: %s); kept for later", sub.policy_version,
                            sub.counter, ", ".join(self.validators.urls))
             return {}
-        data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
-        self.protection.record_sent(sub, data)  # kept until its verdict: a hard one may be appealed with it
+        last = None if resealed else self.protection.last_sent(sub.run_id, self.node, sub.policy_version, sub.counter)
+        if last is not None:  # sealed before (a crash, an outage): the same bytes again, not one more envelope
+            data = last[0]
+            self.protection.resent(data)
+        else:
+            data = seal(self.identity, sub, domain=self.domain, nonce=random_nonce()).to_bytes()
+            self.protection.record_sent(sub, data)  # kept until its verdict: a hard one may be appealed with it
         return self._deliver(sub, data, ranking, resealed=resealed)
 
     def _deliver(self, sub: AnySubmission, data: bytes, ranking: list[str], *, resealed: bool) -> dict[str, Any]:
@@ -717,7 +727,6 @@ class Worker:
         version, counter, reason = verdict.policy_version, verdict.counter, verdict.reason.value
         hard = verdict.outcome is Outcome.REJECTED_HARD
         self.protection.record_verdict(self.run.run_id, self.node, version, counter, hard=hard, verdict=text)
-        self.protection.mark(self.run.run_id, self.node, version, counter, "decided")
         if verdict.outcome is Outcome.ACCEPTED:
             self.tally.accepted += 1
             return

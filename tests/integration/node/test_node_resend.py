@@ -98,3 +98,43 @@ def test_a_resend_too_old_for_a_validator_new_to_it_is_sealed_afresh(
         row = second.service.ledger.get(key)
         assert row is not None and row.submission_hash not in sent and row.outcome == "accepted", row
         assert second.service.ledger.node_summary(node.address)["verdicts"] == {"accepted": {"accepted": 1}}
+
+
+def test_work_kept_through_an_outage_goes_out_as_one_envelope(
+        published: Pools, deployment_file: Path, make_validator: Any, tmp_path: Path) -> None:
+    # the run's only validator is down when the work is signed, and stays down while the node retries: every retry
+    # sends the envelope sealed first (the `sent` table grew by one envelope per retry before: 2,287 rows for one
+    # assignment in a crashed node's state dir), and the validator back on its URL decides exactly those bytes
+    first = make_validator("first")
+    port = int(first.url.rsplit(":", 1)[1])
+    node = published.new_node()
+    cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [first.url], run=RUN, model=TINY,
+                      submit={"attempts": 2, "backoff_s": 0.05, "max_backoff_s": 0.1})
+    chain = commands.open_chain(cfg)
+    with httpx.Client(timeout=10) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+        worker = make_worker(cfg, node, chain, db, http, [first.url])
+        worker.validators.refresh()
+        policy = worker.weights.select()
+        first.stop()
+        sub = build_submission(policy.engine, RUN, node.address, policy.version, 0, policy.manifest_hash,
+                               chain_id=worker.chain_id, pool=worker.pool)
+        assert worker.submit(sub) == {}  # kept: nobody answers
+        sent = db.sent_hashes(RUN.run_id, node.address, policy.version, 0)
+        assert len(sent) == 1
+        for _ in range(4):
+            assert worker.resend_unsent() is False
+        assert db.sent_hashes(RUN.run_id, node.address, policy.version, 0) == sent
+        assert worker.tally.submit_failures >= 5
+
+        second = make_validator("second", port=port)
+        deadline = time.monotonic() + 120
+        while not worker.resend_unsent():  # the validator's back-off marks end; the same bytes are taken
+            assert time.monotonic() < deadline, worker.tally
+            time.sleep(0.2)
+        worker.wait_decided(120)
+        rec = db.get(RUN.run_id, node.address, policy.version, 0)
+        assert rec is not None and rec.state == "decided", rec
+        key = to_hex(published.work_key(RUN.run_id, node.address, policy.version, 0))
+        row = second.service.ledger.get(key)
+        assert row is not None and row.submission_hash in sent and row.outcome == "accepted", row
+        assert not worker.tally.peer_errors, worker.tally.peer_errors

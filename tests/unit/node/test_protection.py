@@ -105,6 +105,11 @@ def test_sent_envelopes_are_kept_until_the_verdict_and_hard_verdicts_with_what_t
                                                                                  Reason.PROOF_MISMATCH))
         db.record_verdict("r", node.address, 1, 1, hard=False, verdict=verdict(1, Outcome.ACCEPTED, Reason.ACCEPTED))
         db.record_verdict("r", node.address, 1, 2, hard=True, verdict="not an envelope")  # kept as nothing
+        # the verdict and the record's state are one write: a crash between them left a `submitted` record whose
+        # sent envelopes were gone, and the node took its validator's true verdict for a lie after the restart
+        for sub in subs:
+            rec = db.get("r", node.address, 1, sub.counter)
+            assert rec is not None and (rec.state, rec.payload) == ("decided", None), rec
     with SlashingProtection(tmp_path / "p.sqlite") as db:  # durable
         (kept,) = db.hard_verdicts("r", node.address)
         assert (kept.counter, kept.reason, kept.validator) == (0, "proof_mismatch", validator.address)
