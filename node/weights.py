@@ -79,7 +79,7 @@ class PolicyWeights:
             self.follower = Follower(source.relays, trainer=source.trainer, out_dir=weights_dir, run_id=run.run_id,
                                      keep=run.async_level + 2, progress=progress, wanted=self._wanted,
                                      learned=learned_relays, on_install=on_install,
-                                     poll_s=poll_s)
+                                     poll_s=poll_s, expected=self.history.manifest_hash)
 
     def _wanted(self) -> int | None:
         """The chain's version, for the follower to pull by number (versions up to `base_version` need no pull)."""

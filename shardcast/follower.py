@@ -7,8 +7,10 @@ trainer *and* its `content_hash` equals the hash the chain recorded for that ver
 the authority: a relay (or the trainer's origin) that serves a validly signed manifest which was
 never published, or was replaced, is refused here (`VersionUnavailable`, naming why).
 
-The expected hash comes from the caller (`verified(version, want)`), so this library does not read
-the chain itself.
+The expected hash comes from the caller (`verified(version, want)`, and `expected` for the background
+thread), so this library does not read the chain itself. The chain's current version installed under another
+manifest counts as missing and is pulled again (the client replaces it); relays that keep serving that other
+manifest are backed off from like a failed pull, counted (`mismatched`) and named in `last_error`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class Follower:
                  poll_s: float = 5.0, progress: bool | None = False,
                  wanted: Callable[[], int | None] | None = None,
                  learned: Callable[[], list[str]] | None = None,
-                 on_install: Callable[[PullResult], None] | None = None) -> None:
+                 on_install: Callable[[PullResult], None] | None = None,
+                 expected: Callable[[int], bytes | None] | None = None) -> None:
         self.relays = list(relays)
         self.learned = learned
         """More relay URLs (announced over discovery): the client is rebuilt when the set changes."""
@@ -55,6 +58,13 @@ class Follower:
         """The version the chain says is current (pulled by number when missing, whatever the relays'
         newest is); without it, or when it is installed, the relays' newest is prefetched."""
         self.on_install = on_install
+        self.expected = expected
+        """The manifest hash the chain recorded for a version (None: not published yet). With it, the chain's
+        version installed under another manifest (a relay served other weights, another run's files) counts as
+        missing and is pulled again; without it, whatever is installed counts."""
+        self.mismatched = 0
+        """Pulls after which the chain's version was still installed under another manifest (the relays serve
+        that other manifest): each one backs off as a failed pull does."""
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,6 +100,18 @@ class Follower:
             raise VersionUnavailable(f"installed v{version} has manifest hash 0x{got.hex()}, the chain recorded "
                                      f"0x{want.hex()}: refused")
         return path
+
+    def mismatch(self, version: int) -> str | None:
+        """Why installed `version` is not the chain's (`verified`'s refusal), or None when it is, when it is not
+        installed, or when the chain has no hash for it (yet) or no `expected` was given."""
+        want = self.expected(version) if self.expected is not None else None
+        if want is None or version not in self.installed():
+            return None
+        try:
+            self.verified(version, want)
+        except VersionUnavailable as exc:
+            return str(exc)
+        return None
 
     # -- the background thread --------------------------------------------------------------------
 
@@ -146,11 +168,22 @@ class Follower:
                 return  # rebuilt with the new set by the caller's loop
             target = self.wanted() if self.wanted is not None else None
             have = set(self.installed())
+            if target is not None and target in have and self.mismatch(target) is not None:
+                have.discard(target)  # installed, but not the chain's: pulled again (the client replaces it)
             try:
                 result = await client.pull(target if target is not None and target not in have else None)
             except RelayError as exc:
                 self.last_error = str(exc)
                 log.warning("weights: %s; retrying within %.1f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+                continue
+            wrong = self.mismatch(target) if target is not None and result.version == target else None
+            if wrong is not None:
+                self.mismatched += 1
+                self.last_error = wrong
+                log.warning("weights: %s, after pulling it again from %s: the relays serve another manifest than "
+                            "the chain's; retrying within %.1f s", wrong, ", ".join(client.sources), backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(30.0, backoff * 2)
                 continue

@@ -58,7 +58,7 @@ class WeightStore:
         self._follower: Follower | None = None
         if isinstance(source, ShardcastWeights):
             self._follower = Follower(source.relays, trainer=source.trainer, out_dir=self.dir, run_id=cfg.run.run_id,
-                                      keep=self._keep + 1,
+                                      keep=self._keep + 1, expected=manifest_hash,
                                       wanted=None if current is None else lambda: _above(current(), source.base_version))
 
     def get(self, version: int) -> LoadedModel:

@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from protocol.identity import Identity
 from shardcast import Client, Origin, Relay
 from shardcast.client import JOURNAL, STAGED_MANIFEST
 from shardcast.errors import StorageError
+from shardcast.follower import Follower, VersionUnavailable
 from shardcast.manifest import MAX_SHARD_BYTES, Manifest, ShardEntry, SignedManifest, now_ms, sign_manifest
 
 pytestmark = pytest.mark.timeout(90)
@@ -228,3 +231,69 @@ def test_prime_relay_pull_reports_a_storage_error_and_exits_2(tmp_path: Path, tr
             assert proc.returncode == 2, stderr
             assert b"StorageError" in stderr and b"blocker" in stderr and b"Traceback" not in stderr
     run(body())
+
+
+
+async def _follow_until(follower: Follower, done: Callable[[], bool], what: str) -> None:
+    """Run `follower` (its own thread and loop) until `done()`, serving this loop's origins meanwhile."""
+    follower.start()
+    try:
+        deadline = time.monotonic() + 45
+        while not done():
+            assert time.monotonic() < deadline, f"{what}: {follower.last_error}"
+            await asyncio.sleep(0.1)
+    finally:
+        await asyncio.to_thread(follower.stop)
+
+
+def test_the_follower_pulls_again_the_chains_version_installed_under_another_manifest(
+        tmp_path: Path, trainer: Identity) -> None:
+    """A node holds v1 from another publication (the trainer started over; the chain records the new v1) while the
+    relays are already at v2, not on chain yet. The follower pulled only the relays' newest when the chain's version
+    was installed, whatever its manifest, so v1 stayed refused by `verified` for the rest of the run. Now the chain's
+    v1 is pulled again and verifies."""
+    old, new, newer = (_checkpoint(tmp_path / n, seed=s) for n, s in (("old", 0), ("new", 1), ("newer", 2)))
+    out = tmp_path / "out"
+    chain: dict[int, bytes] = {}
+    follower = Follower([], trainer=trainer.address, out_dir=out, run_id="r", keep=5, poll_s=0.5,
+                        wanted=lambda: 1, expected=chain.get)
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin-old", run_id="r", identity=trainer, shard_size=16 * KiB) as origin:
+            await origin.wait_published(origin.publish(old))
+            await Client([origin.url], trainer=trainer.address, out_dir=out, progress=False).pull()
+        async with Origin(tmp_path / "origin-new", run_id="r", identity=trainer, shard_size=16 * KiB) as origin:
+            await origin.wait_published(origin.publish(new))
+            await origin.wait_published(origin.publish(newer))
+            signed = SignedManifest.parse((tmp_path / "origin-new" / "versions" / "1" / "manifest.json").read_bytes())
+            chain[1] = signed.manifest.content_hash()
+            with pytest.raises(VersionUnavailable, match="the chain recorded"):
+                follower.verified(1, chain[1])
+            follower.relays = [origin.url]
+            await _follow_until(follower, lambda: 1 in follower.installed() and follower.mismatch(1) is None,
+                                "v1 pulled again")
+    run(body(), timeout=90)
+    assert same_tree(follower.verified(1, chain[1]), new) and not same_tree(new, old)
+
+
+def test_relays_that_serve_only_another_manifest_make_the_follower_back_off_and_say_why(
+        tmp_path: Path, trainer: Identity) -> None:
+    old, new = _checkpoint(tmp_path / "old", seed=0), _checkpoint(tmp_path / "new", seed=1)
+    out = tmp_path / "out"
+    chain: dict[int, bytes] = {}
+    follower = Follower([], trainer=trainer.address, out_dir=out, run_id="r", keep=5, poll_s=0.5,
+                        wanted=lambda: 1, expected=chain.get)
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin-new", run_id="r", identity=trainer, shard_size=16 * KiB) as origin:
+            await origin.wait_published(origin.publish(new))  # the chain's v1, served by no relay we follow
+        signed = SignedManifest.parse((tmp_path / "origin-new" / "versions" / "1" / "manifest.json").read_bytes())
+        chain[1] = signed.manifest.content_hash()
+        async with Origin(tmp_path / "origin-old", run_id="r", identity=trainer, shard_size=16 * KiB) as origin:
+            await origin.wait_published(origin.publish(old))
+            follower.relays = [origin.url]
+            await _follow_until(follower, lambda: follower.mismatched >= 2, "the mismatch counted")
+    run(body(), timeout=90)
+    assert "the chain recorded" in (follower.last_error or "")
+    with pytest.raises(VersionUnavailable):
+        follower.verified(1, chain[1])
