@@ -312,11 +312,11 @@ class Worker:
         if (t.state, t.reason, t.detail) != ("waiting", reason, message):
             t.waiting_since = time.time()
             self._said_at = -float("inf")
-        t.state, t.reason, t.detail = "waiting", reason, message
-        if now - self._said_at >= SAY_AGAIN_S:
+        if now - self._said_at >= SAY_AGAIN_S:  # said before /health shows it: who sees the wait finds its line
             since = time.time() - (t.waiting_since or time.time())
             logger.warning("waiting (%s%s): %s", reason, f", for {since:.0f} s" if since >= 1 else "", message)
             self._said_at = now
+        t.state, t.reason, t.detail = "waiting", reason, message
         self._stop.wait(seconds)
 
     @property
