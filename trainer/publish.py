@@ -34,6 +34,8 @@ RECONCILE_S = 5.0
 """How often the publisher checks that its recorded versions are still on chain (`Transactor.reconcile`): after a
 rollback, nodes see the old version until the lost `publishPolicy`s land again, and the trainer, waiting for their
 work, would send nothing that triggers the check."""
+CLOSE_WAIT_S = 60.0
+"""How long `close` waits for a chain reconcile pass under way to end."""
 
 
 class Publisher(ABC):
@@ -121,6 +123,7 @@ class ShardcastPublisher(Publisher):
         self.store.mkdir(parents=True, exist_ok=True)
         self.pool: Any = None
         self.discovery: Any = None
+        self._watcher: threading.Thread | None = None
         self.record_retries = 0
         """Times `publishPolicy` was tried again because a transaction did not land."""
         self.chain_seconds = 0.0
@@ -149,7 +152,8 @@ class ShardcastPublisher(Publisher):
             if not self.pool.has_role("trainer", self.identity.address):
                 raise ConfigError(f"the trainer key {self.identity.address} does not hold TRAINER_ROLE on pool "
                                   f"{deployment.pool}: it cannot record versions on chain")
-            threading.Thread(target=self._watch_chain, name="publish-reconcile", daemon=True).start()
+            self._watcher = threading.Thread(target=self._watch_chain, name="publish-reconcile", daemon=True)
+            self._watcher.start()
             if settings.discovery.active:
                 from discovery.admission import Trust
                 from discovery.service import Discovery
@@ -281,7 +285,15 @@ class ShardcastPublisher(Publisher):
         return bool(current == version and current_hash == manifest_hash)
 
     def close(self) -> None:
+        """Stop announcing and stop writing to the chain: once this returns, no transaction of this publisher
+        is sent again (a reconcile pass under way is waited for; a closed publisher whose thread went on
+        resent a removed publishPolicy into whatever chain the RPC served next: CI run 45)."""
         self._closing.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=CLOSE_WAIT_S)
+            if self._watcher.is_alive():
+                log.warning("publisher closed while its chain reconcile pass is still running (over %.0f s)",
+                            CLOSE_WAIT_S)
         if self.discovery is not None:
             self.discovery.stop()
 

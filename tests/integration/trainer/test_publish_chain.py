@@ -3,6 +3,7 @@ announces it over discovery; a resumed trainer does not try to record a version 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from models.checkpoint import save_checkpoint
 from models.loading import load
 from protocol.errors import ConfigError
 from protocol.rollout import submission_domain
+from trainer import publish as publish_module
 from trainer.config import ShardcastPublish
 from trainer.publish import ShardcastPublisher
 
@@ -150,3 +152,26 @@ def test_a_version_a_deep_rollback_removed_while_the_trainer_was_down_is_recorde
         wait_for(lambda: published.admin.policy() == recorded, "version 3 on chain again", timeout=60)
     finally:
         restarted.close()
+
+
+def test_a_closed_publisher_sends_nothing_more(published: Pools, deployment_file: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI run 45: a publisher closed while its reconcile pass ran went on after `close`, found its publishPolicy
+    gone (the next test's chain had been reverted under it) and sent it again there: that test read v3 where it
+    published v2. `close` now returns only once the pass under way has ended."""
+    monkeypatch.setattr(publish_module, "RECONCILE_S", 0.05)
+    publisher = _chain_publisher(published, deployment_file, tmp_path, monkeypatch)
+    real, started, ended = publisher.pool.tx.reconcile, threading.Event(), threading.Event()
+
+    def slow_reconcile() -> int:
+        started.set()
+        time.sleep(1.0)  # a pass that takes a while (RPC calls on a loaded box)
+        try:
+            return int(real())
+        finally:
+            ended.set()
+
+    publisher.pool.tx.reconcile = slow_reconcile
+    assert started.wait(60), "no reconcile pass began"
+    publisher.close()
+    assert ended.is_set(), "close returned while a reconcile pass was still running"
