@@ -8,6 +8,15 @@ with a sample the environment could not grade (`UngradableError`: a starved math
 that would not start) is dropped, logged and counted (`WindowCounts.ungradable`), never trained on
 as reward 0: the step goes on with the other groups.
 Single process only (generation needs the whole model; use the directory source under torchrun).
+
+A multi-turn environment (`environments.MultiTurnEnvironment`: `calc-arith`, `alphabet-sort`, `wordle`)
+is played as the network plays it: each sample's episode turn by turn, turn k of every live episode of the
+step in one engine batch, one sampler stream per sample across its turns (a turn's first token takes the
+step after the previous turn's last), the environment's replies appended as tokens by
+`environments.ChatRenderer` (the model's own ids never re-tokenized), `max_new_tokens` per turn, no turn
+started that cannot fit the context. The sample is the prompt then the interleaved sequence, trained only on
+the model's spans (`protocol.rollout_files.episode_sample`, the feed path's mask and its check that every
+loss position holds a model token), rewarded with the episode's score: one GRPO advantage per episode.
 """
 
 from __future__ import annotations
@@ -19,11 +28,13 @@ from typing import Any
 
 import torch
 
-from environments import Environment, UngradableError, render_prompt
+from environments import ChatRenderer, Environment, MultiTurnEnvironment, Task, UngradableError, render_prompt
+from environments.episode import EpisodeState
 from models import LoadedModel
 from models.engine import Engine
 from models.sampling import SamplingParams
-from protocol.rollout_files import Sample
+from protocol.episodes import EpisodeFeedSample
+from protocol.rollout_files import RolloutError, Sample, episode_sample
 from trainer.source import Batch, RolloutSource, WindowCounts
 
 log = logging.getLogger(__name__)
@@ -33,6 +44,21 @@ def derive_seed(*parts: int | str) -> int:
     """A 63-bit seed from its parts (stable across runs, machines and Python versions)."""
     h = hashlib.blake2b("\x00".join(str(p) for p in parts).encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") >> 1
+
+
+class _Episode:
+    """One sample's episode while a step plays it."""
+
+    def __init__(self, task: Task, group: int, seed: int, prompt: list[int], state: EpisodeState) -> None:
+        self.task, self.group, self.seed, self.state = task, group, seed, state
+        self.ids = list(prompt)
+        self.prompt_len = len(prompt)
+        self.spans: list[tuple[int, int]] = []
+        """(offset after the prompt, length) of each model turn."""
+        self.logprobs: list[float] = []
+        """The sampling logprobs of every model token so far (their count is the next turn's sampler step)."""
+        self.generated: list[int] = []
+        """Every token the model generated, in order: exactly what the loss positions must hold."""
 
 
 class LocalSource(RolloutSource):
@@ -57,16 +83,27 @@ class LocalSource(RolloutSource):
         self.last_generation_s = 0.0
         self.last_prompts: list[str] = []
         self.last_completions: list[str] = []
+        self._renderer: ChatRenderer | None = None
 
     def attach(self, model: torch.nn.Module) -> None:
         """Generate with `model` (the trainer's live policy) from now on."""
         self.policy = model
+
+    def _engine(self) -> Engine:
+        # A fresh engine per step: its fast path copies (fused) weights, which change every step.
+        view = LoadedModel(self.policy, self.loaded.tokenizer, self.loaded.spec,  # type: ignore[arg-type]
+                           self.loaded.eos_token_ids, self.loaded.max_context)
+        return Engine(view)
 
     def next_batch(self, step: int, n_groups: int, async_level: int, *, min_groups: int | None = None,
                    fill_timeout_s: float | None = None, expected: int | None = None) -> Batch:  # never waits
         t0 = time.monotonic()
         tok = self.loaded.tokenizer
         tasks = self.env.sample(derive_seed("tasks", self.task_seed, step) % (2**63), n_groups)
+        if isinstance(self.env, MultiTurnEnvironment):
+            batch = self._episodes(self.env, step, tasks)
+            self.last_generation_s = time.monotonic() - t0
+            return batch
         prompts: list[list[int]] = []
         seeds: list[int] = []
         for g, task in enumerate(tasks):
@@ -78,10 +115,7 @@ class LocalSource(RolloutSource):
         was_training = self.policy.training
         self.policy.eval()
         try:
-            # A fresh engine per step: its fast path copies (fused) weights, which change every step.
-            view = LoadedModel(self.policy, tok, self.loaded.spec, self.loaded.eos_token_ids,  # type: ignore[arg-type]
-                               self.loaded.max_context)
-            gens = Engine(view).generate(prompts, self.params, seeds, self.max_new_tokens)
+            gens = self._engine().generate(prompts, self.params, seeds, self.max_new_tokens)
         finally:
             self.policy.train(was_training)
         groups: list[list[Sample]] = []
@@ -116,6 +150,68 @@ class LocalSource(RolloutSource):
                 ))
             groups.append(group)
         self.last_generation_s = time.monotonic() - t0
+        n = sum(len(g) for g in groups)
+        return Batch(groups=groups, counts=WindowCounts(accepted=n, ungradable=ungradable))
+
+    def _episodes(self, env: MultiTurnEnvironment, step: int, tasks: list[Task]) -> Batch:
+        """One step of a multi-turn environment (see the module docstring)."""
+        if self._renderer is None:
+            self._renderer = ChatRenderer(self.loaded.tokenizer)  # runs the template's prefix check once
+        r = self._renderer
+        playing = [_Episode(task, g, derive_seed("sample", self.task_seed, step, g, k), r.prompt_ids(task.messages),
+                            env.start(task, derive_seed("env", self.task_seed, step, g)))
+                   for g, task in enumerate(tasks) for k in range(self.group_size)]
+        limit = self.loaded.max_context
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            engine = self._engine()  # one policy for every turn of the step
+            while True:
+                live = [e for e in playing if not e.state.done and len(e.ids) + self.max_new_tokens <= limit]
+                if not live:
+                    break
+                gens = engine.generate([list(e.ids) for e in live], self.params, [e.seed for e in live],
+                                       self.max_new_tokens, step_offsets=[len(e.logprobs) for e in live])
+                for e, gen in zip(live, gens, strict=True):
+                    e.spans.append((len(e.ids) - e.prompt_len, len(gen.tokens)))
+                    e.ids += gen.tokens
+                    e.logprobs += [float(x) for x in gen.logprobs]
+                    e.generated += gen.tokens
+                    reply = env.step(e.task, e.state, r.decode(gen.tokens))
+                    e.state = reply.state
+                    if reply.messages:
+                        e.ids += r.env_span(e.ids, reply.messages)
+        finally:
+            self.policy.train(was_training)
+        groups: list[list[Sample]] = []
+        ungradable = 0
+        self.last_prompts = [str(self.loaded.tokenizer.decode(e.ids[:e.prompt_len])) for e in playing[::self.group_size]]
+        self.last_completions = [r.decode(e.ids[e.prompt_len:]) for e in playing]
+        for g, task in enumerate(tasks):
+            episodes = [e for e in playing if e.group == g]
+            try:
+                rewards = [env.score_state(task, e.state) for e in episodes]
+            except UngradableError as exc:
+                log.warning("step %d: group %d dropped, %s could not grade it: %s", step, g, task.env, exc)
+                ungradable += len(episodes)
+                continue
+            if any(not e.spans for e in episodes):  # a prompt too long for even one turn: nothing to train on
+                log.warning("step %d: group %d dropped, a prompt leaves no room for a turn in the context", step, g)
+                ungradable += len(episodes)
+                continue
+            group = []
+            for e, reward in zip(episodes, rewards, strict=True):
+                sample = episode_sample(
+                    e.ids[:e.prompt_len],
+                    EpisodeFeedSample(tokens=tuple(e.ids[e.prompt_len:]), spans=tuple(e.spans),
+                                      logprobs=tuple(e.logprobs), reward=float(reward)),
+                    group_id=f"{step}-{g}", policy_version=step, task_id=task.task_id, env_name=task.env,
+                    env_version=task.env_version)
+                if [t for t, m in zip(sample.tokens, sample.loss_mask, strict=True) if m] != e.generated:
+                    raise RolloutError(f"step {step}: an episode's loss positions do not hold the tokens the model "
+                                       f"generated (the spans and the rendering disagree)")
+                group.append(sample)
+            groups.append(group)
         n = sum(len(g) for g in groups)
         return Batch(groups=groups, counts=WindowCounts(accepted=n, ungradable=ungradable))
 
