@@ -20,7 +20,8 @@ Everything runs as real processes on 127.0.0.1:
       oversize      a Content-Length over the limit (413, refused from the header), and some chunked
                     bodies over the limit (413 while streaming)
       forged        the sender's honest envelope with one signature bit flipped (401)
-      unregistered  the sender's honest body, signed by a key no operator registered (403)
+      unregistered  the sender's honest body, signed by a key no operator registered (403, or 503
+                    `chain_unavailable` within `CATCHUP_S` of the last catch-up)
       replay        the sender's honest envelope resent byte for byte (the same answer, no new row)
       reseal        the sender's honest payload sealed again with a fresh nonce (a retry: the same
                     answer after the rate check, or 429)
@@ -105,7 +106,7 @@ EXPECTED: dict[str, set[int]] = {
     "oversize": {413},
     "oversize_chunked": {413},
     "forged": {401},
-    "unregistered": {403},
+    "unregistered": {403, 503},  # 503 chain_unavailable: within CATCHUP_S of the last catch-up, "not known yet"
     "replay": {200, 202},
     "reseal": {200, 202, 429},
     "nonce_reuse": {409, 429},

@@ -5,8 +5,8 @@ Step n draws `groups_per_step` tasks from the environment (seeded by `task_seed`
 grades them with the environment's reward, and hands the groups to the trainer. Every seed is a
 function of (task_seed, n, index), so a resumed run regenerates exactly the same rollouts. A group
 with a sample the environment could not grade (`UngradableError`: a starved math worker, a sandbox
-that would not start) is dropped, logged and counted (`WindowCounts.ungradable`), never trained on
-as reward 0: the step goes on with the other groups.
+that would not start; for a multi-turn environment also a turn its `step` could not answer) is dropped, logged
+and counted (`WindowCounts.ungradable`), never trained on as reward 0: the step goes on with the other groups.
 Single process only (generation needs the whole model; use the directory source under torchrun).
 
 A multi-turn environment (`environments.MultiTurnEnvironment`: `calc-arith`, `alphabet-sort`, `wordle`)
@@ -59,6 +59,8 @@ class _Episode:
         """The sampling logprobs of every model token so far (their count is the next turn's sampler step)."""
         self.generated: list[int] = []
         """Every token the model generated, in order: exactly what the loss positions must hold."""
+        self.ungradable: str | None = None
+        """Why the environment could not answer a turn (`UngradableError`): the episode stops, its group is dropped."""
 
 
 class LocalSource(RolloutSource):
@@ -167,7 +169,8 @@ class LocalSource(RolloutSource):
         try:
             engine = self._engine()  # one policy for every turn of the step
             while True:
-                live = [e for e in playing if not e.state.done and len(e.ids) + self.max_new_tokens <= limit]
+                live = [e for e in playing if not e.state.done and e.ungradable is None
+                        and len(e.ids) + self.max_new_tokens <= limit]
                 if not live:
                     break
                 gens = engine.generate([list(e.ids) for e in live], self.params, [e.seed for e in live],
@@ -177,7 +180,11 @@ class LocalSource(RolloutSource):
                     e.ids += gen.tokens
                     e.logprobs += [float(x) for x in gen.logprobs]
                     e.generated += gen.tokens
-                    reply = env.step(e.task, e.state, r.decode(gen.tokens))
+                    try:
+                        reply = env.step(e.task, e.state, r.decode(gen.tokens))
+                    except UngradableError as exc:  # the environment's failure, not the model's: never a reward
+                        e.ungradable = str(exc)
+                        continue
                     e.state = reply.state
                     if reply.messages:
                         e.ids += r.env_span(e.ids, reply.messages)
@@ -189,6 +196,11 @@ class LocalSource(RolloutSource):
         self.last_completions = [r.decode(e.ids[e.prompt_len:]) for e in playing]
         for g, task in enumerate(tasks):
             episodes = [e for e in playing if e.group == g]
+            failed = next((e.ungradable for e in episodes if e.ungradable is not None), None)
+            if failed is not None:
+                log.warning("step %d: group %d dropped, %s could not answer a turn: %s", step, g, task.env, failed)
+                ungradable += len(episodes)
+                continue
             try:
                 rewards = [env.score_state(task, e.state) for e in episodes]
             except UngradableError as exc:

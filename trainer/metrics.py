@@ -148,6 +148,7 @@ class WandbWriter:
                               "pip install -e '.[wandb]' (or pip install wandb)") from exc
         if settings.dir is not None:
             settings.dir.mkdir(parents=True, exist_ok=True)
+        self._wandb = wandb
         try:
             self.run = wandb.init(
                 project=settings.project, entity=settings.entity, name=settings.name, id=settings.id,
@@ -169,6 +170,10 @@ class WandbWriter:
 
     def close(self) -> None:
         self.run.finish()
+        # finish() returns once W&B's service took the run's exit, before that service flushed the offline run
+        # file (seen holding only its 7-byte header just after, on a busy box: CI run 49); its teardown waits for
+        # the flush, so the run's files are complete when the sink closes (a later run starts a new service).
+        self._wandb.teardown()
 
 
 def _gauge_name(key: str) -> str:

@@ -141,18 +141,25 @@ def build_app(service: Service) -> FastAPI:
         gate = Gate(cfg.gate, domain=service.domain, validator=service.identity.address, stats=service.core.stats)
         staked = SlotPool(cfg.flood.max_concurrent, cfg.gate.slots_per_node)
         run_validators = {checksum(a) for a in service.core.assignment.validators()}
+
+        def catchup_retry_s() -> float:
+            return service.chain.retry_after_s(CATCHUP_S)
+
         return Admission(
             gate, staked,
             submissions=Lane(path="/v1/submissions", pool=staked, max_bytes=cfg.max_submission_bytes, anonymous=True,
                              standing=service.chain.node_active,
-                             slow_standing=lambda signer: service.chain.node_active_fresh(signer, CATCHUP_S)),
+                             slow_standing=lambda signer, at: service.chain.node_active_fresh(signer, CATCHUP_S, at),
+                             retry_after_s=catchup_retry_s),
             # A peer's probe takes a slot of the same pool a staked node's submission would: a validator whose
             # intake is full answers it 503 and counts as down for its peers (`validator.peers`).
             probe=Lane(path=PROBE_PATH, pool=staked, max_bytes=1024, standing=run_validators.__contains__,
                        what="intake probes"),
             appeals=Lane(path="/v1/appeals", pool=SlotPool(cfg.appeals.max_concurrent, 1),
                          max_bytes=cfg.appeals.max_appeal_bytes, standing=service.chain.known_or_operator, what="appeals",
-                         slow_standing=lambda s: service.chain.fresh(service.chain.known_or_operator, s, CATCHUP_S)),
+                         slow_standing=lambda s, at: service.chain.fresh(service.chain.known_or_operator, s, CATCHUP_S,
+                                                                         at),
+                         retry_after_s=catchup_retry_s),
             intake_threads=anyio.CapacityLimiter(cfg.flood.max_concurrent + cfg.gate.anonymous_slots),
             appeal_threads=anyio.CapacityLimiter(cfg.appeals.max_concurrent))
 

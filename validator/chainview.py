@@ -4,7 +4,9 @@ Read once from the pool's events since its deployment block, then kept fresh by 
 (`refresh`, called by a background thread every `poll_s`). A node's record is re-read only when an
 event names it, so a submission never costs an RPC of its own: a signer we do not (yet) see as active
 makes us catch up with the chain's events, at most once per `CATCHUP_S` (`node_active_fresh`), so a node
-that registered just before its first submission is not refused for our poll's timing. The chain is authoritative for policy versions:
+that registered just before its first submission is not refused for our poll's timing. A "no" is final only from a
+view read after the request arrived; within `CATCHUP_S` of the last catch-up the answer is "not known yet" (None),
+which intake answers 503 `chain_unavailable` + Retry-After, never 403. The chain is authoritative for policy versions:
 `PolicyPublished(version, manifestHash)` is what a submission's manifest hash must match.
 """
 
@@ -56,6 +58,8 @@ class ChainView:
         self.last_error: str | None = None
         self.refreshed_at = -float("inf")
         """time.monotonic() of the last successful refresh."""
+        self.read_since = -float("inf")
+        """time.monotonic() when the newest successful refresh began: the view holds every event mined before it."""
         self._refresh_lock = threading.Lock()
         self._catchup_lock = threading.Lock()
         self._catchup_at = -float("inf")
@@ -64,11 +68,13 @@ class ChainView:
 
     def refresh(self) -> int:
         """Read events since the last refresh; returns how many were applied. `ChainError` if unreachable."""
+        began = time.monotonic()
         params = self.pool.params()
         latest = int(self.pool.tx.rpc("block number", lambda: self.pool.w3.eth.block_number))
         cursor = self._next_block
         start = reread_from(cursor, latest, self._start_block)  # a rollback's re-sent events too
         if latest < start:
+            self._read(began)
             return 0
         events = self.pool.events(start, latest, names=_NODE_EVENTS | {"PolicyPublished"})
         touched: set[str] = set()
@@ -95,8 +101,13 @@ class ChainView:
         if new:
             log.info("chain: %d events up to block %d (%d nodes refreshed, versions %s)", new, latest,
                      len(fresh), sorted(manifests) or "-")
-        self.refreshed_at = time.monotonic()
+        self._read(began)
         return new
+
+    def _read(self, began: float) -> None:
+        with self._lock:
+            self.read_since = max(self.read_since, began)
+        self.refreshed_at = time.monotonic()
 
     def try_refresh(self) -> None:
         """`refresh`, one at a time (the poll thread and intake's catch-up), logging a failure instead of raising."""
@@ -114,25 +125,37 @@ class ChainView:
             view = self._nodes.get(checksum(node))
             return view is not None and view.status == NodeStatus.ACTIVE and view.stake >= self.min_stake
 
-    def node_active_fresh(self, node: str, min_interval_s: float) -> bool:
+    def node_active_fresh(self, node: str, min_interval_s: float, asked_at: float | None = None) -> bool | None:
         """`node_active`, but when the answer is no, first catch up with the chain's new events (a node that
         registered a moment ago must not be refused because our poll had not come round yet). Catch-ups are one
         event read whoever asks, at most one per `min_interval_s`, so unknown signers cannot turn submissions
-        into RPC calls; a chain that does not answer leaves the old view."""
-        return self.fresh(self.node_active, node, min_interval_s)
+        into RPC calls. None: not known yet (see `fresh`)."""
+        return self.fresh(self.node_active, node, min_interval_s, asked_at)
 
-    def fresh(self, check: Callable[[str], bool], address: str, min_interval_s: float) -> bool:
-        """`check(address)`, asked again after a catch-up with the chain when it says no (see `node_active_fresh`)."""
+    def fresh(self, check: Callable[[str], bool], address: str, min_interval_s: float,
+              asked_at: float | None = None) -> bool | None:
+        """`check(address)`, asked again after a catch-up with the chain when it says no (see `node_active_fresh`).
+
+        A no counts only from a view read after `asked_at` (time.monotonic() when the request arrived; now by
+        default): a node that registered before it asked is in such a view. When the last catch-up was less than
+        `min_interval_s` ago and read the chain before the request came, or the chain did not answer, the answer is
+        None: not known yet; ask again after `retry_after_s`."""
+        asked_at = time.monotonic() if asked_at is None else asked_at
         if check(address):
             return True
-        if time.monotonic() - self._catchup_at < min_interval_s:
-            return False
-        with self._catchup_lock:  # one catch-up at a time; the others see its result
-            if time.monotonic() - self._catchup_at >= min_interval_s:
-                self._catchup_at = time.monotonic()  # also when it fails: a dead chain is not asked per request
-                self.catchups += 1
-                self.try_refresh()
-        return check(address)
+        if self.read_since < asked_at and time.monotonic() - self._catchup_at >= min_interval_s:
+            with self._catchup_lock:  # one catch-up at a time; the others see its result
+                if self.read_since < asked_at and time.monotonic() - self._catchup_at >= min_interval_s:
+                    self._catchup_at = time.monotonic()  # also when it fails: a dead chain is not asked per request
+                    self.catchups += 1
+                    self.try_refresh()
+        if check(address):
+            return True
+        return False if self.read_since >= asked_at else None
+
+    def retry_after_s(self, min_interval_s: float) -> float:
+        """How long until the next catch-up may run (a `fresh` that said None is worth asking again then)."""
+        return max(0.0, self._catchup_at + min_interval_s - time.monotonic())
 
     def stake(self, node: str) -> int:
         """The node's stake as of the last refresh (0 when unknown)."""

@@ -8,7 +8,9 @@ in the event loop, before its body is read (docs/protocol/wire-format.md, "Uploa
 2. the signer's standing from the cached chain view (a lane's `standing`: an active, staked node for a
    submission, a registered one for an appeal, a validator of the run for a probe): 403 otherwise. A signer the
    view does not know yet is looked up once more on a thread (`slow_standing`: one chain catch-up at most per
-   interval, whoever asks);
+   interval, whoever asks); when no view read after the upload arrived can say (the last catch-up is too recent,
+   or the chain does not answer), 503 `chain_unavailable` + Retry-After: a node that registered a moment ago is
+   never refused for our timing;
 3. a slot: at most `per_signer` of the lane's `total` per signer. Uploads with no header (older nodes and tools)
    go to a small pool of their own (`gate.anonymous_slots`, `anonymous_slots_per_address`), never a staked node's
    slot; a lane may refuse them (401). No slot: 503 + Retry-After at once, never a queue;
@@ -73,8 +75,11 @@ class Lane:
     max_bytes: int
     standing: Callable[[str], bool]
     """The signer may upload here, from cached state (runs in the event loop: no I/O, no waiting)."""
-    slow_standing: Callable[[str], bool] | None = None
-    """A second look for a signer `standing` refused (may read the chain; runs on a thread)."""
+    slow_standing: Callable[[str, float], bool | None] | None = None
+    """A second look for a signer `standing` refused, given when the upload arrived (time.monotonic()): may read the
+    chain, runs on a thread; None when it cannot tell yet (`validator.chainview.ChainView.fresh`)."""
+    retry_after_s: Callable[[], float] = lambda: 1.0
+    """When a second look that said None is worth asking again."""
     anonymous: bool = False
     """Uploads without a header are taken, in the anonymous pool."""
     what: str = "submissions"
@@ -106,6 +111,7 @@ class Gate:
 
     async def admit(self, request: Request, lane: Lane) -> Upload | Response:
         """The upload's body within its slot, or the refusal to answer with."""
+        arrived = time.monotonic()
         try:
             claim = read_upload_headers(request.headers, domain=self.domain, validator=self.validator,
                                         path=lane.path, max_age_s=self.settings.header_max_age_s)
@@ -126,7 +132,13 @@ class Gate:
                                "(x-prime-signer, x-prime-body-sha256, x-prime-timestamp-ms, x-prime-signature)")
             pool, key = self.anonymous, request.client.host if request.client else "?"
         else:
-            if not lane.standing(claim.signer) and not await self._slow_look(lane, claim.signer):
+            standing = lane.standing(claim.signer) or await self._slow_look(lane, claim.signer, arrived)
+            if standing is None:
+                self.stats.count("gate_standing_unknown")
+                return _refuse(503, "chain_unavailable", f"cannot tell yet whether {claim.signer} may upload "
+                               f"{lane.what} here (our view of the chain is older than this upload); send again",
+                               retry_after=lane.retry_after_s())
+            if not standing:
                 self.stats.count("gate_no_standing")
                 return _refuse(403, "no_standing", f"{claim.signer} may not upload {lane.what} here")
             pool, key = lane.pool, claim.signer
@@ -157,11 +169,11 @@ class Gate:
             return _refuse(400, "body_mismatch", "the body does not hash to the signed x-prime-body-sha256")
         return Upload(body, None if claim is None else claim.signer, release)
 
-    async def _slow_look(self, lane: Lane, signer: str) -> bool:
+    async def _slow_look(self, lane: Lane, signer: str, arrived: float) -> bool | None:
         if lane.slow_standing is None:
             return False
         async with self._slow:
-            return await asyncio.to_thread(lane.slow_standing, signer)
+            return await asyncio.to_thread(lane.slow_standing, signer, arrived)
 
     async def _read(self, request: Request, limit: int) -> bytes | Response:
         """The body, or a refusal once it lags the minimum rate (`read_grace_s + n / min_bytes_per_s`) or

@@ -80,7 +80,8 @@ class NodeQuotaError(RateLimitedError):
 
 class ChainUnavailableError(RetryLaterError):
     """What this submission needs from the chain could not be read (the counter frontier of a node this validator
-    covers for): our failure, answered 503 + Retry-After before the nonce is spent, never a verdict or a refusal
+    covers for), or our view of the chain is older than the submission and a signer it does not show as active
+    may have registered since (`ChainView.fresh`): our failure, answered 503 + Retry-After before the nonce is spent, never a verdict or a refusal
     counted against the node ("a failure on the validator's own side is never a hard verdict")."""
 
     code = "chain_unavailable"
@@ -148,8 +149,14 @@ class Admission:
     def _window(self) -> int:
         return int(time.time() // self.flood.window_s)
 
-    def admit(self, signer: str, size: int) -> None:
-        if not self.chain.node_active_fresh(signer, CATCHUP_S):
+    def admit(self, signer: str, size: int, asked_at: float | None = None) -> None:
+        """Raise to refuse; `asked_at` (time.monotonic()) is when the submission arrived (now by default)."""
+        active = self.chain.node_active_fresh(signer, CATCHUP_S, asked_at)
+        if active is None:  # our view is older than the submission: not known yet, never a refusal
+            raise ChainUnavailableError(f"cannot tell yet whether {signer} is an active, staked node of this pool "
+                                        "(our view of the chain is older than this submission); send again",
+                                        max(self.chain.retry_after_s(CATCHUP_S), 0.1))
+        if not active:
             raise NodeInactiveError(f"{signer} is not an active, staked node of this pool")
         mono, f = time.monotonic(), self.flood
         window = self._window()
@@ -250,6 +257,7 @@ class Intake:
 
     def receive(self, data: bytes) -> Answer:
         """Cheap checks of one posted envelope; see the module docstring."""
+        arrived = time.monotonic()
         self.stats.count("submissions_received")
         if len(data) > self.cfg.max_submission_bytes:
             self.stats.count("refused_oversize")
@@ -266,7 +274,7 @@ class Intake:
 
         def admit(signer: str) -> None:
             with stage(timer, "intake.gate"):
-                self.admission.admit(signer, len(data))
+                self.admission.admit(signer, len(data), arrived)
             assert envelope is not None  # the body is a valid Submission by now (open_envelope's order)
             with stage(timer, "intake.assignment"):  # chain reads before the nonce is spent: a retry resends it
                 counter_base.append(self._counter_base(signer, int(envelope.body["policy_version"])))

@@ -73,7 +73,7 @@ def test_a_node_whose_slash_is_coming_is_held_until_it_lands(make_validator, mak
     deadline = time.monotonic() + 30
     with v.client() as c:
         while (r := c.post("/v1/submissions", content=floods[2])).status_code != 403:
-            assert r.status_code == 429 and time.monotonic() < deadline, r.text
+            assert r.status_code in (429, 503) and time.monotonic() < deadline, r.text  # 503: chain_unavailable
             time.sleep(0.1)
     assert _rows(v, flooder.identity.address) == 1
 

@@ -176,7 +176,8 @@ def test_a_node_registered_after_the_last_poll_is_not_refused(make_validator, ma
     """The validator's chain poll is slow here (30 s): a node that registers and submits at once is seen by the
     intake's own catch-up, not refused 403 (that race stopped nodes whose first batch beat the poll, and hung
     tests/integration/node/test_engine_conformance.py under load). A signer that is not registered is still
-    refused, and costs at most one catch-up per CATCHUP_S."""
+    refused (403 once a view read after it asked says so; 503 `chain_unavailable` while no such view can be had),
+    and costs at most one catch-up per CATCHUP_S."""
     v = make_validator(chain={"deployment": deployment_file, "rpc_url": published.chain.rpc_url, "poll_s": 30.0})
     node: SimNode = make_node()  # registered after the validator's last read of the chain
     stranger: SimNode = make_node(register=False)
@@ -187,10 +188,53 @@ def test_a_node_registered_after_the_last_poll_is_not_refused(make_validator, ma
         assert v.wait_decided(r.json()["work_key"])["outcome"] == "accepted"
         chain, began = v.service.chain, time.monotonic()
         before = chain.catchups
-        for _ in range(5):
-            assert c.post("/v1/submissions", content=stranger.build()[1]).status_code == 403
+        answers = [c.post("/v1/submissions", content=stranger.build()[1]) for _ in range(5)]
+        for a in answers:
+            assert (a.status_code, a.json()["error"]) in ((403, "node_inactive"), (503, "chain_unavailable")), a.text
+            assert a.status_code == 403 or int(a.headers["Retry-After"]) >= 1
         # one catch-up per CATCHUP_S at most, however many refused requests
         assert chain.catchups - before <= 1 + (time.monotonic() - began) / CATCHUP_S
+        # sent again after its Retry-After, the stranger meets a view read after it asked: refused for good
+        while (r := c.post("/v1/submissions", content=stranger.build()[1])).status_code == 503:
+            time.sleep(float(r.headers["Retry-After"]))
+        assert (r.status_code, r.json()["error"]) == (403, "node_inactive"), r.text
+        assert c.get(f"/v1/nodes/{stranger.identity.address}").json()["refused"] == {}
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["intake", "gate"])
+def test_a_node_registered_just_after_anothers_catch_up_is_told_to_retry_not_refused(
+        make_validator, make_node, published, deployment_file, monkeypatch, signed):
+    """Issue 35: a catch-up with the chain runs at most once per CATCHUP_S, and a signer the view did not show
+    as active in that time got 403 `node_inactive` (or `no_standing` at the gate), though it may have registered
+    after the view was read: an honest node that registered just after a stranger's catch-up was refused. Now a
+    no counts only from a view read after the request arrived; otherwise 503 `chain_unavailable` + Retry-After,
+    held against no one, and the node is taken once the view has caught up. The catch-up interval is a minute
+    here (the poll 30 s), so the second node's post falls inside it whatever the box's speed."""
+    monkeypatch.setattr("validator.intake.CATCHUP_S", 60.0)
+    monkeypatch.setattr("validator.app.CATCHUP_S", 60.0)
+    v = make_validator(chain={"deployment": deployment_file, "rpc_url": published.chain.rpc_url, "poll_s": 30.0})
+    stranger: SimNode = make_node(register=False)
+
+    def post(c: Any, who: SimNode, data: bytes) -> Any:
+        headers = upload_headers(who.identity, data, domain=v.service.domain, validator=v.service.identity.address,
+                                 path="/v1/submissions") if signed else {}
+        return c.post("/v1/submissions", content=data, headers=headers)
+
+    with v.client() as c:
+        r = post(c, stranger, stranger.build()[1])  # the first unknown signer: a catch-up, then a final no
+        assert r.status_code == 403, r.text
+        assert v.service.chain.catchups == 1
+        late: SimNode = make_node()  # registered after that catch-up read the chain
+        _, data = late.build()
+        r = post(c, late, data)
+        assert (r.status_code, r.json()["error"]) == (503, "chain_unavailable"), r.text
+        assert int(r.headers["Retry-After"]) >= 1
+        assert v.service.chain.catchups == 1  # no second catch-up inside the interval
+        assert c.get(f"/v1/nodes/{late.identity.address}").json()["refused"] == {}  # never held against it
+        v.service.chain.try_refresh()  # what the poll does on its next round
+        r = post(c, late, data)
+        assert r.status_code == 202, r.text
+        assert v.wait_decided(r.json()["work_key"])["outcome"] == "accepted"
 
 
 def test_the_submission_replay_guard_prunes_by_the_wall_clock(make_validator, make_node):

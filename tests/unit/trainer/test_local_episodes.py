@@ -70,3 +70,31 @@ def test_the_same_seeds_play_the_same_episodes(loaded: LoadedModel) -> None:
     other = LocalSource(loaded, env, group_size=GROUP, max_new_tokens=12, task_seed=10).next_batch(3, 2, 0)
     assert first.groups == again.groups
     assert first.groups != other.groups
+
+
+def test_a_turn_the_environment_cannot_answer_drops_its_group_and_the_step_goes_on(loaded: LoadedModel) -> None:
+    """An environment whose `step` raises `UngradableError` (its own failure: a starved worker, a dead sandbox)
+    stopped the whole local step. Now that episode stops, its group is dropped and counted as ungradable (never
+    trained on as reward 0), and the other groups are what they would have been (the same tokens, masks and
+    rewards; logprobs to float precision: later turns batch them with fewer companions, 4.8e-7 apart here)."""
+    from environments.alphabet_sort import AlphabetSort
+    from protocol.errors import UngradableError
+
+    env = get_env("alphabet-sort")
+    assert isinstance(env, AlphabetSort)
+    first = env.sample(derive_seed("tasks", 5, 0) % 2**63, 2)[0]
+
+    class Failing(AlphabetSort):
+        def step(self, task, state, turn_text):  # type: ignore[no-untyped-def]
+            if task.task_id == first.task_id:
+                raise UngradableError("the scripted user's worker died")
+            return super().step(task, state, turn_text)
+
+    batch = LocalSource(loaded, Failing(), group_size=GROUP, max_new_tokens=12, task_seed=5).next_batch(0, 2, 0)
+    whole = LocalSource(loaded, env, group_size=GROUP, max_new_tokens=12, task_seed=5).next_batch(0, 2, 0)
+    assert batch.counts.ungradable == GROUP and batch.counts.accepted == GROUP
+    (group,), kept = batch.groups, whole.groups[1]
+    assert [(s.tokens, s.loss_mask, s.reward, s.group_id) for s in group] == \
+        [(s.tokens, s.loss_mask, s.reward, s.group_id) for s in kept]
+    for got, want in zip(group, kept, strict=True):
+        assert got.sampling_logprobs == pytest.approx(want.sampling_logprobs, abs=1e-4)
