@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from protocol import info_proof, pool_notes
 from protocol.config import ShardcastWeights
 from protocol.envelope import seal
-from protocol.errors import ProtocolError
+from protocol.errors import PrimeError, ProtocolError, SignatureError
 from protocol.identity import checksum
 from protocol.nonce import random_nonce
 from protocol.rollout import FeedEntry, FeedPage, feed_item_hash
@@ -35,6 +35,7 @@ from validator.chainview import CATCHUP_S
 from validator.gate import Gate, Lane, SlotPool
 from validator.intake import row_status
 from validator.peers import PROBE_PATH
+from validator.poolview import StaleNotesError
 from validator.service import Service
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ def build_app(service: Service) -> FastAPI:
         staked: SlotPool
         submissions: Lane
         probe: Lane
+        notes: Lane
         appeals: Lane
         intake_threads: anyio.CapacityLimiter
         """Threads of their own: a flood of audits or status reads never takes the threads intake needs, and
@@ -155,6 +157,9 @@ def build_app(service: Service) -> FastAPI:
             # intake is full answers it 503 and counts as down for its peers (`validator.peers`).
             probe=Lane(path=PROBE_PATH, pool=staked, max_bytes=1024, standing=run_validators.__contains__,
                        what="intake probes"),
+            # a peer's pushed notes: one upload per peer at a time, read only once its header proves a run validator
+            notes=Lane(path=pool_notes.PATH, pool=SlotPool(max(1, len(run_validators)), 1),
+                       max_bytes=pool_notes.MAX_NOTES_BYTES, standing=run_validators.__contains__, what="pool notes"),
             appeals=Lane(path="/v1/appeals", pool=SlotPool(cfg.appeals.max_concurrent, 1),
                          max_bytes=cfg.appeals.max_appeal_bytes, standing=service.chain.known_or_operator, what="appeals",
                          slow_standing=lambda s, at: service.chain.fresh(service.chain.known_or_operator, s, CATCHUP_S,
@@ -300,6 +305,28 @@ def build_app(service: Service) -> FastAPI:
     async def peer_notes() -> Response:
         data = service.notes.cached() or await anyio.to_thread.run_sync(service.notes.sealed, limiter=notes_threads)
         return Response(data, media_type="application/json")
+
+    @app.post(pool_notes.PATH, summary="A peer validator pushes its signed PoolNotes (raw bytes, with its signed upload "
+                                       "header) when a hard verdict is pending there: taken as a fetched copy would be")
+    async def take_peer_notes(request: Request) -> Response:
+        upload = await admission().gate.admit(request, admission().notes)
+        if isinstance(upload, Response):
+            return upload
+        try:
+            view = service.pool_view
+            if view is None:
+                return JSONResponse({"error": "not_taking_notes", "detail": "this validator has no peers, or "
+                                     "pool_notes.enabled is off"}, status_code=404)
+            assert upload.signer is not None  # the lane takes signed uploads only
+            try:
+                taken = await anyio.to_thread.run_sync(view.take, upload.signer, upload.body, limiter=notes_threads)
+            except PrimeError as exc:
+                service.core.stats.count(f"pool_notes_refused_{exc.code}")
+                status = 401 if isinstance(exc, SignatureError) else 409 if isinstance(exc, StaleNotesError) else 400
+                return JSONResponse({"error": exc.code, "detail": str(exc)[:300]}, status_code=status)
+        finally:
+            upload.release()
+        return JSONResponse({"taken": taken})
 
     @app.get("/v1/announcements", summary="The signed discovery announcements this validator believes (a JSON list)")
     def announcements() -> Response:

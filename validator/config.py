@@ -215,7 +215,12 @@ class PoolNotesSettings(Section):
     """A peer's pending hard verdict holds a node here at most this long after the peer decided it, and never past
     the chain's invalidation window (after it, the verdict can no longer land on chain)."""
     timeout_s: float = Field(5.0, gt=0.0)
-    """Total deadline of one fetch (a peer that trickles bytes ends there)."""
+    """Total deadline of one fetch or push (a peer that trickles bytes ends there)."""
+    push: bool = True
+    """Send our notes to every identified peer (`POST /v1/peer/notes`) as soon as a hard verdict is pending here that
+    they were not sent, so the hold reaches them in one round trip, not at their next fetch."""
+    push_check_s: float = Field(0.5, gt=0.0)
+    """How often the ledger is asked for hard verdicts the peers were not sent yet."""
     max_nodes: int = Field(1024, ge=1, le=1024)
     """Nodes listed in the served document at most (see `protocol.pool_notes`)."""
 

@@ -5,20 +5,31 @@ Built from cheap reads of the ledger (the pending hard rows, the `counter_holes`
 get the same signed bytes. Bounded by `protocol.pool_notes.MAX_NODES` (and `pool_notes.max_nodes`): nodes with a
 pending hard verdict come first, then nodes with holes (most first), then the most near-ties; the rest are counted
 in `dropped`. `validator.poolview` reads the peers' documents.
+
+`NotesPusher` sends the document to every identified peer (`POST /v1/peer/notes`) as soon as a hard verdict is
+pending here that the peers were not sent, so a node held here is held at the peers one round trip later, not
+at their next fetch (`pool_notes.interval_s`, plus our `cache_s`). A push that fails is logged and counted and
+changes nothing else: the peers' fetches stay the path that always runs.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from protocol.deadline import bounded_request, deadline_client
 from protocol.envelope import seal
 from protocol.identity import Identity
 from protocol.nonce import random_nonce
-from protocol.pool_notes import MAX_VERSIONS, MAX_WORK_KEYS, NodeNote, PoolNotes, VersionHoles
+from protocol.pool_notes import MAX_VERSIONS, MAX_WORK_KEYS, PATH, NodeNote, PoolNotes, VersionHoles
+from protocol.upload import upload_headers
 from validator.ledger import Ledger
+from validator.stats import Stats
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from validator.config import ValidatorConfig
@@ -67,11 +78,52 @@ class Notes:
         sealed = self._sealed
         return sealed[1] if sealed is not None and time.monotonic() - sealed[0] < self.cache_s else None
 
-    def sealed(self) -> bytes:
-        """The signed document's bytes, rebuilt when older than `cache_s`."""
+    def sealed(self, *, rebuild: bool = False) -> bytes:
+        """The signed document's bytes, rebuilt when older than `cache_s` (or now, with `rebuild`)."""
         with self._lock:  # one build at a time; those queued behind it take its result
             now = time.monotonic()
-            if self._sealed is None or now - self._sealed[0] >= self.cache_s:
+            if rebuild or self._sealed is None or now - self._sealed[0] >= self.cache_s:
                 envelope = seal(self.identity, self.build(), domain=self.domain, nonce=random_nonce())
                 self._sealed = (now, envelope.to_bytes())
             return self._sealed[1]
+
+
+class NotesPusher:
+    """Sends our notes to the peers when a hard verdict is pending here that they were not sent (module docstring)."""
+
+    def __init__(self, notes: Notes, *, peers: Callable[[], dict[str, str]], timeout_s: float, stats: Stats) -> None:
+        self.notes, self._peers, self.timeout_s, self.stats = notes, peers, timeout_s, stats
+        self._sent: set[str] = set()
+        """The pending hard work keys as of the last push (a key is sent once while it stays pending)."""
+        self._http = deadline_client(timeout_s)
+
+    def check(self, now: float | None = None) -> int:
+        """Push when a pending hard verdict is new since the last push; returns to how many peers it went."""
+        t = time.time() if now is None else now
+        pending = {key for _, _, _, keys in self.notes.ledger.hard_pending_nodes(
+            reported_since=t - self.notes.read_back_s, limit=self.notes.max_nodes, keys_per_node=MAX_WORK_KEYS)
+            for key in keys}
+        new = pending - self._sent
+        self._sent = pending
+        if not new:
+            return 0
+        data = self.notes.sealed(rebuild=True)
+        sent = 0
+        for address, url in self._peers().items():
+            headers = upload_headers(self.notes.identity, data, domain=self.notes.domain, validator=address, path=PATH)
+            try:
+                r = bounded_request(self._http, "POST", url.rstrip("/") + PATH, self.timeout_s, content=data,
+                                    headers={"content-type": "application/json", **headers})
+                if r.status_code != 200:
+                    raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+            except Exception as exc:  # noqa: BLE001 - any failure is that peer's; its next fetch catches up
+                self.stats.count("pool_notes_push_failed")
+                log.warning("pool notes (%d new hard verdicts) not pushed to %s (%s): %s; it reads them at its "
+                            "next fetch", len(new), address, url, exc)
+                continue
+            sent += 1
+            self.stats.count("pool_notes_pushed")
+        return sent
+
+    def close(self) -> None:
+        self._http.close()

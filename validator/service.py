@@ -8,7 +8,9 @@ measurements in, verdict out) and `validator.verdicts` (signing, evidence, feed 
 
 Threads: `chain` (new pool events every `chain.poll_s`), `checker` (the model stage), `reporter`
 (the outbox onto the chain), `feed` (Parquet files for a trainer on a shared disk), the weights
-follower, and with `peers`: `peers` (probes) and `pool-notes` (the peers' signed notes, `validator.poolview`). The HTTP app (`validator.app`) only calls into `Intake.receive` and reads the ledger.
+follower, and with `peers`: `peers` (probes), `pool-notes` (the peers' signed notes, `validator.poolview`)
+and `notes-push` (ours, sent to them at once when a hard verdict is pending here, `validator.notes`). The HTTP
+app (`validator.app`) only calls into `Intake.receive` and reads the ledger.
 On start every unfinished row is picked up where it was: received rows are re-checked (the leases this
 process held when it was killed are freed at start), decided rows are reported, unwritten feed items are written.
 """
@@ -39,7 +41,7 @@ from validator.chainview import ChainView
 from validator.config import ValidatorConfig
 from validator.core import Core
 from validator.ledger import Ledger
-from validator.notes import Notes
+from validator.notes import Notes, NotesPusher
 from validator.peers import PeerWatch
 from validator.poolview import PoolView
 from validator.reporter import Reporter
@@ -95,6 +97,10 @@ class Service:
                                  invalidation_window=lambda: self.chain.invalidation_window, stats=self.core.stats)
             self.core.intake.admission.pool = self.pool_view
             self.core.checker.pool = self.pool_view
+        self.notes_pusher: NotesPusher | None = None
+        if cfg.peers and cfg.pool_notes.push:  # a hold decided here reaches the peers at once, not at their next fetch
+            self.notes_pusher = NotesPusher(self.notes, peers=self.peers.urls, timeout_s=cfg.pool_notes.timeout_s,
+                                            stats=self.core.stats)
         self.appeals = AppealDesk(cfg, self.identity, self.ledger, self.chain,
                                   self.pool if cfg.reporter.enabled else None, self.core, self.weights,
                                   domain=self.domain, replay_guard=self.replay, nonces=self.nonces)
@@ -198,6 +204,8 @@ class Service:
             self._loop("peers", min(5.0, self.cfg.failover_after_s / 3), self.peers.probe)
         if self.pool_view is not None:
             self._loop("pool-notes", self.cfg.pool_notes.interval_s, self.pool_view.poll)
+        if self.notes_pusher is not None:
+            self._loop("notes-push", self.cfg.pool_notes.push_check_s, self.notes_pusher.check)
 
     def stop(self) -> None:
         self._stop.set()
@@ -209,6 +217,8 @@ class Service:
         self.peers.close()
         if self.pool_view is not None:
             self.pool_view.close()
+        if self.notes_pusher is not None:
+            self.notes_pusher.close()
         self.replay.close()
         self.nonces.close()
 

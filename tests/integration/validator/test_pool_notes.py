@@ -16,6 +16,7 @@ import pytest
 from chainfixtures import VALIDATOR, VALIDATOR2, Pools
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from netfixtures import free_port
 
 from bench.adversaries import SimNode
 from bench.loopback import MANIFEST_V0, RUN, Served, serve_asgi
@@ -24,6 +25,7 @@ from protocol.identity import Identity
 from protocol.nonce import random_nonce
 from protocol.pool_notes import PATH, NodeNote, PoolNotes
 from protocol.seeds import validator_ranking
+from protocol.upload import upload_headers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -88,6 +90,52 @@ def test_a_hard_verdict_pending_at_one_validator_holds_the_node_at_the_other(pub
     other = _splitter(published, make_node, {2: b})
     r = _post(vb, other.build(version=2, counter=0)[1])
     assert r.status_code == 202, r.text
+
+
+def test_a_hard_verdict_reaches_the_peers_at_once_not_at_their_next_fetch(published, make_validator, make_node):
+    """B took A's pending hard verdict only at its next fetch of A's notes (`pool_notes.interval_s`, 5 s by
+    default, plus A's `cache_s`): time in which the node, held at A, could spread work to B. Now A pushes its
+    notes to its peers as soon as a hard verdict is pending there. Here B fetches A's notes once, at its start,
+    and then once an hour: B holds the node all the same. A key that is not a run validator cannot push."""
+    a, b = published.chain.account(VALIDATOR).address, published.chain.account(VALIDATOR2).address
+    published.admin.grant_role("validator", b)
+    port_a, port_b = free_port(), free_port()
+    hourly = {"interval_s": 3600.0, "cache_s": 0.0}
+    va = make_validator("a", account=VALIDATOR, port=port_a, validators=[a, b], peers=[f"http://127.0.0.1:{port_b}"],
+                        **FAST, systemic={"window_s": 60.0, "min_nodes": 100, "fraction": 1.0}, pool_notes=hourly)
+    vb = make_validator("b", account=VALIDATOR2, port=port_b, validators=[a, b], peers=[va.url], **FAST,
+                        pool_notes=hourly)
+    _wait(lambda: b in va.service.peers.urls(), "A never identified B (its probe)")
+    pool = vb.service.pool_view
+    assert pool is not None
+    node = _splitter(published, make_node, {1: a, 2: b})
+    address = node.identity.address
+    taken = vb.service.core.stats.get("pool_notes_taken", 0)  # B's one fetch at its start is long done
+    sub, _ = node.build(counter=0, cheat="unassigned_task")  # fails a cheap check: hard at once, at A
+    r = _post(va, node.seal(sub))
+    assert r.status_code == 200 and r.json()["outcome"] == "rejected_hard", r.text
+    _wait(lambda: pool.hard_pending_at(address) == a, f"A's notes never reached B: {pool.status()}", timeout=60)
+    assert vb.service.core.stats.get("pool_notes_taken") == taken + 1  # pushed, not fetched
+    assert va.service.core.stats.get("pool_notes_pushed") == 1
+
+    published.trainer.publish_policy(2, MANIFEST_V0)
+    _wait(lambda: vb.service.chain.current_version() == 2, "B never saw v2")
+    r = _post(vb, node.build(version=2, counter=0)[1])  # honest work, assigned to B: held
+    assert (r.status_code, r.json().get("error")) == (429, "node_quota"), r.text
+
+    # only a run validator may push, and only its own notes
+    notes = va.service.notes.sealed()
+    stranger = Identity.create()
+    with vb.client() as c:
+        r = c.post(PATH, content=notes, headers=upload_headers(stranger, notes, domain=vb.service.domain,
+                                                               validator=b, path=PATH))
+        assert (r.status_code, r.json()["error"]) == (403, "no_standing"), r.text
+        key_a = published.chain.account(VALIDATOR)
+        mine = vb.service.notes.sealed()  # B's own notes, pushed to B by A: not A's
+        r = c.post(PATH, content=mine, headers=upload_headers(key_a, mine, domain=vb.service.domain, validator=b,
+                                                              path=PATH))
+        assert r.status_code == 401, r.text
+    assert pool.hard_pending_at(address) == a
 
 
 def test_holes_left_at_one_validator_count_at_the_other(published, make_validator, make_node):

@@ -38,8 +38,10 @@ def write_step_files(root: Path, steps: int, groups: int, size: int, vocab: int,
         write_rollouts(root / f"{n:06d}.parquet", samples)
 
 
-def directory_run_config(*, steps: int, rollouts: Path, groups_per_step: int = 2, extra: str = "") -> str:
-    """The TOML of a short trainer run on the tiny model that reads rollout files from `rollouts`."""
+def directory_run_config(*, steps: int, rollouts: Path, groups_per_step: int = 2, extra: str = "",
+                         wait_timeout_s: float = 5.0) -> str:
+    """The TOML of a short trainer run on the tiny model that reads rollout files from `rollouts` (a missing
+    step's file is waited for `wait_timeout_s`)."""
     return f"""
 max_steps = {steps}
 progress = false
@@ -58,5 +60,5 @@ async_level = 1
 [data]
 type = "directory"
 path = "{rollouts}"
-wait_timeout_s = 5
+wait_timeout_s = {wait_timeout_s}
 {extra}"""

@@ -25,9 +25,9 @@ STEPS = 6
 
 
 
-def _write_config(tmp: Path, name: str, rollouts: Path) -> Path:
+def _write_config(tmp: Path, name: str, rollouts: Path, wait_timeout_s: float = 5.0) -> Path:
     cfg = tmp / f"{name}.toml"
-    cfg.write_text(directory_run_config(steps=STEPS, rollouts=rollouts,
+    cfg.write_text(directory_run_config(steps=STEPS, rollouts=rollouts, wait_timeout_s=wait_timeout_s,
                                         extra=f'[checkpoint]\ndir = "{tmp / f"ckpt-{name}"}"\nkeep = 2\n'))
     return cfg
 
@@ -58,7 +58,12 @@ def test_kill_9_then_resume_gives_identical_losses(tmp_path: Path) -> None:
     a_metrics = tmp_path / "a.jsonl"
     subprocess.run(_cmd(_write_config(tmp_path, "a", rollouts), a_metrics), env=_env(), check=True, timeout=120)
 
-    b_cfg = _write_config(tmp_path, "b", rollouts)
+    # Run b has the files of all steps but the last until it is killed, so it can never finish before the
+    # kill, however late this thread wakes (it waits for the last step's file up to 600 s); the kill still lands
+    # wherever b is from step 3 on: mid-step, mid-checkpoint or waiting.
+    b_rollouts = tmp_path / "rollouts-b"
+    write_step_files(b_rollouts, STEPS - 1, groups=2, size=4, vocab=320)
+    b_cfg = _write_config(tmp_path, "b", b_rollouts, wait_timeout_s=600.0)
     b_metrics = tmp_path / "b.jsonl"
     proc = subprocess.Popen(_cmd(b_cfg, b_metrics), env=_env())
     try:
@@ -74,6 +79,7 @@ def test_kill_9_then_resume_gives_identical_losses(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+    write_step_files(b_rollouts, STEPS, groups=2, size=4, vocab=320)  # the same files, and the last one
     killed_at = len(_losses(b_metrics))
     lines_before = len(b_metrics.read_text().splitlines())
     assert 3 <= killed_at < STEPS
