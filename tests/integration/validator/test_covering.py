@@ -29,14 +29,20 @@ def _post(v: Served, data: bytes) -> httpx.Response:
         return c.post("/v1/submissions", content=data)
 
 
-def test_a_covering_validator_continues_from_the_chains_frontier_and_a_dead_chain_is_its_own_failure(
-        published: Pools, deployment_file: Path, make_validator: Any, make_node: Any, tmp_path: Path) -> None:
+def _cast(published: Pools, make_node: Any) -> tuple[str, str, SimNode, str, str, dict[str, int]]:
+    """Validators a and b (STRANGER's account gets the role), a registered node, its first and second validator at
+    v1, and the dev account of each validator address."""
     a, b = published.chain.account(VALIDATOR).address, published.chain.account(STRANGER).address
     published.admin.grant_role("validator", b)
     node: SimNode = make_node()
+    first, second = validator_ranking(RUN.run_id, node.identity.address, 1, [a, b])
+    return a, b, node, first, second, {a: VALIDATOR, b: STRANGER}
+
+
+def test_a_covering_validator_continues_from_the_chains_frontier_and_a_dead_chain_is_its_own_failure(
+        published: Pools, deployment_file: Path, make_validator: Any, make_node: Any, tmp_path: Path) -> None:
+    a, b, node, first, second, account = _cast(published, make_node)
     address = node.identity.address
-    first, second = validator_ranking(RUN.run_id, address, 1, [a, b])
-    account = {a: VALIDATOR, b: STRANGER}
     assigned = make_validator("first", account=account[first], validators=[a, b])
     chain = ProxyProcess(urlparse(published.chain.rpc_url).port or 0)  # the backup reads the chain through it
     backup = serve(validator_config(tmp_path / "second", deployment_file, chain.url, validators=[a, b],
@@ -96,12 +102,8 @@ def test_a_node_that_splits_one_assignment_between_its_validator_and_the_one_cov
     `WorkRecorded`, fetches B's envelope and judges its own row an equivocation with both envelopes as evidence;
     its hard invalidation of the key B recorded slashes the node. The same payload sealed again and sent to B (a
     retry that failed over) is no equivocation."""
-    a, b = published.chain.account(VALIDATOR).address, published.chain.account(STRANGER).address
-    published.admin.grant_role("validator", b)
-    node: SimNode = make_node()
+    a, b, node, first, second, account = _cast(published, make_node)
     address = node.identity.address
-    first, second = validator_ranking(RUN.run_id, address, 1, [a, b])
-    account = {a: VALIDATOR, b: STRANGER}
     port = free_port()
     to_first = ProxyProcess(port)  # B reaches A only through it: closed, A is down for B and for no one else
     backup = serve(validator_config(tmp_path / "second", deployment_file, published.chain.rpc_url, validators=[a, b],

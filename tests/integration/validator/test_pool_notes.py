@@ -56,6 +56,20 @@ def _wait(what: Callable[[], object], why: str, timeout: float = 90.0) -> None:
         time.sleep(0.1)
 
 
+def _relay_the_rest(app: FastAPI, url: str) -> None:
+    """Every route `app` does not answer itself is relayed to the validator at `url`: its `/v1/info`, proved by its
+    key, makes a peer believe that `app`'s URL is that validator."""
+
+    @app.api_route("/{rest:path}", methods=["GET", "POST"])
+    async def relay(rest: str, request: Request) -> Response:
+        async with httpx.AsyncClient(base_url=url) as c:
+            r = await c.request(request.method, "/" + rest, params=request.query_params, content=await request.body(),
+                                headers={k: v for k, v in request.headers.items()
+                                         if k.lower() not in ("host", "content-length")})
+        return Response(r.content, status_code=r.status_code,
+                        headers={k: v for k, v in r.headers.items() if k.lower().startswith("x-prime")})
+
+
 def _pair(published: Pools, make_validator: Any, **b_overrides: Any) -> tuple[str, str, Served, Served]:
     """Validators A (no peers: it only serves its notes) and B (A as its peer, polling A's notes quickly)."""
     a, b = published.chain.account(VALIDATOR).address, published.chain.account(VALIDATOR2).address
@@ -195,14 +209,7 @@ def test_forged_unsigned_stale_or_replayed_notes_change_nothing(published, make_
     def notes() -> Response:
         return Response(next(documents)(time.time()), media_type="application/json")
 
-    @app.api_route("/{rest:path}", methods=["GET", "POST"])
-    async def relay(rest: str, request: Request) -> Response:  # A's info, proved by A: B believes this URL is A
-        async with httpx.AsyncClient(base_url=va.url) as c:
-            r = await c.request(request.method, "/" + rest, params=request.query_params,
-                                content=await request.body(), headers={k: v for k, v in request.headers.items()
-                                                                       if k.lower() not in ("host", "content-length")})
-        return Response(r.content, status_code=r.status_code,
-                        headers={k: v for k, v in r.headers.items() if k.lower().startswith("x-prime")})
+    _relay_the_rest(app, va.url)
 
     with serve_asgi(app) as hostile:
         vb = make_validator("b", account=VALIDATOR2, validators=[a, b], peers=[hostile], **FAST,
@@ -249,14 +256,7 @@ def test_a_peer_serving_what_the_node_never_signed_for_the_assignment_slashes_no
     def envelope(name: str) -> Response:
         return Response(next(served[k] for k, n in names.items() if n == name), media_type="application/json")
 
-    @app.api_route("/{rest:path}", methods=["GET", "POST"])
-    async def relay(rest: str, request: Request) -> Response:  # A's info, proved by A: B believes this URL is A
-        async with httpx.AsyncClient(base_url=va.url) as c:
-            r = await c.request(request.method, "/" + rest, params=request.query_params, content=await request.body(),
-                                headers={k: v for k, v in request.headers.items()
-                                         if k.lower() not in ("host", "content-length")})
-        return Response(r.content, status_code=r.status_code,
-                        headers={k: v for k, v in r.headers.items() if k.lower().startswith("x-prime")})
+    _relay_the_rest(app, va.url)
 
     with serve_asgi(app) as hostile:
         vb = make_validator("b", account=VALIDATOR2, validators=[a, b], peers=[hostile], **FAST,
