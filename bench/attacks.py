@@ -152,6 +152,7 @@ class Network:
         self.hard_keys: list[tuple[Any, str]] = []
         self._second: tuple[Any, Any, str] | None = None
         self._episodes: tuple[Any, Any, str] | None = None
+        self._split: Any = None
         self._renderer: Any = None
 
     def second_pool(self) -> tuple[Any, Any, str]:
@@ -229,6 +230,13 @@ class Network:
             self._episodes = (pools, served, submission_domain(deployment.chain_id, deployment.pool, EPISODES.run_id))
         return self._episodes
 
+    def split_pool(self) -> Any:
+        """`SplitPool`: a pool on the same chain whose two validators are each other's peers, the second reaching the
+        first through a TCP proxy that is closed (so the first is down to it, and to it alone); deployed on first use."""
+        if self._split is None:
+            self._split = SplitPool(self)
+        return self._split
+
     def episode_node(self, search_eos: bool = False) -> tuple[Any, Any]:
         """(a node key registered in the episode pool, its assignment #0 at `VERSION`); with `search_eos`, a key
         whose honest first turns hold an EOS a `skip_eos` cheat replaces, and that episode (task, sample)."""
@@ -276,6 +284,8 @@ class Network:
             self._second[1].stop()
         if self._episodes is not None:
             self._episodes[1].stop()
+        if self._split is not None:
+            self._split.stop()
         self.devchain.stop()
 
     def node(self, register: bool = True) -> Any:
@@ -363,6 +373,137 @@ class Network:
         except AssertionError:
             return False
         return True
+
+
+class SplitPool:
+    """Issue 35 item 7's stage: validators A and B of one pool, each the other's peer. A's reporter runs only when
+    a trial says (`report`), so A's acceptance is off chain while the node moves on, as in the round after A took
+    it; B reaches A through a proxy, closed at once, so A is down to B (B covers A's work) and up to everyone else.
+    Their keys are fresh, funded on the dev chain (no other pool's transactions share their nonces)."""
+
+    def __init__(self, net: Network) -> None:
+        from bench import loopback
+        from bench.loopback import (
+            MANIFEST_V0,
+            REPORTER_MAX_BACKOFF_S,
+            SETTINGS,
+            TRAINER,
+            Pools,
+            ProxyProcess,
+            free_port,
+            serve,
+            validator_config,
+        )
+        from contracts.deployment import deploy_pool
+        from contracts.pool import PoolClient
+        from contracts.transactor import Transactor, connect
+        from protocol.identity import Identity
+        from protocol.rollout import submission_domain
+
+        c = net.devchain
+        keys = [Identity.create(), Identity.create()]
+        for k in keys:
+            c.rpc("anvil_setBalance", [k.address, hex(10**21)])
+        deployment = deploy_pool(
+            Transactor(connect(c.rpc_url), c.account(loopback.ADMIN)),
+            treasury=c.account(loopback.TREASURY).address, settings=SETTINGS,
+            validators=[k.address for k in keys], trainers=[c.account(TRAINER).address],
+            mint={c.account(loopback.OPERATOR).address: 1_000_000 * loopback.TOKEN}, fund_rewards=loopback.BUDGET)
+        self.pools = Pools(c, deployment, *(PoolClient(connect(c.rpc_url), deployment.pool, c.account(i))
+                                            for i in (loopback.ADMIN, loopback.VALIDATOR, TRAINER, loopback.OPERATOR,
+                                                      loopback.OPERATOR2, loopback.STRANGER)))
+        for version in range(1, VERSION + 1):
+            self.pools.trainer.publish_policy(version, MANIFEST_V0)
+        path = deployment.save(net.tmp / "split.json")
+        self.domain = submission_domain(deployment.chain_id, deployment.pool, net.run.run_id)
+        self.addresses = [k.address for k in keys]
+        port_a = free_port()
+        self.proxy = ProxyProcess(port_a)
+        model = net.validators[0].service.cfg.model
+        self.b = serve(validator_config(net.tmp / "split-b", path, c.rpc_url, model=model, validators=self.addresses,
+                                        peers=[self.proxy.url], failover_after_s=0.5, systemic=GUARD), keys[1])
+        self.a = serve(validator_config(net.tmp / "split-a", path, c.rpc_url, model=model, validators=self.addresses,
+                                        peers=[self.b.url], systemic=GUARD, pool_notes={"crosscheck_s": 0.2},
+                                        reporter={"interval_s": 3600.0, "max_backoff_s": REPORTER_MAX_BACKOFF_S}),
+                       keys[0], port_a)
+        self._until(lambda: self.addresses[0] in self.b.service.peers.urls(), "B never identified A")
+        self.proxy.close()
+        self._until(lambda: self.b.service.peers.down(self.addresses[0]), "B never saw A down")
+        self._until(lambda: self.addresses[1] in self.a.service.peers.urls(), "A never identified B")
+
+    @staticmethod
+    def _until(done: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(what)
+            time.sleep(0.05)
+
+    def node(self, net: Network) -> Any:
+        """A registered node whose work at `VERSION` is A's (a key ground offline)."""
+        from bench.adversaries import SimNode
+        from bench.loopback import SETTINGS
+        from protocol.identity import Identity
+        from protocol.seeds import validator_ranking
+
+        while True:
+            identity = Identity.create()
+            if validator_ranking(net.run.run_id, identity.address, VERSION, self.addresses)[0] == self.addresses[0]:
+                break
+        self.pools.operator.register(identity, SETTINGS.min_stake)
+        self._until(lambda: all(v.service.chain.node_active(identity.address) for v in (self.a, self.b)),
+                    f"the split pool's validators did not see {identity.address} registered")
+        return SimNode(identity, net.loaded, self.domain)
+
+    def report(self) -> None:
+        """A's reporter round (its hard verdicts are held `systemic.window_s` first)."""
+        time.sleep(GUARD["window_s"])
+        self.a.service.reporter.drain()
+
+    def stop(self) -> None:
+        self.a.stop()
+        self.b.stop()
+        self.proxy.close()
+
+
+def split_assignment(resend_same: bool) -> Callable[[Any, int], Trial]:
+    """Issue 35 item 7: the node's assignment #0 to its validator A (accepted, not on chain yet), then to B, which
+    covers for A while A is down to it: another payload (logprobs steered inside the tolerance, which B accepts and
+    records) or, as an honest node that failed over, the same payload sealed again. Detected: the split is slashed
+    on chain (A's cross-check finds B's record and B's envelope: `equivocation`); the resend costs nothing (both
+    rows stay accepted, nothing invalidated)."""
+    def run(net: Any, trial: int) -> Trial:
+        from bench.adversaries import steer_logprobs
+        from contracts.pool import NodeStatus, WorkStatus
+
+        split = net.split_pool()
+        node = split.node(net)
+        sub, data = node.build(version=VERSION, counter=0)
+        _, first = net.post(split.a, data)
+        key = first["work_key"]
+        if split.a.wait_decided(key)["outcome"] != "accepted":
+            return Trial("error", "A did not accept the honest payload", False)
+        again = node.seal(sub if resend_same else steer_logprobs(sub))
+        status, body = net.post(split.b, again)
+        if status not in (200, 202) or split.b.wait_decided(key)["outcome"] != "accepted":
+            return Trial("refused", str(body.get("error")), False, note=f"B answered {status}")
+        pool = split.pools.admin
+        split._until(lambda: pool.get_work(key).status == WorkStatus.ACCEPTED, "B never recorded the work")
+        stats = split.a.service.core.stats
+        seen = stats.get("crosscheck_same", 0) + stats.get("crosscheck_equivocation", 0)
+        split._until(lambda: stats.get("crosscheck_same", 0) + stats.get("crosscheck_equivocation", 0) > seen,
+                     "A never compared its payload with B's")
+        row = split.a.service.ledger.get(key)
+        split.report()
+        if resend_same:
+            kept = row.outcome == "accepted" and pool.get_work(key).status == WorkStatus.ACCEPTED
+            return Trial("accepted", row.reason or "the same payload resent", kept,
+                         note="an honest resend to the covering validator: no verdict, nothing invalidated")
+        split._until(lambda: pool.get_work(key).status == WorkStatus.HARD_INVALIDATED, "A's slash never landed")
+        ejected = pool.get_node(node.identity.address).status == NodeStatus.EJECTED
+        return Trial("hard", str(row.reason), row.reason == "equivocation" and ejected,
+                     note="split between A and B (covering): slashed once A saw B's record")
+    return run
 
 
 def _margins(row: dict[str, Any]) -> dict[str, float]:
@@ -1314,6 +1455,10 @@ ATTACKS = [
            dup_two_validators(False)),
     Attack("dup_diff_two", "same assignment twice, other payload, two validators", "refused",
            dup_two_validators(True)),
+    Attack("split_covered", "split: another payload to the covering validator", "hard",
+           split_assignment(False)),
+    Attack("failover_resend", "honest resend to the covering validator", "accepted",
+           split_assignment(True)),
     Attack("replay", "replayed envelope (same bytes)", "refused", replayed_envelope),
     Attack("forged_signature", "forged signature / altered signed body", "refused", forged_signature),
     Attack("stale_version", "stale policy version", "refused", stale),

@@ -281,3 +281,50 @@ async def start_site(app: Any, **runner: Any) -> tuple[Any, int]:
     await r.setup()
     await web.TCPSite(r, "127.0.0.1", 0).start()
     return r, int(r.addresses[0][1])
+
+
+_PROXY = """
+import asyncio, sys
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+    finally:
+        w.close()
+async def handle(r, w):
+    ur, uw = await asyncio.open_connection("127.0.0.1", int(sys.argv[2]))
+    await asyncio.gather(pipe(r, uw), pipe(ur, w), return_exceptions=True)
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
+    print("ready", flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+class ProxyProcess:
+    """A TCP forwarder to 127.0.0.1:`target_port` in its own process, so a test (or an attack) can `SIGSTOP` it: the peer
+    behind it then accepts connections (the kernel's backlog) and never answers, exactly as a stopped role
+    does, while the role itself keeps running in the test's process."""
+
+    def __init__(self, target_port: int, port: int | None = None) -> None:
+        """`port`: listen there (a proxy started again where a killed one listened), else on a free port."""
+        import subprocess
+        import sys
+
+        self.port = free_port() if port is None else port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROXY, str(self.port), str(target_port)],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def close(self) -> None:
+        import signal
+
+        self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,3 +91,34 @@ def read_events(
             )
         start = end + 1
     return events
+
+
+class EventCursor:
+    """An incremental reader of one contract's events: each `read` returns the events from the last block read
+    (the last `REORG_DEPTH` blocks again, see `reread_from`) up to the head, oldest first, and moves the cursor
+    there. A block read twice gives its events twice: readers apply them idempotently. `head()` is the chain's
+    latest block, `events(from_block, to_block)` reads a range (`PoolClient.cursor` gives both)."""
+
+    def __init__(self, head: Callable[[], int], events: Callable[[int, int], list[ChainEvent]],
+                 start_block: int) -> None:
+        self._head, self._events = head, events
+        self.start_block = start_block
+        self._next_block = start_block
+        self.reads = 0
+        """Reads that queried the chain's logs (a head not past the cursor's re-read range queries nothing)."""
+
+    def read(self) -> list[ChainEvent]:
+        """The events since the last read; `ChainError` when the chain does not answer (the cursor stays)."""
+        latest = self._head()
+        start = reread_from(self._next_block, latest, self.start_block)
+        if latest < start:
+            return []
+        events = self._events(start, latest)
+        self._next_block = latest + 1
+        self.reads += 1
+        return events
+
+    @property
+    def block(self) -> int:
+        """The last block read (the start block less one before the first read)."""
+        return self._next_block - 1

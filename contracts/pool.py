@@ -21,7 +21,7 @@ from web3 import Web3
 from web3.exceptions import Web3Exception
 
 from contracts.artifacts import load_artifact
-from contracts.events import ChainEvent, read_events
+from contracts.events import ChainEvent, EventCursor, read_events
 from contracts.transactor import Receipt, Transactor
 from protocol.errors import ChainError, PrimeError
 from protocol.identity import Identity, checksum
@@ -515,3 +515,8 @@ class PoolClient(ContractClient):
     ) -> list[ChainEvent]:
         """The pool's events from `from_block` onward (to `to_block`, default the latest), oldest first."""
         return read_events(self.tx, self.address, self.abi, from_block, to_block, names=names, chunk=chunk)
+
+    def cursor(self, start_block: int, names: set[str] | None = None) -> EventCursor:
+        """An incremental reader of the pool's events from `start_block` on (`contracts.events.EventCursor`)."""
+        return EventCursor(lambda: int(self.tx.rpc("block number", lambda: self.w3.eth.block_number)),
+                           lambda first, last: self.events(first, last, names=names), start_block)

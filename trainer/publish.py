@@ -171,6 +171,20 @@ class ShardcastPublisher(Publisher):
         from shardcast.publisher import publish_blocking
         from shardcast.store import Store
 
+        stored = Store(self.store, retention=self.settings.retention)
+        stored.scan()
+        held = stored.get(step)
+        if held is not None and held.complete:
+            # signed into the store before the trainer stopped, its publishPolicy not known to have landed (the
+            # resumed trainer hands its last checkpoint again): recorded as stored, never signed a second time
+            # (another manifest for one version would not match what relays and the chain may hold already)
+            log.info("checkpoint %d is SHARDCAST version %d already (stored before a restart)", step, step)
+            t0 = time.monotonic()
+            try:
+                self._record(step, held.manifest.content_hash())
+            finally:
+                self.chain_seconds += time.monotonic() - t0
+            return
         staging = self.store / ".trainer-staging" / f"step-{step}"
         if staging.exists():
             shutil.rmtree(staging)

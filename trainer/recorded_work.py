@@ -6,7 +6,7 @@ answerable for) the key, `WorkInvalidated` removes it (hard or soft), `WorkResto
 puts it back. `trainer/validator_feed.py` trains on an item only when its key is recorded by the
 validator that signed it and not invalidated since.
 
-Caught up incrementally, as the validator's chain view is (`contracts.events.reread_from`): each `refresh`
+Caught up incrementally (`contracts.events.EventCursor`): each `refresh`
 is one event read from the last block read (the last `REORG_DEPTH` blocks again), never a re-read from the
 deployment block. Events set state (recorder, invalidated or not) in chain order, so reading a block
 twice changes nothing. A key is remembered for the life of the process (32 bytes and an address each).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from enum import Enum
 
-from contracts.events import reread_from
 from contracts.pool import PoolClient
 from protocol.identity import checksum
 
@@ -44,23 +43,15 @@ class RecordedWork:
 
     def __init__(self, pool: PoolClient, start_block: int) -> None:
         self.pool = pool
-        self._start_block = start_block
-        self._next_block = start_block
+        self._events = pool.cursor(start_block, EVENTS)
         self._recorder: dict[bytes, str] = {}
         self._invalidated: set[bytes] = set()
-        self.refreshes = 0
-        """Event reads done (one per `refresh` that found new blocks)."""
 
     def refresh(self) -> int:
         """Read the events since the last refresh; returns how many new ones were applied. `ChainError` when
         the chain does not answer (nothing is changed then)."""
-        latest = int(self.pool.tx.rpc("block number", lambda: self.pool.w3.eth.block_number))
-        cursor = self._next_block
-        start = reread_from(cursor, latest, self._start_block)
-        if latest < start:
-            return 0
-        events = self.pool.events(start, latest, names=EVENTS)
-        self.refreshes += 1
+        cursor = self._events.block + 1
+        events = self._events.read()
         for ev in events:
             key = bytes(ev.args["workKey"])
             if ev.name == "WorkRecorded":
@@ -69,10 +60,9 @@ class RecordedWork:
                 self._invalidated.add(key)
             else:  # WorkRestored
                 self._invalidated.discard(key)
-        self._next_block = latest + 1
         new = sum(1 for ev in events if ev.block_number >= cursor)
         if new:
-            log.debug("chain: %d work events up to block %d", new, latest)
+            log.debug("chain: %d work events up to block %d", new, self._events.block)
         return new
 
     def status(self, work_key: bytes, validator: str) -> OnChain:
@@ -85,6 +75,11 @@ class RecordedWork:
         return OnChain.ACCEPTED if recorder == checksum(validator) else OnChain.OTHER_VALIDATOR
 
     @property
+    def refreshes(self) -> int:
+        """Event reads done (one per `refresh` that found blocks to read)."""
+        return self._events.reads
+
+    @property
     def block(self) -> int:
         """The last block read (the deployment block less one before the first refresh)."""
-        return self._next_block - 1
+        return self._events.block

@@ -121,10 +121,27 @@ def publish_initial(trainer: Trainer) -> None:
         trainer.publish_hook.submit(0, path)
 
 
+def republish_resumed(trainer: Trainer) -> None:
+    """Hand the checkpoint a run resumed from to the publisher again: its publication runs on a thread after the
+    save, so a trainer killed in between never published it, and nodes (which only work for a version on chain)
+    would wait for it while the trainer waits for their rollouts of it (`bench.faults`, CI run 54). The publisher
+    publishes only what is missing: a version already stored is recorded on chain as stored, one on chain is
+    left alone."""
+    from trainer.checkpoint import list_checkpoints
+
+    checkpoints = list_checkpoints(trainer.ckpt_cfg.dir)
+    if checkpoints and trainer.publish_hook is not None:
+        step, path = checkpoints[-1]
+        log.info("handing checkpoint %d (resumed from) to the publisher again", step)
+        trainer.publish_hook.submit(step, path)
+
+
 def run(cfg: TrainerConfig) -> None:
     trainer, dist_info = build_trainer(cfg)
     try:
         resumed = trainer.resume() if cfg.checkpoint.resume else False
+        if resumed and trainer.publish_hook is not None:
+            republish_resumed(trainer)
         if not resumed and trainer.step == 0 and cfg.publish.type == "shardcast" and cfg.publish.initial:
             publish_initial(trainer)
         if trainer.step >= cfg.max_steps:

@@ -309,14 +309,14 @@ def build_app(service: Service) -> FastAPI:
     @app.post(pool_notes.PATH, summary="A peer validator pushes its signed PoolNotes (raw bytes, with its signed upload "
                                        "header) when a hard verdict is pending there: taken as a fetched copy would be")
     async def take_peer_notes(request: Request) -> Response:
+        view = service.pool_view
+        if view is None:  # before the body is read
+            return JSONResponse({"error": "not_taking_notes", "detail": "this validator has no peers, or "
+                                 "pool_notes.enabled is off"}, status_code=404)
         upload = await admission().gate.admit(request, admission().notes)
         if isinstance(upload, Response):
             return upload
         try:
-            view = service.pool_view
-            if view is None:
-                return JSONResponse({"error": "not_taking_notes", "detail": "this validator has no peers, or "
-                                     "pool_notes.enabled is off"}, status_code=404)
             assert upload.signer is not None  # the lane takes signed uploads only
             try:
                 taken = await anyio.to_thread.run_sync(view.take, upload.signer, upload.body, limiter=notes_threads)
@@ -326,6 +326,8 @@ def build_app(service: Service) -> FastAPI:
                 return JSONResponse({"error": exc.code, "detail": str(exc)[:300]}, status_code=status)
         finally:
             upload.release()
+        if taken:
+            service.core.stats.count("pool_notes_push_taken")
         return JSONResponse({"taken": taken})
 
     @app.get("/v1/announcements", summary="The signed discovery announcements this validator believes (a JSON list)")

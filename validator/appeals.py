@@ -70,7 +70,7 @@ from validator.intake import Answer
 from validator.judge import Measurements, paid_tokens, reward_mismatch, tolerances_of, units
 from validator.ledger import AppealRow, Ledger
 from validator.near_tie_rule import NearTieRuleError, beyond_honest
-from validator.verdicts import SOFTWARE
+from validator.verdicts import SOFTWARE, STORED_AGE_S, carried_submission
 from validator.weights import WeightStore, WeightsUnavailable
 
 if TYPE_CHECKING:
@@ -78,10 +78,6 @@ if TYPE_CHECKING:
     from validator.core import Core
 
 log = logging.getLogger(__name__)
-
-_STORED_AGE_S = 10 * 365 * 24 * 3600.0
-"""Carried envelopes were sealed long ago; their age is not the point (the chain's appeal window is)."""
-
 
 class NotAppellantError(ProtocolError):
     """The appeal is signed by neither the node key nor the node's operator."""
@@ -188,7 +184,7 @@ class AppealDesk:
         try:
             v_env = Envelope.from_bytes(body.verdict.encode(), max_bytes=self.cfg.max_submission_bytes)
             verdict = open_envelope(v_env, domain=self.domain, replay_guard=RereadRecords(), body_types=[Verdict],
-                                    max_age_s=_STORED_AGE_S)
+                                    max_age_s=STORED_AGE_S)
         except PrimeError as exc:
             return self._refuse(400, "bad_verdict", f"the carried verdict: {exc}")
         assert isinstance(verdict, Verdict)
@@ -201,13 +197,10 @@ class AppealDesk:
             return self._refuse(409, "own_verdict", "this validator gave that verdict; appeal to another one")
         try:
             s_bytes = body.submission.encode()
-            s_env = Envelope.from_bytes(s_bytes, max_bytes=self.cfg.max_submission_bytes)
-            sub = open_envelope(s_env, domain=self.domain, replay_guard=RereadRecords(),
-                                body_types=[Submission, EpisodeSubmission], expected_signer=body.node,
-                                max_age_s=_STORED_AGE_S)
+            sub = carried_submission(s_bytes, domain=self.domain, node=body.node,
+                                     max_bytes=self.cfg.max_submission_bytes)
         except PrimeError as exc:
             return self._refuse(400, "bad_submission", f"the carried submission: {exc}")
-        assert isinstance(sub, Submission | EpisodeSubmission)
         if submission_hash(s_bytes) != verdict.submission_hash:
             return self._refuse(400, "bad_submission", "the submission's hash is not the one the verdict judged")
         if self.core.assignment.work_key(sub.node, sub.policy_version, sub.counter) != body.work_key:
@@ -302,13 +295,10 @@ class AppealDesk:
         hashes: list[bytes] = []
         for text in texts:
             try:
-                env = Envelope.from_bytes(text.encode(), max_bytes=self.cfg.max_submission_bytes)
-                opened = open_envelope(env, domain=self.domain, replay_guard=RereadRecords(),
-                                       body_types=[Submission, EpisodeSubmission], expected_signer=sub.node,
-                                       max_age_s=_STORED_AGE_S)
+                opened = carried_submission(text.encode(), domain=self.domain, node=sub.node,
+                                            max_bytes=self.cfg.max_submission_bytes)
             except PrimeError:
                 return None  # not the node's signature (or not this run's): nothing proven against the node
-            assert isinstance(opened, Submission | EpisodeSubmission)
             bodies.append(opened)
             hashes.append(submission_hash(text.encode()))
         first, second = bodies

@@ -221,6 +221,12 @@ class PoolNotesSettings(Section):
     they were not sent, so the hold reaches them in one round trip, not at their next fetch."""
     push_check_s: float = Field(0.5, gt=0.0)
     """How often the ledger is asked for hard verdicts the peers were not sent yet."""
+    crosscheck: bool = True
+    """Read the pool's `WorkRecorded` events for assignments a peer recorded that this validator also holds, and
+    fetch the peer's envelope (`validator.crosscheck`): a different payload the node signed is an equivocation
+    verdict here, with both envelopes as evidence (a node that split one assignment between validators)."""
+    crosscheck_s: float = Field(2.0, gt=0.0)
+    """How often the pool's new `WorkRecorded` events are read for that."""
     max_nodes: int = Field(1024, ge=1, le=1024)
     """Nodes listed in the served document at most (see `protocol.pool_notes`)."""
 

@@ -381,18 +381,7 @@ class Intake:
 
     def _equivocation(self, existing: Row, body: AnySubmission, data: bytes) -> Answer:
         """A second, different payload signed for an assignment that already has a row."""
-        if existing.outcome != Outcome.REJECTED_HARD.value:
-            decision = self.verdicts.reject(body, data, Reason.EQUIVOCATION,
-                                            f"a second, different payload for assignment #{body.counter} at "
-                                            f"v{body.policy_version}", extra_evidence={
-                                                # both signed payloads, so the evidence alone proves it (an appeal
-                                                # re-checks it from this document; the second is stored nowhere else)
-                                                "submission": data.decode(), "first": existing.envelope.decode(),
-                                                "first_submission_hash": existing.submission_hash})
-            if not self.ledger.decide(existing.work_key, decision):  # the checker decided it first
-                self.ledger.redecide(existing.work_key, decision)
-        row = self.ledger.get(existing.work_key)
-        assert row is not None
+        row = self.verdicts.equivocation(existing, body, data)
         return Answer(409, {"error": "duplicate_work", "detail": "this assignment was already submitted",
                             **row_status(row)})
 

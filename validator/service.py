@@ -40,6 +40,7 @@ from validator.appeals import AppealDesk
 from validator.chainview import ChainView
 from validator.config import ValidatorConfig
 from validator.core import Core
+from validator.crosscheck import CrossCheck
 from validator.ledger import Ledger
 from validator.notes import Notes, NotesPusher
 from validator.peers import PeerWatch
@@ -101,6 +102,13 @@ class Service:
         if cfg.peers and cfg.pool_notes.push:  # a hold decided here reaches the peers at once, not at their next fetch
             self.notes_pusher = NotesPusher(self.notes, peers=self.peers.urls, timeout_s=cfg.pool_notes.timeout_s,
                                             stats=self.core.stats)
+        self.crosscheck: CrossCheck | None = None
+        if cfg.peers and cfg.pool_notes.crosscheck:  # one assignment's payloads split between validators
+            self.crosscheck = CrossCheck(
+                self.pool, deployment.start_block, ledger=self.ledger, verdicts=self.core.verdicts,
+                me=self.identity.address, peers=self.peers.urls, domain=self.domain,
+                max_submission_bytes=cfg.max_submission_bytes, timeout_s=cfg.pool_notes.timeout_s,
+                invalidation_window=lambda: self.chain.invalidation_window, stats=self.core.stats)
         self.appeals = AppealDesk(cfg, self.identity, self.ledger, self.chain,
                                   self.pool if cfg.reporter.enabled else None, self.core, self.weights,
                                   domain=self.domain, replay_guard=self.replay, nonces=self.nonces)
@@ -206,6 +214,8 @@ class Service:
             self._loop("pool-notes", self.cfg.pool_notes.interval_s, self.pool_view.poll)
         if self.notes_pusher is not None:
             self._loop("notes-push", self.cfg.pool_notes.push_check_s, self.notes_pusher.check)
+        if self.crosscheck is not None:
+            self._loop("crosscheck", self.cfg.pool_notes.crosscheck_s, self.crosscheck.step)
 
     def stop(self) -> None:
         self._stop.set()
@@ -219,6 +229,8 @@ class Service:
             self.pool_view.close()
         if self.notes_pusher is not None:
             self.notes_pusher.close()
+        if self.crosscheck is not None:
+            self.crosscheck.close()
         self.replay.close()
         self.nonces.close()
 

@@ -15,9 +15,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from protocol.canonical import canonical_bytes
-from protocol.envelope import Envelope, seal
+from protocol.envelope import Envelope, open_envelope, seal
 from protocol.episodes import AnySubmission, EpisodeFeedItem, EpisodeSubmission
 from protocol.errors import UngradableError
+from protocol.replay import RereadRecords
 from protocol.rollout import (
     FeedGroup,
     FeedItem,
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 SOFTWARE = "prime-validator/0.1"
 """Named in every evidence document: which rules judged it."""
 
+STORED_AGE_S = 10 * 365 * 24 * 3600.0
+"""Carried envelopes were sealed long ago; their age is not the point (the chain's windows are)."""
+
 
 def _hex(data: bytes) -> str:
     return "0x" + data.hex()
@@ -60,6 +64,16 @@ def stored_submission(row: Row) -> AnySubmission:
     if envelope.version == EpisodeSubmission.version:
         return EpisodeSubmission.model_validate(envelope.body)
     return Submission.model_validate(envelope.body)
+
+
+def carried_submission(data: bytes, *, domain: str, node: str, max_bytes: int) -> AnySubmission:
+    """A submission envelope someone else carries to us (an appeal, its evidence, a peer validator's stored row):
+    in our run's `domain`, signed by `node`, of any age and never counted as a replay. `PrimeError` when not."""
+    envelope = Envelope.from_bytes(data, max_bytes=max_bytes)
+    body = open_envelope(envelope, domain=domain, replay_guard=RereadRecords(), expected_signer=node,
+                         body_types=[Submission, EpisodeSubmission], max_age_s=STORED_AGE_S)
+    assert isinstance(body, Submission | EpisodeSubmission)
+    return body
 
 
 class Verdicts:
@@ -110,6 +124,23 @@ class Verdicts:
         """A rejection: hard (slashed, with evidence) or soft as `reason` says."""
         outcome = Outcome.REJECTED_HARD if reason.hard else Outcome.REJECTED_SOFT
         return self.decide(sub, envelope_bytes, outcome, reason, detail, measurements, extra_evidence=extra_evidence)
+
+    def equivocation(self, row: Row, second: AnySubmission, second_bytes: bytes) -> Row:
+        """`second` (sealed as `second_bytes`) is a different payload the node signed for the assignment `row`
+        holds: `row` becomes a hard `equivocation` verdict naming `second`, whose evidence holds both signed
+        envelopes, so the evidence alone proves it (an appeal re-checks it from that document; `second` may be
+        stored nowhere else). A row already hard stays as it is. Returns the row as it stands."""
+        if row.outcome != Outcome.REJECTED_HARD.value:
+            decision = self.reject(second, second_bytes, Reason.EQUIVOCATION,
+                                   f"a second, different payload for assignment #{second.counter} at "
+                                   f"v{second.policy_version}", extra_evidence={
+                                       "submission": second_bytes.decode(), "first": row.envelope.decode(),
+                                       "first_submission_hash": row.submission_hash})
+            if not self.ledger.decide(row.work_key, decision):  # the checker decided it first
+                self.ledger.redecide(row.work_key, decision)
+        now = self.ledger.get(row.work_key)
+        assert now is not None
+        return now
 
     def soften_unreported(self, version: int) -> None:
         """This version's drift-band hard verdicts not yet on chain become `suspected_systemic` (the reporter

@@ -19,6 +19,7 @@ from models.checkpoint import save_checkpoint
 from models.loading import load
 from protocol.errors import ConfigError
 from protocol.rollout import submission_domain
+from shardcast.manifest import SignedManifest
 from trainer import publish as publish_module
 from trainer.config import ShardcastPublish
 from trainer.publish import ShardcastPublisher
@@ -62,6 +63,31 @@ def test_each_version_is_recorded_on_chain_and_announced(published: Pools, deplo
     finally:
         listener.stop()
         publisher.close()
+
+
+def test_a_version_stored_before_a_kill_but_not_on_chain_is_recorded_as_stored_when_handed_again(
+        published: Pools, deployment_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer killed between signing version 2 into its store and `publishPolicy` (publishing runs on a thread
+    after the checkpoint is saved) resumed at step 2 and never published it: nodes waited for v2 on chain, the
+    trainer for their v2 rollouts (`bench.faults`, CI run 54). The resumed run hands its checkpoint again
+    (`trainer.runner.republish_resumed`); the publisher records the stored manifest, not a second signature."""
+    monkeypatch.setenv("TEST_TRAINER_KEY", published.chain.account(TRAINER).account.key.hex())
+    m = load(TINY)
+    ckpt = save_checkpoint(m.model, m.tokenizer, tmp_path / "step-2")
+    offline = ShardcastPublish.model_validate({"store": tmp_path / "origin", "run_id": "test-run",
+                                               "key_env": "TEST_TRAINER_KEY"})
+    ShardcastPublisher(offline).publish(2, ckpt)  # signed into the store; the process dies before the chain
+    manifest = (tmp_path / "origin" / "versions" / "2" / "manifest.json").read_bytes()
+    assert published.admin.policy()[0] == 1
+    resumed = ShardcastPublisher(offline.model_copy(update={"chain": ShardcastPublish.model_validate({
+        "chain": {"deployment": deployment_file, "rpc_url": published.chain.rpc_url}}).chain}))
+    try:
+        resumed.publish(2, ckpt)
+    finally:
+        resumed.close()
+    version, recorded = published.admin.policy()
+    assert version == 2 and recorded == SignedManifest.parse(manifest).manifest.content_hash()
+    assert (tmp_path / "origin" / "versions" / "2" / "manifest.json").read_bytes() == manifest
 
 
 def test_a_key_without_the_trainer_role_stops_the_trainer_before_its_first_step(
