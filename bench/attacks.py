@@ -331,7 +331,9 @@ class Network:
         with served.client() as c:
             for _ in range(retries):
                 r = c.post("/v1/submissions", content=data)
-                if r.status_code != 429:  # an honest node waits out its rate limit
+                # an honest node waits out its rate limit, and a validator's own trouble (503: its chain view or
+                # backlog), as prime-node does
+                if r.status_code not in (429, 503):
                     return r.status_code, dict(r.json())
                 time.sleep(float(r.headers.get("Retry-After", "1")))
         return r.status_code, dict(r.json())
@@ -417,22 +419,23 @@ class SplitPool:
         path = deployment.save(net.tmp / "split.json")
         self.domain = submission_domain(deployment.chain_id, deployment.pool, net.run.run_id)
         self.addresses = [k.address for k in keys]
-        port_a = free_port()
-        self.proxy = ProxyProcess(port_a)
+        port_a, port_proxy = free_port(), free_port()
         model = net.validators[0].service.cfg.model
         self.b = serve(validator_config(net.tmp / "split-b", path, c.rpc_url, model=model, validators=self.addresses,
-                                        peers=[self.proxy.url], failover_after_s=0.5, systemic=GUARD), keys[1])
+                                        peers=[f"http://127.0.0.1:{port_proxy}"], failover_after_s=0.5,
+                                        systemic=GUARD), keys[1])
         self.a = serve(validator_config(net.tmp / "split-a", path, c.rpc_url, model=model, validators=self.addresses,
                                         peers=[self.b.url], systemic=GUARD, pool_notes={"crosscheck_s": 0.2},
                                         reporter={"interval_s": 3600.0, "max_backoff_s": REPORTER_MAX_BACKOFF_S}),
                        keys[0], port_a)
+        self.proxy = ProxyProcess(port_a, port=port_proxy)  # once A listens: B identifies A through it, then
         self._until(lambda: self.addresses[0] in self.b.service.peers.urls(), "B never identified A")
-        self.proxy.close()
+        self.proxy.close()  # it is gone, and A is down to B alone
         self._until(lambda: self.b.service.peers.down(self.addresses[0]), "B never saw A down")
         self._until(lambda: self.addresses[1] in self.a.service.peers.urls(), "A never identified B")
 
     @staticmethod
-    def _until(done: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    def _until(done: Callable[[], object], what: str, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while not done():
             if time.monotonic() > deadline:
@@ -455,10 +458,11 @@ class SplitPool:
                     f"the split pool's validators did not see {identity.address} registered")
         return SimNode(identity, net.loaded, self.domain)
 
-    def report(self) -> None:
-        """A's reporter round (its hard verdicts are held `systemic.window_s` first)."""
-        time.sleep(GUARD["window_s"])
-        self.a.service.reporter.drain()
+    def report(self, key: str, status: Any) -> None:
+        """A's reporter rounds (its hard verdicts are held `systemic.window_s` first; an RPC that fails pauses it) until
+        the chain shows `status` for `key`."""
+        self._until(lambda: self.a.service.reporter.drain() >= 0 and self.pools.admin.get_work(key).status == status,
+                    f"A's report of {key} never showed {status.name} on chain")
 
     def stop(self) -> None:
         self.a.stop()
@@ -481,11 +485,11 @@ def split_assignment(resend_same: bool) -> Callable[[Any, int], Trial]:
         sub, data = node.build(version=VERSION, counter=0)
         _, first = net.post(split.a, data)
         key = first["work_key"]
-        if split.a.wait_decided(key)["outcome"] != "accepted":
+        if split.a.wait_decided(key, 180)["outcome"] != "accepted":
             return Trial("error", "A did not accept the honest payload", False)
         again = node.seal(sub if resend_same else steer_logprobs(sub))
         status, body = net.post(split.b, again)
-        if status not in (200, 202) or split.b.wait_decided(key)["outcome"] != "accepted":
+        if status not in (200, 202) or split.b.wait_decided(key, 180)["outcome"] != "accepted":
             return Trial("refused", str(body.get("error")), False, note=f"B answered {status}")
         pool = split.pools.admin
         split._until(lambda: pool.get_work(key).status == WorkStatus.ACCEPTED, "B never recorded the work")
@@ -494,12 +498,13 @@ def split_assignment(resend_same: bool) -> Callable[[Any, int], Trial]:
         split._until(lambda: stats.get("crosscheck_same", 0) + stats.get("crosscheck_equivocation", 0) > seen,
                      "A never compared its payload with B's")
         row = split.a.service.ledger.get(key)
-        split.report()
         if resend_same:
-            kept = row.outcome == "accepted" and pool.get_work(key).status == WorkStatus.ACCEPTED
+            split.report(key, WorkStatus.ACCEPTED)  # A's own record is skipped: B's stands
+            after = split.a.service.ledger.get(key)
+            kept = row.outcome == "accepted" and after is not None and after.outcome == "accepted"
             return Trial("accepted", row.reason or "the same payload resent", kept,
                          note="an honest resend to the covering validator: no verdict, nothing invalidated")
-        split._until(lambda: pool.get_work(key).status == WorkStatus.HARD_INVALIDATED, "A's slash never landed")
+        split.report(key, WorkStatus.HARD_INVALIDATED)
         ejected = pool.get_node(node.identity.address).status == NodeStatus.EJECTED
         return Trial("hard", str(row.reason), row.reason == "equivocation" and ejected,
                      note="split between A and B (covering): slashed once A saw B's record")
