@@ -204,11 +204,13 @@ def test_devnet_trains_and_accounts_for_every_rollout(devnet: Devnet) -> None:
     audit = _devnet("audit", "--state-dir", str(state))
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "audit: reconciled" in audit.stdout
+    # every version after the first moved as a delta (issue 37): read from the origin's store as status reads it.
+    # The trainer may still publish meanwhile, so the store is read first and `status` after it: status may show
+    # a version more than `rows`, never fewer (read the other way round, a version published between the two reads
+    # failed CI once)
+    rows = published_versions(state / "origin")
     status = _devnet("status", "--state-dir", str(state))
     assert status.returncode == 0 and "running" in status.stdout
-
-    # every version after the first moved as a delta (issue 37): read from the origin's store as status reads it
-    rows = published_versions(state / "origin")
     table = "\n".join(published_lines(rows))
     assert [r["version"] for r in rows] == list(range(len(rows))) and len(rows) >= 2, table
     assert [r["kind"] for r in rows] == [_expected_kind(r["version"]) for r in rows], table
