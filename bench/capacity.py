@@ -16,7 +16,8 @@ It measures nothing itself: it reads the numbers the other benchmarks recorded a
    spread over a step's batches, the node's `claimRewards` share: `gas.json`), and the share of a chain's gas
    throughput the network would use;
    and, for a version sent as a sparse delta (`shardcast/delta.py`), the bytes and time per version for an
-   ASSUMED changed fraction (`--delta-fraction`, default 1 %, 5 %, 10 %: no fraction is measured yet);
+   input changed fraction (`--delta-fraction`, default 1 %, 5 %, 10 %; measured on SmolLM2-135M only: 0.7 % per
+   step at lr 2e-6, 3.5 % at 2e-5, `bench.shardcast --delta --train-lrs`);
 4. gossip: seconds for a policy announcement to reach every node (per-hop latency from `discovery.json`);
 5. trainer: trainer devices per node device (train tokens/s over generation tokens/s, `trainer.json`,
    `node.json`).
@@ -370,9 +371,10 @@ LIMITS = [
     "at once finish sooner, slow or lying relays later",
     "gas is anvil's (cancun) for this contract build; ETH cost = gas x --gas-price-gwei and ignores L1 data fees "
     "of rollups; the chain-load share assumes every accepted batch is recorded as its own work key",
-    "the delta rows rest on an ASSUMED changed fraction per version (--delta-fraction), not a measurement: "
-    "python -m bench.shardcast --delta on real RL checkpoints is to measure it; a delta's bytes are that fraction x "
-    "(4 position bytes + the value) per element, which the delta smoke run reproduced (0.0601 of full at 2 % bf16)",
+    "the delta rows take the changed fraction per version as an input (--delta-fraction): measured on SmolLM2-135M "
+    "only (0.7 % per step at lr 2e-6, 3.5 % at 2e-5: bench/measured/shardcast_delta_smollm2_8steps.json), not on a "
+    "62 GB model; a delta's bytes are that fraction x (4 position bytes + the value) per element, as measured there "
+    "(6 bytes per changed bf16 element)",
     "gossip per hop comes from at most 16 libp2p hosts in one process on 2 cores (CPU-bound); hops = "
     "ceil(log N / log D) assumes a well-mixed mesh of degree D",
     "trainer devices per node device (the throughput bound) is CPU-measured (training is matmul-bound, generation here too); on GPUs "
@@ -404,7 +406,7 @@ def table(result: dict[str, Any]) -> str:
                          f"{_s(t['seconds_measured']):>18} {_s(t['seconds_1gbit']):>9} {_s(t['seconds_10gbit']):>9}")
     if any(r.get("delta") for r in result["networks"]):
         lines.append("")
-        lines.append(f"delta versions (changed fraction ASSUMED, not measured; an anchor every {a['anchor_every']}): "
+        lines.append(f"delta versions (changed fraction an input, --delta-fraction; an anchor every {a['anchor_every']}): "
                      "seconds to every node, measured egress / 10 Gbit/s")
         ks = [t["fanout"] for t in result["networks"][0]["relays"]]
         lines.append(f"{'nodes':>6} {'changed':>7} {'delta/full':>10} {'GB/delta':>8} {'GB/version':>10} "
@@ -451,7 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="gas per second the chain executes (Ethereum mainnet: 30M per 12 s block)")
     p.add_argument("--gossip-degree", type=int, default=6, help="gossipsub mesh degree D")
     p.add_argument("--delta-fraction", type=float, nargs="*", default=[0.01, 0.05, 0.10],
-                   help="ASSUMED share of the weights' elements one RL step changes (not measured yet): the delta rows")
+                   help="share of the weights' elements one RL step changes (SmolLM2-135M measured 0.7 %% at lr 2e-6, "
+                        "3.5 %% at 2e-5): the delta rows")
     p.add_argument("--anchor-every", type=int, default=8,
                    help="a full anchor every N versions, deltas between (the trainer's publish.anchor_every)")
     args = p.parse_args(argv)

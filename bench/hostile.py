@@ -2,16 +2,19 @@
 
 A validator process with all its loops (`bench.validator_http.Served`) on anvil (`bench.validator.Chain`), honest
 nodes submitting real work (the tiny model, `bench.load.build_honest`) with their upload headers as prime-node
-does, one at a time each, waiting for each verdict (429/503/425: back after 1 s). First alone (the baseline), then
-beside, for `duration_s`:
+does, one at a time each, waiting for each verdict (429/503/425: back after 1 s), each at most one submission every
+`honest_every_s` (a node's batch cadence), so the honest work spans the whole attack. First alone (the baseline),
+then beside, for `duration_s`:
 
 - `slow_uploads` connections from no key, each sending a submission's headers and then one body byte every
   2 s (reconnecting when cut);
 - `audits` threads asking `GET /v1/audit` (rows) in a loop;
 - `appeals` slow 16 MiB appeal uploads under 8 registered attacker keys' upload headers (one byte every 2 s,
   reconnecting when cut or refused);
-- `staked` registered keys sending junk work (cheap failures: an honest payload re-sealed under other counters)
-  as fast as the validator lets them (`bench.load`'s flood sender).
+- `staked` registered keys as fast as the validator lets them (`bench.load`'s flood sender): half send junk work
+  (cheap failures: an honest payload re-sealed under other counters; slashed at the first verdict, then refused),
+  half work for a version outside the run's window (refused at intake: no row, no verdict, no slash, so they go on
+  for the whole attack; JSON `attackers.staked_outside_window`).
 
 Reported (JSON keys): `honest_acceptance` (accepted / submitted during the attack; goal >= 0.99),
 `p99_over_baseline` (honest post-to-verdict latency p99 under attack over the baseline's; goal <= 2), the
@@ -20,6 +23,7 @@ validator's RSS and ledger size before, at peak and after, and what the attacker
 
 from __future__ import annotations
 
+import math
 import socket
 import statistics
 import threading
@@ -38,9 +42,12 @@ class HostileLoad:
     honest_nodes: int = 4
     baseline: int = 20
     """Honest submissions in the baseline (spread over `honest_nodes`)."""
-    attack: int = 200
-    """Honest submissions under attack (at most; the phase ends at `duration_s`)."""
+    attack: int | None = None
+    """Honest submissions under attack (at most; the phase ends at `duration_s`); default: enough for every honest
+    node to submit every `honest_every_s` for `duration_s`."""
     duration_s: float = 600.0
+    honest_every_s: float = 3.0
+    """Each honest node starts a submission at most this often (the baseline's too)."""
     slow_uploads: int = 64
     audits: int = 200
     appeals: int = 100
@@ -56,13 +63,15 @@ def _p99(xs: list[float]) -> float | None:
 
 
 def _honest(url: str, node: Any, items: list[tuple[bytes, str]], deadline: float, out: list[dict[str, Any]],
-            lock: threading.Lock) -> None:
+            lock: threading.Lock, every_s: float = 0.0) -> None:
     import httpx
 
     from bench.load import _signed
 
+    start = time.monotonic()
     with httpx.Client(base_url=url, timeout=60) as c:
-        for data, key in items:
+        for i, (data, key) in enumerate(items):
+            time.sleep(max(0.0, start + i * every_s - time.monotonic()))
             if time.monotonic() >= deadline:
                 return
             t0, outcome = time.monotonic(), None
@@ -143,7 +152,10 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
         honest_ids = chain.nodes[:spec.honest_nodes]
         staked_ids = chain.nodes[spec.honest_nodes:spec.honest_nodes + spec.staked]
         appeal_ids = chain.nodes[spec.honest_nodes + spec.staked:]
-        built, _ = build_honest(honest_ids, spec.baseline + spec.attack, domain)
+        attack = spec.attack or math.ceil(spec.duration_s / spec.honest_every_s) * len(honest_ids)
+        built, build_s = build_honest(honest_ids, spec.baseline + attack, domain)
+        print(f"hostile: built {len(built)} honest submissions in {build_s:.0f} s", flush=True)
+        out["honest_planned"] = attack
         junk, _ = build_honest(staked_ids, len(staked_ids), domain) if staked_ids else ([], 0.0)
         cfg = flood_config(tmp / "v", deployment, chain.rpc_url, FloodLoad(threads=spec.threads), unheld=False)
         served = vhttp.Served(cfg, spec.threads, loops=True, tmp=tmp / "served")
@@ -157,7 +169,7 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
                 done: list[dict[str, Any]] = []
                 per_node = [[(d, k) for s, _, _, d, k in items if s == i] for i in range(len(honest_ids))]
                 threads = [threading.Thread(target=_honest, args=(served.url, honest_ids[i], per_node[i], deadline,
-                                                                  done, lock), daemon=True)
+                                                                  done, lock, spec.honest_every_s), daemon=True)
                            for i in range(len(honest_ids))]
                 for t in threads:
                     t.start()
@@ -183,9 +195,13 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
                                                                        tally["appeal"], lock), daemon=True))
             attack_deadline = time.monotonic() + spec.duration_s
             junk_log: list[tuple[float, Any, int]] = []
-            workers += [threading.Thread(target=_flood_sender, args=(served.url, staked_ids[i], sub, domain,
-                                                                     attack_deadline, junk_log, lock), daemon=True)
-                        for i, (_, sub, _, _, _) in enumerate(junk)]
+            window_log: list[tuple[float, Any, int]] = []
+            # half the staked keys send junk (slashed at the first verdict, then refused), half work for a version
+            # outside the window (never a row, never a slash: they send for the whole attack)
+            workers += [threading.Thread(target=_flood_sender, args=(
+                served.url, staked_ids[i], sub, domain, attack_deadline, *(
+                    (junk_log, lock) if i % 2 == 0 else (window_log, lock, sub.policy_version + 1000))), daemon=True)
+                for i, (_, sub, _, _, _) in enumerate(junk)]
             for w in workers:
                 w.start()
             samples: list[tuple[float, float]] = []
@@ -210,6 +226,7 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
     finally:
         chain.stop()
     tally["staked"].update(str(st) for _, st, _ in junk_log)
+    tally["staked_outside_window"] = Counter(str(st) for _, st, _ in window_log)
     accepted = [r for r in hit if r["outcome"] == "accepted"]
     base_p99 = _p99([r["latency_s"] for r in base if r["outcome"] == "accepted"])
     hit_p99 = _p99([r["latency_s"] for r in accepted])

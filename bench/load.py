@@ -611,7 +611,10 @@ def flood_config(state: Path, deployment: Path, rpc_url: str, spec: FloodLoad, u
 
 
 def _flood_sender(url: str, node: Any, sub: Any, domain: str, deadline: float, log: list[tuple[float, Any, int]],
-                  lock: threading.Lock) -> None:
+                  lock: threading.Lock, policy_version: int | None = None) -> None:
+    """Junk work from a staked key as fast as the validator lets it: an honest payload re-sealed under other
+    counters (the assigned tasks differ: cheap, hard), or with `policy_version`, work for a version outside the
+    run's window (refused at intake with no row and no verdict: the key is never slashed and goes on)."""
     import httpx
 
     from protocol.envelope import seal
@@ -620,8 +623,11 @@ def _flood_sender(url: str, node: Any, sub: Any, domain: str, deadline: float, l
     with httpx.Client(base_url=url, timeout=30) as c:
         i = 0
         while time.monotonic() < deadline:
-            i += 1  # another counter: the assigned tasks differ from the ones in the payload (cheap, hard)
-            data = seal(node, sub.model_copy(update={"counter": i}), domain=domain, nonce=random_nonce()).to_bytes()
+            i += 1
+            update: dict[str, Any] = {"counter": i}
+            if policy_version is not None:
+                update["policy_version"] = policy_version
+            data = seal(node, sub.model_copy(update=update), domain=domain, nonce=random_nonce()).to_bytes()
             try:
                 r = c.post("/v1/submissions", content=data, headers=_signed(c, node, data))
                 status: Any = r.status_code

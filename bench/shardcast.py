@@ -33,6 +33,15 @@ plain_http_s, raw_copy_s, ratios, rounds, cpu_s).
 
     python -m bench.shardcast --delta --smoke --json out.json
 
+`--delta --train-lrs 2e-5,...` measures real RL checkpoints instead of synthetic ones (`run_trained_delta`): for
+each learning rate the trainer runs local-mode GRPO (SmolLM2-135M on reverse-text, `configs/trainer/
+reverse-text-smollm2.toml` with warm-up off, `--train-steps` steps, a checkpoint every step); every step's weights go
+through the trainer's own publisher (`ShardcastPublisher`, bf16, each version a delta against the one before, an
+anchor only where a delta is not smaller), which reports the changed fraction and the bytes of every version; then
+the last two versions of the first learning rate go through origin -> relays -> clients as full and as delta.
+
+    python -m bench.shardcast --delta --train-lrs 2e-6,2e-5,6e-5 --json bench/measured/shardcast_delta_smollm2.json
+
 `--smoke` runs every system once at the smallest size so a default-tier test keeps the bench from rotting;
 it runs the reference (the anchor) only if its venv bench/.venvs/shardcast-ref already exists, says so
 when it skips it, and exits 1 if a system that ran failed.
@@ -592,9 +601,16 @@ def main() -> int:
     parser.add_argument("--delta", action="store_true", help="measure delta versions against full ones (run_delta)")
     parser.add_argument("--delta-fraction", type=float, default=0.02,
                         help="--delta: share of the weights that change between versions (default 0.02)")
+    parser.add_argument("--train-lrs", default=None,
+                        help="--delta: measure real RL checkpoints trained at these learning rates (comma-separated; "
+                             "run_trained_delta) instead of synthetic weights")
+    parser.add_argument("--train-steps", type=int, default=None,
+                        help="--train-lrs: trainer steps per learning rate (default 4; --smoke: 3 on the tiny model)")
     args = parser.parse_args()
     if args.smoke:
         args.clients, args.cold, args.rounds = 2, True, 1
+    if args.delta and args.train_lrs:
+        return run_trained_delta(args)
     if args.delta:
         return run_delta(args)
     CLIENTS = args.clients
@@ -703,8 +719,11 @@ def _bf16_weights(path: Path, elements: int, seed: int, base: Path | None = None
     save_file(tensors, str(path))
 
 
-def run_delta(args: argparse.Namespace) -> int:
-    """Full against delta for the same v2, through origin -> relays -> clients holding v1, in one process."""
+def relay_tree_full_and_delta(v1: Path, v2: Path, scratch: Path, *, shard: int,
+                              clients: int) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
+    """Seconds from publishing v2 until every client (holding v1) holds it verified, once as full weights and once
+    as a delta against v1, through origin -> relays -> clients in one process; and the bytes that travelled and the
+    full bytes of each. `v1` and `v2` are directories of weights already in the published dtype (bf16)."""
     import asyncio
 
     from protocol.identity import Identity
@@ -712,13 +731,52 @@ def run_delta(args: argparse.Namespace) -> int:
     from shardcast.manifest import SignedManifest
     from shardcast.publisher import DeltaBase, publish_blocking
 
+    trainer = Identity.create()
+    results: dict[str, float] = {}
+    sizes: dict[str, tuple[int, int]] = {}
+
+    async def one(mode: str) -> float:
+        store = scratch / f"origin-{mode}"
+        first = publish_blocking(v1, store, identity=trainer, run_id="bench", version=1, shard_size=shard,
+                                 dtype="bfloat16")
+        async with Origin(store, run_id="bench", shard_size=shard, watch_interval_s=0.05) as origin:
+            relays = [Relay([origin.url], trainer=trainer.address, store_root=scratch / f"relay-{mode}-{i}",
+                            poll_wait_s=5) for i in range(RELAYS)]
+            for relay in relays:
+                await relay.start()
+            try:
+                pulls = [Client([r.url for r in relays], trainer=trainer.address, out_dir=scratch / f"c-{mode}-{i}",
+                                progress=False, wait_s=60) for i in range(clients)]
+                await asyncio.gather(*(c.pull(1) for c in pulls))  # everyone holds v1 before the clock
+                t0 = time.monotonic()
+                signed = await asyncio.to_thread(
+                    publish_blocking, v2, store, identity=trainer, run_id="bench", version=2, shard_size=shard,
+                    dtype="bfloat16", base=DeltaBase(v1, first.manifest) if mode == "delta" else None)
+                await asyncio.gather(*(c.pull(2) for c in pulls))
+                seconds = time.monotonic() - t0
+            finally:
+                for relay in relays:
+                    await relay.stop()
+        sizes[mode] = (signed.manifest.total_bytes, signed.manifest.full_bytes)
+        for i in range(clients):
+            got = SignedManifest.parse((scratch / f"c-{mode}-{i}" / "manifests" / "2.json").read_bytes()).manifest
+            assert got.weights_hash() == signed.manifest.weights_hash()
+            for f in v2.iterdir():
+                assert (scratch / f"c-{mode}-{i}" / "v2" / f.name).read_bytes() == f.read_bytes(), f.name
+        return seconds
+
+    for mode in ("full", "delta"):
+        results[mode] = asyncio.run(asyncio.wait_for(one(mode), 600))
+        print(f"  {mode}: {results[mode]:.2f} s, {sizes[mode][0]} bytes travel per version", flush=True)
+    return results, sizes
+
+
+def run_delta(args: argparse.Namespace) -> int:
+    """Full against delta for the same v2, through origin -> relays -> clients holding v1, in one process."""
     size_mib = args.size_mib or (4 if args.smoke else 64 if args.quick else 256)
     shard = (args.shard_mib or (1 if args.smoke else 4)) * MiB
     clients = args.clients
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="shardcast-delta-"))
-    trainer = Identity.create()
-    results: dict[str, float] = {}
-    sizes: dict[str, tuple[int, int]] = {}
     try:
         v1, v2 = scratch / "v1", scratch / "v2"
         for d in (v1, v2):
@@ -726,40 +784,7 @@ def run_delta(args: argparse.Namespace) -> int:
             (d / "config.json").write_text("{}")
         _bf16_weights(v1 / "model.safetensors", size_mib * MiB // 2, seed=1)
         _bf16_weights(v2 / "model.safetensors", 0, seed=2, base=v1 / "model.safetensors", fraction=args.delta_fraction)
-
-        async def one(mode: str) -> float:
-            store = scratch / f"origin-{mode}"
-            first = publish_blocking(v1, store, identity=trainer, run_id="bench", version=1, shard_size=shard,
-                                     dtype="bfloat16")
-            async with Origin(store, run_id="bench", shard_size=shard, watch_interval_s=0.05) as origin:
-                relays = [Relay([origin.url], trainer=trainer.address, store_root=scratch / f"relay-{mode}-{i}",
-                                poll_wait_s=5) for i in range(RELAYS)]
-                for relay in relays:
-                    await relay.start()
-                try:
-                    pulls = [Client([r.url for r in relays], trainer=trainer.address, out_dir=scratch / f"c-{mode}-{i}",
-                                    progress=False, wait_s=60) for i in range(clients)]
-                    await asyncio.gather(*(c.pull(1) for c in pulls))  # everyone holds v1 before the clock
-                    t0 = time.monotonic()
-                    signed = await asyncio.to_thread(
-                        publish_blocking, v2, store, identity=trainer, run_id="bench", version=2, shard_size=shard,
-                        dtype="bfloat16", base=DeltaBase(v1, first.manifest) if mode == "delta" else None)
-                    await asyncio.gather(*(c.pull(2) for c in pulls))
-                    seconds = time.monotonic() - t0
-                finally:
-                    for relay in relays:
-                        await relay.stop()
-            sizes[mode] = (signed.manifest.total_bytes, signed.manifest.full_bytes)
-            for i in range(clients):
-                got = SignedManifest.parse((scratch / f"c-{mode}-{i}" / "manifests" / "2.json").read_bytes()).manifest
-                assert got.weights_hash() == signed.manifest.weights_hash()
-                assert (scratch / f"c-{mode}-{i}" / "v2" / "model.safetensors").read_bytes() == \
-                    (v2 / "model.safetensors").read_bytes()
-            return seconds
-
-        for mode in ("full", "delta"):
-            results[mode] = asyncio.run(asyncio.wait_for(one(mode), 600))
-            print(f"  {mode}: {results[mode]:.2f} s, {sizes[mode][0]} bytes travel per version", flush=True)
+        results, sizes = relay_tree_full_and_delta(v1, v2, scratch, shard=shard, clients=clients)
     finally:
         if args.workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -772,6 +797,121 @@ def run_delta(args: argparse.Namespace) -> int:
         "machine": harness.machine(), "smoke": args.smoke,
     }
     print("delta:", json.dumps({k: report[k] for k in ("delta_bytes_over_full", "full_time_over_delta_time")}))
+    harness.write_json(args.json, report)
+    return 0
+
+
+def train_checkpoints(out: Path, lr: float, steps: int, *, smoke: bool) -> Path:
+    """Local-mode GRPO at `lr` for `steps` steps (SmolLM2 on reverse-text; `smoke`: the tiny model), a checkpoint
+    every step, each published as plain files into `out/published/step-<n>/`; returns that folder."""
+    config = "reverse-text-tiny.toml" if smoke else "reverse-text-smollm2.toml"
+    cmd = [sys.executable, "-m", "trainer.cli", "--config", str(ROOT / "configs" / "trainer" / config),
+           "--max-steps", str(steps), "--optim.lr", repr(lr), "--optim.warmup-steps", "0",
+           "--torch-threads", str(min(2, os.cpu_count() or 1)), "--metrics-file", str(out / "metrics.jsonl"),
+           "--checkpoint.dir", str(out / "checkpoints"), "--checkpoint.interval", "1", "--checkpoint.keep", "1",
+           "--publish.type", "local", "--publish.path", str(out / "published")]
+    if smoke:  # seconds: a few tiny groups
+        cmd += ["--batch.groups-per-step", "4", "--data.group-size", "4", "--data.max-new-tokens", "16"]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the trainer at lr {lr:g} exited {done.returncode}: {done.stderr[-2000:]}")
+    print(f"  trained {steps} steps at lr {lr:g} in {time.monotonic() - t0:.0f} s", flush=True)
+    return out / "published"
+
+
+def changed_fraction(a: Path, b: Path, dtype: str = "bfloat16") -> float:
+    """The share of floating-point elements whose `dtype` bit pattern differs between two safetensors files."""
+    import torch
+    from safetensors import safe_open
+
+    target = getattr(torch, dtype)
+    changed = total = 0
+    with safe_open(str(a), framework="pt") as fa, safe_open(str(b), framework="pt") as fb:
+        for name in fa.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            x = fa.get_tensor(name)
+            if not x.is_floating_point():
+                continue
+            bits = torch.int16 if target.itemsize == 2 else torch.int32
+            y = fb.get_tensor(name).to(target).view(bits)
+            changed += int((x.to(target).view(bits) != y).sum())
+            total += x.numel()
+    return changed / total
+
+
+def run_trained_delta(args: argparse.Namespace) -> int:
+    """Real RL checkpoints through the trainer's own publisher, then the relay tree on the last pair."""
+    from protocol.identity import Identity
+    from trainer.config import ShardcastPublish
+    from trainer.publish import ShardcastPublisher, cast_weights
+
+    lrs = [float(x) for x in args.train_lrs.split(",")]
+    steps = args.train_steps or (3 if args.smoke else 4)
+    if steps < 2:
+        raise SystemExit("--train-steps must be at least 2 (a delta needs the version before)")
+    shard = (args.shard_mib or (1 if args.smoke else 4)) * MiB
+    scratch = Path(args.workdir or tempfile.mkdtemp(prefix="shardcast-trained-delta-"))
+    per_lr: list[dict[str, object]] = []
+    timed: tuple[dict[str, float], dict[str, tuple[int, int]]] | None = None
+    try:
+        for lr in lrs:
+            published = train_checkpoints(scratch / f"lr-{lr:g}", lr, steps, smoke=args.smoke)
+            versions = sorted(int(p.name.removeprefix("step-")) for p in published.glob("step-*"))
+            publisher = ShardcastPublisher(
+                ShardcastPublish(store=scratch / f"store-{lr:g}", dtype="bfloat16", anchor_every=steps + 1,
+                                 shard_mib=shard // MiB), identity=Identity.create())
+            rows = []
+            for i, v in enumerate(versions):
+                publisher.publish(v, published / f"step-{v}")
+                travel, full = publisher.sent_bytes[v]
+                row = {"version": v, "bytes": travel, "full_bytes": full, "over_full": round(travel / full, 4)}
+                if i:
+                    row["changed_fraction"] = round(changed_fraction(published / f"step-{versions[i - 1]}" /
+                                                                     "model.safetensors",
+                                                                     published / f"step-{v}" / "model.safetensors"), 5)
+                rows.append(row)
+                print(f"  lr {lr:g} v{v}: {travel} of {full} bytes ({travel / full:.1%})"
+                      + (f", {row['changed_fraction']:.2%} of the bf16 weights changed" if i else " (anchor)"),
+                      flush=True)
+            publisher.close()
+            deltas = rows[1:]
+            per_lr.append({
+                "lr": lr, "versions": rows,
+                "changed_fraction_mean": round(statistics.mean(float(r["changed_fraction"]) for r in deltas), 5),
+                "delta_bytes_over_full_mean": round(statistics.mean(float(r["over_full"]) for r in deltas), 4),
+            })
+            if timed is None:  # the first learning rate's last pair through the relay tree
+                pair = []
+                for v in versions[-2:]:
+                    d = scratch / f"tree-v{v}"
+                    d.mkdir()
+                    for f in (published / f"step-{v}").iterdir():
+                        if f.suffix == ".safetensors":
+                            cast_weights(f, d / f.name, "bfloat16")
+                        elif f.is_file():
+                            shutil.copy2(f, d / f.name)
+                    pair.append(d)
+                timed = relay_tree_full_and_delta(pair[0], pair[1], scratch / "tree", shard=shard,
+                                                  clients=args.clients)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    assert timed is not None
+    results, sizes = timed
+    report = {
+        "delta_bytes_over_full": round(sizes["delta"][0] / sizes["full"][0], 4),
+        "full_time_over_delta_time": round(results["full"] / results["delta"], 2),
+        "full_s": round(results["full"], 3), "delta_s": round(results["delta"], 3),
+        "timed_lr": lrs[0], "per_lr": per_lr, "steps": steps, "shard_bytes": shard, "relays": RELAYS,
+        "clients": args.clients,
+        "weights": ("tiny model (smoke)" if args.smoke else "SmolLM2-135M") + ": local-mode GRPO on reverse-text, "
+                   "warm-up off, published in bf16 by the trainer's ShardcastPublisher",
+        "command": harness.command("shardcast"), "machine": harness.machine(), "smoke": args.smoke,
+    }
+    print("delta:", json.dumps({k: report[k] for k in ("delta_bytes_over_full", "full_time_over_delta_time")}))
+    for entry in per_lr:
+        print(f"  lr {entry['lr']:g}: {float(entry['changed_fraction_mean']):.2%} of the weights changed per step, "
+              f"deltas {float(entry['delta_bytes_over_full_mean']):.1%} of the full bytes")
     harness.write_json(args.json, report)
     return 0
 

@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chain: DevChain | None = None
+    stop = threading.Event()
+    if args.devnet:
+        # before anything starts: a SIGTERM at any moment (a test or a supervisor stopping it right after the
+        # "dev chain at" line, before the handler would otherwise be in place) ends the run cleanly, anvil stopped
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         if args.devnet:
             chain = DevChain.start(port=args.port)
@@ -90,8 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pool {deployment.pool} token {deployment.token} chain {deployment.chain_id} -> {args.out}")
         if chain is not None:
             print(f"dev chain at {chain.rpc_url}; Ctrl-C to stop", flush=True)
-            stop = threading.Event()
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
             try:
                 stop.wait()
             except KeyboardInterrupt:

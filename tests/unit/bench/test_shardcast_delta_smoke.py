@@ -24,3 +24,25 @@ def test_delta_smoke_writes_both_ratios(tmp_path: Path) -> None:
     assert report["full_time_over_delta_time"] > 0 and report["smoke"] is True
     # 2% of bf16 elements changed: 4-byte positions + 2-byte values per change, ~6% of the full bytes
     assert 0.03 < report["delta_bytes_over_full"] < 0.1
+
+
+@pytest.mark.timeout(300)
+def test_trained_delta_smoke_publishes_real_checkpoints_through_the_trainers_publisher(tmp_path: Path) -> None:
+    """`--delta --train-lrs` on the tiny model: three trainer steps, each version through the trainer's publisher,
+    the changed fraction of each step and the last pair through the relay tree (counts, not timing)."""
+    out = tmp_path / "trained.json"
+    done = subprocess.run([sys.executable, "-m", "bench.shardcast", "--delta", "--smoke", "--train-lrs", "1e-5",
+                           "--json", str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                                "OMP_NUM_THREADS": "1"},
+                          timeout=280, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    (entry,) = report["per_lr"]
+    assert entry["lr"] == 1e-5 and [r["version"] for r in entry["versions"]] == [1, 2, 3]
+    first, *later = entry["versions"]
+    assert first["bytes"] == first["full_bytes"] and "changed_fraction" not in first  # the first is an anchor
+    # a real Adam step changes some bf16 weights and leaves others (fp32 master weights, bf16 rounding); a step
+    # whose groups all tied (no advantage, no gradient) may change none
+    assert all(0.0 <= row["changed_fraction"] < 1.0 and row["bytes"] <= row["full_bytes"] for row in later), later
+    assert any(row["changed_fraction"] > 0.0 for row in later), later
+    assert report["full_time_over_delta_time"] > 0 and 0 < report["delta_bytes_over_full"] <= 1.0
