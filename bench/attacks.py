@@ -587,16 +587,19 @@ def stale_junk_flood(net: Any, trial: int) -> Trial:
     attacker, honest = net.node(), net.node()
     served, _ = net.assigned(attacker, 1)
     stale_keys, statuses = [], Counter[str]()
+    # every payload is built before its connection opens: building one takes seconds on a loaded box, and a
+    # connection idle past the validator's keep-alive (5 s) is closed under the next request (CI runs 68, 69)
+    stale = [attacker.build(version=1, counter=k, cheat="junk" if k % 2 else None)[1] for k in range(24)]
     with served.client() as c:
-        for k in range(24):
-            sub, data = attacker.build(version=1, counter=k, cheat="junk" if k % 2 else None)
+        for k, data in enumerate(stale):
             stale_keys.append("0x" + net.pools.work_key(net.run.run_id, attacker.identity.address, 1, k).hex())
             r = c.post("/v1/submissions", content=data)
             statuses[f"{r.status_code} {r.json().get('error') or r.json().get('reason')}"] += 1
     mine, _ = net.assigned(attacker)
+    junk = [attacker.build(version=VERSION, counter=k, cheat="junk")[1] for k in range(8)]
     with mine.client() as c:
-        for k in range(8):  # junk at v3: the first is a hard verdict, the rest wait behind it (429) or are refused
-            r = c.post("/v1/submissions", content=attacker.build(version=VERSION, counter=k, cheat="junk")[1])
+        for data in junk:  # junk at v3: the first is a hard verdict, the rest wait behind it (429) or are refused
+            r = c.post("/v1/submissions", content=data)
             statuses[f"{r.status_code} {r.json().get('error') or r.json().get('reason')}"] += 1
             if r.status_code in (200, 202) and r.json().get("outcome") == "rejected_hard":
                 net.hard_keys.append((mine, r.json()["work_key"]))
