@@ -843,7 +843,7 @@ def run_trained_delta(args: argparse.Namespace) -> int:
     """Real RL checkpoints through the trainer's own publisher, then the relay tree on the last pair."""
     from protocol.identity import Identity
     from trainer.config import ShardcastPublish
-    from trainer.publish import ShardcastPublisher, cast_weights
+    from trainer.publish import ShardcastPublisher, stage_public
 
     lrs = [float(x) for x in args.train_lrs.split(",")]
     steps = args.train_steps or (3 if args.smoke else 4)
@@ -885,11 +885,7 @@ def run_trained_delta(args: argparse.Namespace) -> int:
                 for v in versions[-2:]:
                     d = scratch / f"tree-v{v}"
                     d.mkdir()
-                    for f in (published / f"step-{v}").iterdir():
-                        if f.suffix == ".safetensors":
-                            cast_weights(f, d / f.name, "bfloat16")
-                        elif f.is_file():
-                            shutil.copy2(f, d / f.name)
+                    stage_public(published / f"step-{v}", d, "bfloat16")
                     pair.append(d)
                 timed = relay_tree_full_and_delta(pair[0], pair[1], scratch / "tree", shard=shard,
                                                   clients=args.clients)

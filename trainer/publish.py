@@ -83,6 +83,20 @@ def cast_weights(source: Path, dest: Path, dtype: str) -> None:
               str(dest), metadata=metadata or {"format": "pt"})
 
 
+def stage_public(checkpoint: Path, staging: Path, dtype: str) -> None:
+    """Put a checkpoint's public files into `staging` as they are published: weights in `dtype`, the rest as is."""
+    for item in sorted(checkpoint.iterdir()):
+        if item.name in PRIVATE_FILES or not item.is_file():
+            continue
+        if item.suffix == ".safetensors" and dtype != "float32":
+            cast_weights(item, staging / item.name, dtype)
+            continue
+        try:  # checkpoints are immutable once written: a hard link is enough, a copy otherwise
+            os.link(item, staging / item.name)
+        except OSError:
+            shutil.copy2(item, staging / item.name)
+
+
 class LocalDirectoryPublisher(Publisher):
     """Copies each checkpoint's weights and config to `<root>/step-<n>/` atomically, then points `latest` at it."""
 
@@ -190,16 +204,7 @@ class ShardcastPublisher(Publisher):
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
         try:
-            for item in sorted(Path(path).iterdir()):
-                if item.name in PRIVATE_FILES or not item.is_file():
-                    continue
-                if item.suffix == ".safetensors" and self.settings.dtype != "float32":
-                    cast_weights(item, staging / item.name, self.settings.dtype)
-                    continue
-                try:  # checkpoints are immutable once written: a hard link is enough, a copy otherwise
-                    os.link(item, staging / item.name)
-                except OSError:
-                    shutil.copy2(item, staging / item.name)
+            stage_public(Path(path), staging, self.settings.dtype)
             base = self._delta_base(step)
             signed = publish_blocking(staging, self.store, identity=self.identity, run_id=self.settings.run_id,
                                       version=step, shard_size=self.settings.shard_mib << 20,
