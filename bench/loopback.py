@@ -185,7 +185,9 @@ def validator_config(state_dir: Path, deployment_path: Path, rpc_url: str, **ove
         "chain": {"deployment": deployment_path, "rpc_url": rpc_url, "poll_s": 0.2},
         "systemic": {"window_s": 0.5, "min_nodes": 3, "fraction": 0.5},
         "reporter": {"interval_s": 0.2, "max_backoff_s": REPORTER_MAX_BACKOFF_S},
-        "audit_cache_s": 0.0,  # the tests read the audit right after the rows they check (a test sets it to test it)
+        # the tests read the audit right after the rows they check, as often as they poll (a test sets these to test
+        # them)
+        "audit_cache_s": 0.0, "audit_rate_per_address": 1000.0, "audit_burst_per_address": 1000,
         # the tiny model in fp32 everywhere: honest replay margins are 0.0, so a skipped near-tie EOS is a cheat
         "checks": {"eos_tie_drift": FP32_EOS_TIE_DRIFT},
     }

@@ -290,7 +290,9 @@ class Network:
                 "chain": {"deployment": str(deployment), "rpc_url": rpc, "poll_s": 0.5},
                 "key": {"key_env": "PRIME_DEVNET_VALIDATOR_KEY"},
                 "reporter": {"interval_s": 1.0},
-                "audit_cache_s": 0.0,  # `prime-devnet audit` reconciles with fresh reads; a local network's operator
+                # `prime-devnet audit` and the fault bench reconcile with fresh reads, as often as they like: on a local
+                # network every reader is the operator
+                "audit_cache_s": 0.0, "audit_rate_per_address": 1000.0, "audit_burst_per_address": 1000,
                 "discovery": {"listen": self.listen(f"validator-{i}")} if self.hosts else None,
             })
             validators.append(self.table.start(

@@ -36,6 +36,7 @@ from validator.gate import Gate, Lane, SlotPool
 from validator.intake import row_status
 from validator.peers import PROBE_PATH
 from validator.poolview import StaleNotesError
+from validator.ratelimit import KeyedBuckets
 from validator.service import Service
 
 if TYPE_CHECKING:
@@ -364,8 +365,9 @@ def build_app(service: Service) -> FastAPI:
                 "items": [{"seq": seq, "work_key": key, "envelope": item.decode()} for seq, key, item in items],
                 "next": items[-1][0] if items else after, "listing": listing}
 
-    audit_cache: dict[str, Any] = {"at": -math.inf, "report": None}
+    audit_cache: dict[str, Any] = {"at": -math.inf, "body": None}
     audit_threads = anyio.CapacityLimiter(1)  # one scan at a time, on a thread of its own
+    audit_senders = KeyedBuckets(cfg.audit_rate_per_address, cfg.audit_burst_per_address)  # the event loop's only
     token = os.environ.get(cfg.audit_token_env) if cfg.audit_token_env else None
     if cfg.audit_token_env and not token:
         log.warning("audit_token_env names %s, which is not set: no audit request counts as the operator's",
@@ -375,38 +377,54 @@ def build_app(service: Service) -> FastAPI:
         given = request.headers.get("authorization", "")
         return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
-    def full_report() -> dict[str, Any]:
+    def full_report() -> bytes:
+        """A scan of the ledger, JSON-encoded once (on the scan's thread): a cached report is served as these
+        bytes, never encoded again per request."""
         report = service.ledger.audit()
         report["counter_holes"] = service.ledger.counter_holes()  # per node: assignments skipped (never sent)
-        return report
+        return json.dumps(report, separators=(",", ":")).encode()
 
-    async def scanned(fresh: bool) -> tuple[dict[str, Any], float]:
-        """The full report and its age: a new scan when `fresh` or the cached one is `audit_cache_s` old, else the
-        cached one. Requests that queue behind a scan take its result."""
+    async def scanned(fresh: bool) -> tuple[bytes, float]:
+        """The full report's JSON and its age: a new scan when `fresh` or the cached one is `audit_cache_s` old,
+        else the cached one. Requests that queue behind a scan take its result."""
         asked = time.monotonic()
         async with audit_threads:
-            if audit_cache["report"] is None or audit_cache["at"] < asked - (0.0 if fresh else cfg.audit_cache_s):
-                report = await asyncio.to_thread(full_report)
-                audit_cache.update(report=report, at=time.monotonic())
-                return dict(report), 0.0  # scanned for this request
-            return dict(audit_cache["report"]), time.monotonic() - audit_cache["at"]
+            if audit_cache["body"] is None or audit_cache["at"] < asked - (0.0 if fresh else cfg.audit_cache_s):
+                body = await asyncio.to_thread(full_report)
+                audit_cache.update(body=body, at=time.monotonic())
+                return body, 0.0  # scanned for this request
+            return audit_cache["body"], time.monotonic() - audit_cache["at"]
+
+    def with_header(report: bytes, age: float) -> bytes:
+        """`report` (a JSON object) with who answered, how much it reported on chain and the report's age in
+        front: the cached bytes are spliced, not parsed."""
+        head = json.dumps({"validator": service.identity.address, "reported_on_chain": service.reporter.reported,
+                           "age_s": round(age, 3)}, separators=(",", ":")).encode()
+        return head if report == b"{}" else head[:-1] + b"," + report[1:]
 
     @app.get("/v1/audit", summary="Ledger counts and the work keys by outcome (accepted with units and feed seq, "
                                   "hard with evidence, restored by an appeal with feed seq), for reconciliation "
                                   "with the chain and the trainer; rows=false: the counts only. With rows, a report "
-                                  "at most `audit_cache_s` old unless the operator's token is sent")
-    async def audit(request: Request, rows: bool = True) -> dict[str, Any]:
+                                  "at most `audit_cache_s` old unless the operator's token is sent, and at most "
+                                  "`audit_rate_per_address` a second from one address (429 + Retry-After)",
+             response_class=JSONResponse)
+    async def audit(request: Request, rows: bool = True) -> Response:
         if not rows:  # running tallies: a dashboard polling this never scans the ledger
-            report: dict[str, Any] = await anyio.to_thread.run_sync(
+            counts = await anyio.to_thread.run_sync(
                 lambda: {"counts": service.ledger.audit_counts(), "feed_size": service.ledger.feed_size(),
                          "counter_holes": service.ledger.counter_holes()})
-            age = 0.0
-        else:
-            report, age = await scanned(fresh=operator(request))
-        report["validator"] = service.identity.address
-        report["reported_on_chain"] = service.reporter.reported
-        report["age_s"] = round(age, 3)
-        return report
+            return Response(with_header(json.dumps(counts).encode(), 0.0), media_type="application/json")
+        fresh = operator(request)
+        if not fresh:
+            source = request.client.host if request.client else "unknown"
+            wait = audit_senders.take(source)
+            if wait:
+                service.core.stats.count("audit_rate_limited")
+                return JSONResponse({"error": "rate_limited", "detail": f"{source} is over "
+                                     f"{cfg.audit_rate_per_address} full audits/s (the counts: ?rows=false)"},
+                                    status_code=429, headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        body, age = await scanned(fresh=fresh)
+        return Response(with_header(body, age), media_type="application/json")
 
     @app.get("/health", summary="The process is up (answered in the event loop: no thread, no lock)")
     async def health() -> dict[str, str]:

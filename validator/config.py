@@ -334,6 +334,12 @@ class ValidatorConfig(PrimeConfig):
     audit_token_env: str | None = None
     """Name of an environment variable holding the operator's audit token: `GET /v1/audit` with
     `Authorization: Bearer <token>` always scans afresh (`audit_cache_s` does not apply)."""
+    audit_rate_per_address: float = Field(1.0, gt=0.0)
+    """Full audits (`GET /v1/audit` with rows) one source address may sustain per second without the operator's
+    token (token bucket, `audit_burst_per_address`; excess gets 429 + Retry-After): the report is cached, but
+    answering it still costs the event loop that intake shares. `?rows=false` is not limited."""
+    audit_burst_per_address: int = Field(10, ge=1)
+    """Bucket size of the per-address audit limit."""
     max_age_s: float = Field(600.0, gt=0.0)
     """Envelopes older than this are refused."""
     rate_per_node: float = Field(5.0, gt=0.0)

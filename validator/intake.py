@@ -41,6 +41,7 @@ from validator.chainview import CATCHUP_S, ChainView
 from validator.episodes import episode_schema_problem
 from validator.judge import PROOF_BYTES
 from validator.ledger import Decision, Ledger, Row
+from validator.ratelimit import Bucket, KeyedBuckets, take
 from validator.verdicts import Verdicts, stored_submission
 
 if TYPE_CHECKING:
@@ -109,23 +110,6 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class _Bucket:
-    __slots__ = ("tokens", "at")
-
-    def __init__(self, tokens: float, at: float) -> None:
-        self.tokens, self.at = tokens, at
-
-
-def _take(b: _Bucket, rate: float, burst: int, now: float) -> float:
-    """Take one token from `b`; 0 when taken, else the seconds until one is there."""
-    b.tokens = min(float(burst), b.tokens + (now - b.at) * rate)
-    b.at = now
-    if b.tokens < 1.0:
-        return (1.0 - b.tokens) / rate
-    b.tokens -= 1.0
-    return 0.0
-
-
 class Admission:
     """Whether an authenticated sender may spend a nonce here, cheapest first: active on chain, within its rate,
     within the global rate, within its bytes for the window, no hard verdict of it pending here or at a peer (`pool`),
@@ -137,8 +121,8 @@ class Admission:
         self.rate, self.burst, self.flood = cfg.rate_per_node, cfg.rate_burst, cfg.flood
         self.retry_hold_s = cfg.systemic.window_s
         self.read_back_s = 2 * cfg.chain.poll_s + 1.0  # a landed slash is in the chain view by then
-        self._buckets: dict[str, _Bucket] = {}
-        self._global = _Bucket(float(cfg.flood.burst), time.monotonic())
+        self._buckets = KeyedBuckets(self.rate, self.burst, max_keys=1 << 20)  # staked nodes: bounded by the stake
+        self._global = Bucket(float(cfg.flood.burst), time.monotonic())
         self._bytes: dict[str, tuple[int, int]] = {}
         """node -> (window number, bytes admitted in it); only the current window's nodes are kept."""
         self._lock = threading.Lock()
@@ -161,13 +145,10 @@ class Admission:
         mono, f = time.monotonic(), self.flood
         window = self._window()
         with self._lock:
-            b = self._buckets.get(signer)
-            if b is None:
-                b = self._buckets[signer] = _Bucket(float(self.burst), mono)
-            wait = _take(b, self.rate, self.burst, mono)
+            wait = self._buckets.take(signer, mono)
             if wait:
                 raise RateLimitedError(f"{signer} is over {self.rate}/s", wait)
-            wait = _take(self._global, f.rate, f.burst, mono)
+            wait = take(self._global, f.rate, f.burst, mono)
             if wait:
                 raise OverloadedError(f"this validator takes at most {f.rate} submissions/s", wait)
             at, used = self._bytes.get(signer, (window, 0))
