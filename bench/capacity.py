@@ -244,15 +244,17 @@ class Assumptions:
     anchor_every: int = 8
 
 
-DELTA_POSITION_BYTES = 4
-"""Bytes per changed element's position in a delta (`shardcast/delta.py`: 4 for a tensor of at most 2^32 elements),
-on top of the element's new value (`bytes_per_param`)."""
+def delta_position_bytes(fraction: float) -> float:
+    """Mean bytes of one changed element's position in a delta (`shardcast/delta.py`: the gap from the changed
+    element before, in LEB128, 7 bits a byte), when `fraction` of the elements changed at random places: a gap is
+    geometric with mean 1 / fraction and takes a byte more for each power of 128 it reaches."""
+    return 1.0 + sum((1.0 - fraction) ** (128 ** k - 1) for k in range(1, 10))
 
 
 def delta_bytes_over_full(fraction: float, bytes_per_param: float) -> float:
     """A delta's size over the full weights when `fraction` of the elements changed: each changed element costs its
     position and its new value; past the full size the trainer publishes an anchor instead."""
-    return min(1.0, fraction * (DELTA_POSITION_BYTES + bytes_per_param) / bytes_per_param)
+    return min(1.0, fraction * (delta_position_bytes(fraction) + bytes_per_param) / bytes_per_param)
 
 
 TRAIN_BYTES_PER_PARAM = 16
@@ -373,8 +375,9 @@ LIMITS = [
     "of rollups; the chain-load share assumes every accepted batch is recorded as its own work key",
     "the delta rows take the changed fraction per version as an input (--delta-fraction): measured on SmolLM2-135M "
     "only (0.7 % per step at lr 2e-6, 3.5 % at 2e-5: bench/measured/shardcast_delta_smollm2_8steps.json), not on a "
-    "62 GB model; a delta's bytes are that fraction x (4 position bytes + the value) per element, as measured there "
-    "(6 bytes per changed bf16 element)",
+    "62 GB model; a delta's bytes are that fraction x (the position's gap, 1-2 bytes in LEB128 at these fractions, "
+    "+ the value) per element, the gaps taken as geometric (changed elements at random places); clustered changes "
+    "make gaps shorter, so this is the conservative side",
     "gossip per hop comes from at most 16 libp2p hosts in one process on 2 cores (CPU-bound); hops = "
     "ceil(log N / log D) assumes a well-mixed mesh of degree D",
     "trainer devices per node device (the throughput bound) is CPU-measured (training is matmul-bound, generation here too); on GPUs "

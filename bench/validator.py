@@ -137,7 +137,7 @@ def matmul_peak(dtype: str, seconds: float) -> dict[str, Any]:
 class Chain:
     """anvil + the pool deployed like the integration tests, some registered nodes, policy v1."""
 
-    def __init__(self, n_nodes: int, manifest: bytes) -> None:
+    def __init__(self, n_nodes: int, manifest: bytes, fund_rewards: int = 100 * TOKEN) -> None:
         from contracts.deployment import PoolSettings, deploy_pool
         from contracts.devchain import DevChain
         from contracts.pool import PoolClient
@@ -151,7 +151,7 @@ class Chain:
         self.deployment = deploy_pool(
             Transactor(connect(c.rpc_url), c.account(ADMIN)), treasury=c.account(TREASURY).address,
             settings=settings, validators=[c.account(VALIDATOR).address], trainers=[c.account(TRAINER).address],
-            mint={c.account(i).address: 1000 * TOKEN for i in (ADMIN, OPERATOR)}, fund_rewards=100 * TOKEN)
+            mint={c.account(i).address: 1000 * TOKEN for i in (ADMIN, OPERATOR)}, fund_rewards=fund_rewards)
         operator = PoolClient(connect(c.rpc_url), self.deployment.pool, c.account(OPERATOR))
         # Fixed node keys, so the same tasks (and so the same rollouts) come up in every run.
         self.nodes = [Identity.from_key(hashlib.sha256(f"bench node {i}".encode()).digest()) for i in range(n_nodes)]

@@ -5,9 +5,12 @@ A delta version carries two files (shardcast/README.md, "Deltas"):
 - `delta-index.json`: one entry per file of the new version: `same` (the base's file, unchanged),
   `whole` (the new file's bytes, at `at`/`size` in the values file) or `patch` (the base's file with
   changed elements replaced). A patch lists regions of fixed element width (one per tensor of a
-  safetensors file whose header is unchanged): `count` changed positions (little-endian unsigned
-  integers of `pos_width` bytes, strictly increasing, in elements from the region's start) followed by
-  the `count` new element values, stored at `at` in the values file.
+  safetensors file whose header is unchanged): `count` changed positions (in elements from the region's
+  start, strictly increasing) as `pos_bytes` bytes of gaps (the first position, then each one's distance
+  from the one before) in LEB128 (7 bits a byte, low first, the high bit set on every byte but a value's
+  last), followed by the `count` new element values, stored at `at` in the values file. At the 1-5 % of
+  bf16 elements an RL step changes, a gap takes one or two bytes where an absolute position took four.
+  `shardcast-delta/1` (absolute positions of `pos_width` bytes) is still read.
 - `delta-values.bin`: the bytes the index points into.
 
 Elements are compared as raw bit patterns of their width, so a delta is exact in any dtype (bf16 and
@@ -34,7 +37,8 @@ from shardcast.manifest import FileEntry, Manifest, ShardEntry, valid_file_name
 
 INDEX_FILE = "delta-index.json"
 VALUES_FILE = "delta-values.bin"
-FORMAT = "shardcast-delta/1"
+FORMAT = "shardcast-delta/2"
+READ_FORMATS = ("shardcast-delta/1", FORMAT)
 _MAX_INDEX_BYTES = 64 * 1024 * 1024
 _ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                   "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -113,16 +117,54 @@ def make_delta(base_dir: Path, new_dir: Path, out_dir: Path, names: list[str]) -
                 if not len(positions):
                     continue
                 changed += len(positions)
-                pos_width = 4 if len(new_el) <= 1 << 32 else 8
+                coded = encode_positions(positions)
                 regions.append({"start": start, "stop": stop, "width": width, "count": len(positions),
-                                "pos_width": pos_width, "at": values.tell()})
-                values.write(positions.astype(f"<u{pos_width}").tobytes())
+                                "pos_bytes": len(coded), "at": values.tell()})
+                values.write(coded)
                 values.write(new_el[positions].tobytes())
             entries.append({"path": name, "op": "patch", "size": len(new), "regions": regions})
     index = json.dumps({"format": FORMAT, "files": entries}, sort_keys=True, separators=(",", ":")).encode()
     (out_dir / INDEX_FILE).write_bytes(index)
     return DeltaStats(delta_bytes=len(index) + (out_dir / VALUES_FILE).stat().st_size, full_bytes=full,
                       changed_elements=changed, total_elements=total)
+
+
+def encode_positions(positions: np.ndarray) -> bytes:
+    """Strictly increasing non-negative positions as LEB128 gaps (the first from 0)."""
+    gaps = np.diff(positions.astype(np.uint64), prepend=np.uint64(0)).astype(np.uint64)
+    if not len(gaps):
+        return b""
+    lengths = np.ones(len(gaps), dtype=np.int64)
+    for extra in range(1, 10):  # bytes per gap: 7 bits each
+        lengths += gaps >= np.uint64(1) << np.uint64(7 * extra)
+    owner = np.repeat(np.arange(len(gaps)), lengths)
+    first = np.cumsum(lengths) - lengths
+    shift = (np.arange(len(owner)) - first[owner]).astype(np.uint64) * np.uint64(7)
+    out = ((gaps[owner] >> shift) & np.uint64(0x7F)).astype(np.uint8)
+    out[np.arange(len(owner)) != (first + lengths - 1)[owner]] |= 0x80
+    return bytes(out.tobytes())
+
+
+def decode_positions(coded: bytes, count: int) -> np.ndarray:
+    """The `count` positions `encode_positions` wrote as `coded`, as int64; `DeltaError` for anything else
+    (a byte sequence that is not exactly `count` gaps, a gap over 63 bits, positions not strictly increasing)."""
+    b = np.frombuffer(coded, dtype=np.uint8)
+    ends = np.flatnonzero(b < 0x80)  # the last byte of each gap
+    if len(ends) != count or (count and ends[-1] != len(b) - 1) or (not count and len(b)):
+        raise DeltaError(f"delta positions: {len(b)} bytes do not hold exactly {count} gaps")
+    if not count:
+        return np.zeros(0, np.int64)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if lengths.max() > 9:
+        raise DeltaError("delta positions: a gap longer than 63 bits")
+    owner = np.repeat(np.arange(count), lengths)
+    shift = (np.arange(len(b)) - starts[owner]).astype(np.uint64) * np.uint64(7)
+    gaps = np.add.reduceat((b & 0x7F).astype(np.uint64) << shift, starts)
+    positions = np.cumsum(gaps, dtype=np.uint64)  # a sum past 2**64 wraps below the one before: refused below
+    if (count > 1 and np.any(positions[1:] <= positions[:-1])) or positions[-1] >= np.uint64(1 << 62):
+        raise DeltaError("delta positions: not strictly increasing")
+    return positions.astype(np.int64)
 
 
 def _int(entry: dict[str, Any], key: str) -> int:
@@ -142,8 +184,9 @@ def _load_index(delta_dir: Path, manifest: Manifest) -> list[dict[str, Any]]:
         raise DeltaError(f"delta index unreadable: {exc}") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise DeltaError(f"delta index is not JSON: {exc}") from exc
-    if not isinstance(index, dict) or index.get("format") != FORMAT or not isinstance(index.get("files"), list):
-        raise DeltaError(f"delta index is not {FORMAT}")
+    if not isinstance(index, dict) or index.get("format") not in READ_FORMATS or not isinstance(index.get("files"),
+                                                                                               list):
+        raise DeltaError(f"delta index is not one of {', '.join(READ_FORMATS)}")
     entries = index["files"]
     wanted = [f.path for f in manifest.weight_files]
     if [e.get("path") if isinstance(e, dict) else None for e in entries] != wanted:
@@ -207,18 +250,31 @@ def _patch(data: bytearray, region: Any, values: np.ndarray, name: str) -> None:
     if not isinstance(region, dict):
         raise DeltaError(f"delta index: {name} has a region that is not an object")
     start, stop, width = _int(region, "start"), _int(region, "stop"), _int(region, "width")
-    count, pos_width, at = _int(region, "count"), _int(region, "pos_width"), _int(region, "at")
-    if width not in _UINT or pos_width not in (4, 8) or not start <= stop <= len(data) or (stop - start) % width:
+    count, at = _int(region, "count"), _int(region, "at")
+    if width not in _UINT or not start <= stop <= len(data) or (stop - start) % width:
         raise DeltaError(f"delta index: {name} has a bad region {start}..{stop} of width {width}")
-    end = at + count * (pos_width + width)
-    if end > len(values):
-        raise DeltaError(f"delta index: {name} region at {start} reaches past the values file")
-    positions = np.frombuffer(values[at:at + count * pos_width].tobytes(), dtype=f"<u{pos_width}").astype(np.int64)
+    if "pos_bytes" in region:  # shardcast-delta/2: LEB128 gaps
+        pos_bytes = _int(region, "pos_bytes")
+        end = at + pos_bytes + count * width
+        if end > len(values):
+            raise DeltaError(f"delta index: {name} region at {start} reaches past the values file")
+        positions = decode_positions(values[at:at + pos_bytes].tobytes(), count)
+    else:  # shardcast-delta/1: absolute positions
+        pos_width = _int(region, "pos_width")
+        if pos_width not in (4, 8):
+            raise DeltaError(f"delta index: {name} has positions of {pos_width} bytes")
+        pos_bytes = count * pos_width
+        end = at + pos_bytes + count * width
+        if end > len(values):
+            raise DeltaError(f"delta index: {name} region at {start} reaches past the values file")
+        positions = np.frombuffer(values[at:at + pos_bytes].tobytes(), dtype=f"<u{pos_width}").astype(np.int64)
+        if count > 1 and np.any(np.diff(positions) <= 0):
+            raise DeltaError(f"delta index: {name} region at {start} has positions out of order")
     elements = (stop - start) // width
-    if count and (positions[-1] >= elements or positions[0] < 0 or (count > 1 and np.any(np.diff(positions) <= 0))):
-        raise DeltaError(f"delta index: {name} region at {start} has positions out of order or out of range")
+    if count and (positions[-1] >= elements or positions[0] < 0):
+        raise DeltaError(f"delta index: {name} region at {start} has positions out of range")
     view = np.frombuffer(data, dtype=_UINT[width], count=elements, offset=start)
-    view[positions] = np.frombuffer(values[at + count * pos_width:end].tobytes(), dtype=_UINT[width])
+    view[positions] = np.frombuffer(values[at + pos_bytes:end].tobytes(), dtype=_UINT[width])
 
 
 def _check_result(out_dir: Path, manifest: Manifest) -> None:

@@ -22,8 +22,9 @@ def test_delta_smoke_writes_both_ratios(tmp_path: Path) -> None:
                    capture_output=True)
     report = json.loads(out.read_text())
     assert report["full_time_over_delta_time"] > 0 and report["smoke"] is True
-    # 2% of bf16 elements changed: 4-byte positions + 2-byte values per change, ~6% of the full bytes
-    assert 0.03 < report["delta_bytes_over_full"] < 0.1
+    # 2% of bf16 elements changed: a 1-2 byte gap + the 2-byte value per change, ~3% of the full bytes (measured
+    # 0.031; absolute 4-byte positions gave 0.060)
+    assert 0.02 < report["delta_bytes_over_full"] < 0.045
 
 
 @pytest.mark.timeout(300)
