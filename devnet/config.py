@@ -59,8 +59,9 @@ class TrainerSettings(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The trainer's compute dtype (its `dtype`): auto = float32 on CPU, bfloat16 autocast on GPU; bfloat16 trains
     SmolLM2 about 1.5x faster on a CPU with native bf16 (AVX-512 bf16, AMX), far slower on one without."""
-    publish_dtype: Literal["float32", "bfloat16"] = "float32"
-    """The dtype the trainer publishes its weights in (its `publish.dtype`; it keeps fp32 master weights). A version
+    publish_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The dtype the trainer publishes its weights in (its `publish.dtype`; it keeps fp32 master weights); auto =
+    the dtype the nodes serve: bfloat16 with `node_engine = "vllm"`, float32 with the cpu engine. A version
     travels as a sparse delta only when that is smaller than the full weights: in float32 every weight Adam moves
     changes (the tiny model at its default learning rate changed 92-97% of its elements per step, so every version
     is an anchor); in bfloat16 most small updates round to no change (the tiny model at lr 1e-5: deltas of 28-46% of
@@ -159,6 +160,13 @@ class DevnetConfig(PrimeConfig):
     keeps its state in memory). Off: the role stays down and is reported."""
     fresh: bool = True
     """Start from an empty state directory (the previous run's is removed); --no-fresh keeps it."""
+
+    def publish_dtype(self) -> Literal["float32", "bfloat16"]:
+        """`trainer.publish_dtype` resolved: auto is the dtype the nodes serve (vLLM bfloat16, the cpu engine
+        float32)."""
+        if self.trainer.publish_dtype != "auto":
+            return self.trainer.publish_dtype
+        return "bfloat16" if self.node_engine == "vllm" else "float32"
 
 
 def load_config(argv: list[str] | None = None, *, prog: str = "prime-devnet up") -> DevnetConfig:

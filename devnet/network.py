@@ -329,7 +329,7 @@ class Network:
             "checkpoint": {"dir": str(tdir / "checkpoints"), "interval": 1, "keep": 2},
             "publish": {"type": "shardcast", "store": str(self.state / "origin"), "run_id": cfg.run.run_id,
                         "key_env": "PRIME_DEVNET_TRAINER_KEY", "initial": True, "shard_mib": 8,
-                        "dtype": cfg.trainer.publish_dtype,
+                        "dtype": cfg.publish_dtype(),
                         "retention": cfg.trainer.async_level + 3,
                         "chain": {"deployment": str(deployment), "rpc_url": rpc}},
         })

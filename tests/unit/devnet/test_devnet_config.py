@@ -76,3 +76,13 @@ def test_the_recipe_settings_reach_the_run_and_a_trainer_config_that_parses(tmp_
     assert cfg.eval.temperatures == [0.0, 1.0] and cfg.eval.env == "reverse-text"
     off = Network(load_config(["--state-dir", str(tmp_path / "off")]))
     assert off._trainer_eval() == {} and off.trainer_loss() == {"temperature": 1.0, "std_normalize": False}
+
+
+def test_weights_are_published_in_the_dtype_the_nodes_serve_unless_set() -> None:
+    """Issue 37 item 1: `trainer.publish_dtype = auto` (the default) publishes in the nodes' dtype: float32 for the
+    cpu engine (the tiny model, CPU runs), bfloat16 for vLLM; an explicit dtype wins."""
+    assert load_config([]).publish_dtype() == "float32"
+    assert load_config(["--model", "smollm2"]).publish_dtype() == "float32"  # the cpu engine computes in fp32
+    assert load_config(["--node-engine", "vllm", "--model", "smollm2"]).publish_dtype() == "bfloat16"
+    assert load_config(["--trainer.publish-dtype", "bfloat16"]).publish_dtype() == "bfloat16"
+    assert load_config(["--node-engine", "vllm", "--trainer.publish-dtype", "float32"]).publish_dtype() == "float32"
