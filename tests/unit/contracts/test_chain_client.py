@@ -337,13 +337,22 @@ def test_resending_the_same_signed_transaction_is_harmless(pools: Pools) -> None
     tx = pools.operator.tx
     w3 = tx.w3
     sink = "0x000000000000000000000000000000000000dEaD"
-    raw_tx = {"to": sink, "value": 1, "gas": 21000, "chainId": tx.chain_id(),
-              "nonce": w3.eth.get_transaction_count(tx.identity.account.address),
-              "maxFeePerGas": 2 * w3.eth.get_block("latest")["baseFeePerGas"] + 1, "maxPriorityFeePerGas": 1}
+    sender = tx.identity.account.address
+    nonce = w3.eth.get_transaction_count(sender)
+    # priced from the block it must enter (the pending one), as the transactor prices: a fee from the latest block
+    # is one the next block may not take (CI run 68: the balance never moved; it was never explained, and this
+    # premise is what the test may not leave to chance)
+    next_fee = int(pools.chain.rpc("eth_getBlockByNumber", ["pending", False])["baseFeePerGas"], 16)
+    raw_tx = {"to": sink, "value": 1, "gas": 21000, "chainId": tx.chain_id(), "nonce": nonce,
+              "maxFeePerGas": 2 * next_fee + 1, "maxPriorityFeePerGas": 1}
     signed = tx.identity.account.sign_transaction(raw_tx)
     before = w3.eth.get_balance(sink)
     tx._send_raw("first", bytes(signed.raw_transaction), HexBytes(signed.hash))
     tx._send_raw("again", bytes(signed.raw_transaction), HexBytes(signed.hash))  # mined already: nonce too low
+    seen = {"pool": pools.chain.rpc("txpool_content"), "max_fee": raw_tx["maxFeePerGas"],
+            "latest": w3.eth.get_block("latest"), "nonce": (nonce, w3.eth.get_transaction_count(sender))}
+    assert seen["nonce"][1] == nonce + 1, seen  # if this ever fails again, it says what the chain held
+    assert w3.eth.get_transaction_receipt(signed.hash)["status"] == 1
     assert w3.eth.get_balance(sink) == before + 1
     # A different transaction reusing a spent nonce is a real rejection.
     other = tx.identity.account.sign_transaction({**raw_tx, "value": 2})
