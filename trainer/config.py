@@ -413,7 +413,8 @@ class FileSFTData(Section):
 
 class EnvironmentSFTData(Section):
     """Examples from an environment that can state its reference answer (reverse-text, arithmetic): task
-    seed s is `env.sample(s, 1)[0]`, its completion `env.reference_completion(task)`."""
+    seed s is `env.sample(s, 1)[0]`, its completion `env.reference_completion(task)`; a multi-turn environment
+    (calc-arith, alphabet-sort, wordle) gives its reference episode, trained on the model's turns only."""
 
     type: Literal["environment"] = "environment"
     env: str = "reverse-text"

@@ -7,6 +7,11 @@ so disjoint seed ranges are disjoint task draws. Each task's prompt is rendered 
 and graded with the environment's reward. The report: mean reward, pass rate (reward >= threshold),
 mean completion length in tokens, the share that hit the length limit, and every sample's reward.
 A sample the environment could not grade (`UngradableError`) is counted apart, never scored 0.
+
+A multi-turn environment is played as the local mode plays it (`trainer.local.play_episodes`: turn by turn,
+`max_new_tokens` per turn, the environment's replies appended as tokens), with the environment seed
+`held_out_env_seed(s)`; the reward is the episode's score, the completion the whole interleaved sequence after
+the prompt, its tokens the model's own, and `length` means the last model turn hit the limit.
 """
 
 from __future__ import annotations
@@ -22,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from environments import Environment, UngradableError, render_prompt
+from environments import ChatRenderer, Environment, MultiTurnEnvironment, UngradableError, render_prompt
 from models import LoadedModel
 from models.engine import Engine
 from models.sampling import SamplingParams
 from protocol.errors import ConfigError, TrainerError
 from trainer.config import EvalConfig, EvalSettings, SFTConfig, TrainerConfig, eval_label
 from trainer.distributed import DistInfo, barrier
-from trainer.local import derive_seed
-from trainer.sft_data import seed_range_tasks
+from trainer.local import PlayedEpisode, derive_seed, play_episodes
+from trainer.sft_data import held_out_env_seed, seed_range_tasks
 
 if TYPE_CHECKING:
     from trainer.loop import TrainLoop
@@ -50,6 +55,8 @@ class EvalSample:
     completion_tokens: int
     finish_reason: str
     completion: str
+    turns: int = 1
+    """Model turns (a multi-turn environment's episode; 1 otherwise)."""
 
 
 @dataclass
@@ -109,18 +116,10 @@ def evaluate(
     samples: list[EvalSample] = []
     try:
         engine = Engine(view)
-        for i in range(0, len(jobs), batch_size):
-            chunk = jobs[i : i + batch_size]
-            gens = engine.generate([j[3] for j in chunk], params,
-                                   [derive_seed("eval", seed, s, k) for s, k, _, _ in chunk], max_new_tokens)
-            for (s, k, task, _), gen in zip(chunk, gens, strict=True):
-                text = str(tok.decode(gen.tokens, skip_special_tokens=True))
-                try:
-                    reward: float | None = env.reward(task, text, completion_tokens=len(gen.tokens))
-                except UngradableError as exc:
-                    log.warning("task seed %d sample %d could not be graded: %s", s, k, exc)
-                    reward = None
-                samples.append(EvalSample(s, k, task.question(), reward, len(gen.tokens), gen.finish_reason, text))
+        if isinstance(env, MultiTurnEnvironment):
+            samples = _episodes(engine, env, loaded, jobs, params, max_new_tokens, batch_size, seed)
+        else:
+            samples = _completions(engine, env, loaded, jobs, params, max_new_tokens, batch_size, seed)
     finally:
         policy.train(was_training)
     graded = [x.reward for x in samples if x.reward is not None]
@@ -135,6 +134,50 @@ def evaluate(
         truncated_rate=sum(x.finish_reason == "length" for x in samples) / n if n else 0.0,
         ungradable=n - len(graded), generation_s=time.monotonic() - t0, samples=samples,
     )
+
+
+def _completions(engine: Engine, env: Environment, loaded: LoadedModel, jobs: list[tuple[int, int, Any, list[int]]],
+                 params: SamplingParams, max_new_tokens: int, batch_size: int, seed: int) -> list[EvalSample]:
+    """One completion per job of a single-turn environment, `batch_size` at a time, graded by its reward."""
+    tok = loaded.tokenizer
+    samples = []
+    for i in range(0, len(jobs), batch_size):
+        chunk = jobs[i : i + batch_size]
+        gens = engine.generate([j[3] for j in chunk], params,
+                               [derive_seed("eval", seed, s, k) for s, k, _, _ in chunk], max_new_tokens)
+        for (s, k, task, _), gen in zip(chunk, gens, strict=True):
+            text = str(tok.decode(gen.tokens, skip_special_tokens=True))
+            try:
+                reward: float | None = env.reward(task, text, completion_tokens=len(gen.tokens))
+            except UngradableError as exc:
+                log.warning("task seed %d sample %d could not be graded: %s", s, k, exc)
+                reward = None
+            samples.append(EvalSample(s, k, task.question(), reward, len(gen.tokens), gen.finish_reason, text))
+    return samples
+
+
+def _episodes(engine: Engine, env: MultiTurnEnvironment, loaded: LoadedModel, jobs: list[tuple[int, int, Any, list[int]]],
+              params: SamplingParams, max_new_tokens: int, batch_size: int, seed: int) -> list[EvalSample]:
+    """The held-out episodes of `jobs`, `batch_size` at a time (see the module docstring)."""
+    renderer = ChatRenderer(loaded.tokenizer)  # refuses a template that rewrites earlier turns
+    samples = []
+    for i in range(0, len(jobs), batch_size):
+        chunk = jobs[i : i + batch_size]
+        playing = [PlayedEpisode(task, s, derive_seed("eval", seed, s, k), prompt,
+                                 env.start(task, held_out_env_seed(s))) for s, k, task, prompt in chunk]
+        play_episodes(engine, env, renderer, playing, params, max_new_tokens, loaded.max_context)
+        for (s, k, task, _), e in zip(chunk, playing, strict=True):
+            reward: float | None = None
+            if e.ungradable is not None:
+                log.warning("task seed %d sample %d: the environment could not answer a turn: %s", s, k, e.ungradable)
+            else:
+                try:
+                    reward = env.score_state(task, e.state)
+                except UngradableError as exc:
+                    log.warning("task seed %d sample %d could not be graded: %s", s, k, exc)
+            samples.append(EvalSample(s, k, task.question(), reward, len(e.generated), e.finish_reason,
+                                      renderer.decode(e.ids[e.prompt_len:]), turns=len(e.spans)))
+    return samples
 
 
 # What goes into the metrics of a step with an evaluation, as `eval/<label>/<name>` (label: `greedy`, `t1`, ...).

@@ -46,8 +46,8 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(h, "big") >> 1
 
 
-class _Episode:
-    """One sample's episode while a step plays it."""
+class PlayedEpisode:
+    """One sample's episode while it is played (`play_episodes`)."""
 
     def __init__(self, task: Task, group: int, seed: int, prompt: list[int], state: EpisodeState) -> None:
         self.task, self.group, self.seed, self.state = task, group, seed, state
@@ -59,8 +59,39 @@ class _Episode:
         """The sampling logprobs of every model token so far (their count is the next turn's sampler step)."""
         self.generated: list[int] = []
         """Every token the model generated, in order: exactly what the loss positions must hold."""
+        self.finish_reason = ""
+        """How the last model turn ended (`stop`, `length`)."""
         self.ungradable: str | None = None
         """Why the environment could not answer a turn (`UngradableError`): the episode stops, its group is dropped."""
+
+
+def play_episodes(engine: Engine, env: MultiTurnEnvironment, renderer: ChatRenderer, playing: list[PlayedEpisode],
+                  params: SamplingParams, max_new_tokens: int, context: int) -> None:
+    """Play every episode of `playing` to its end (the environment says done, a turn would not fit `context`, or
+    the environment cannot answer): turn k of every live episode in one engine batch, each sample's sampler
+    stream continued across its turns, the environment's replies appended as tokens without re-tokenizing the
+    model's. The local mode's steps and the held-out evaluation of a multi-turn environment both play this way."""
+    while True:
+        live = [e for e in playing if not e.state.done and e.ungradable is None
+                and len(e.ids) + max_new_tokens <= context]
+        if not live:
+            return
+        gens = engine.generate([list(e.ids) for e in live], params, [e.seed for e in live], max_new_tokens,
+                               step_offsets=[len(e.logprobs) for e in live])
+        for e, gen in zip(live, gens, strict=True):
+            e.spans.append((len(e.ids) - e.prompt_len, len(gen.tokens)))
+            e.ids += gen.tokens
+            e.logprobs += [float(x) for x in gen.logprobs]
+            e.generated += gen.tokens
+            e.finish_reason = gen.finish_reason
+            try:
+                reply = env.step(e.task, e.state, renderer.decode(gen.tokens))
+            except UngradableError as exc:  # the environment's failure, not the model's: never a reward
+                e.ungradable = str(exc)
+                continue
+            e.state = reply.state
+            if reply.messages:
+                e.ids += renderer.env_span(e.ids, reply.messages)
 
 
 class LocalSource(RolloutSource):
@@ -160,34 +191,13 @@ class LocalSource(RolloutSource):
         if self._renderer is None:
             self._renderer = ChatRenderer(self.loaded.tokenizer)  # runs the template's prefix check once
         r = self._renderer
-        playing = [_Episode(task, g, derive_seed("sample", self.task_seed, step, g, k), r.prompt_ids(task.messages),
-                            env.start(task, derive_seed("env", self.task_seed, step, g)))
+        playing = [PlayedEpisode(task, g, derive_seed("sample", self.task_seed, step, g, k),
+                                 r.prompt_ids(task.messages), env.start(task, derive_seed("env", self.task_seed, step, g)))
                    for g, task in enumerate(tasks) for k in range(self.group_size)]
-        limit = self.loaded.max_context
         was_training = self.policy.training
         self.policy.eval()
-        try:
-            engine = self._engine()  # one policy for every turn of the step
-            while True:
-                live = [e for e in playing if not e.state.done and e.ungradable is None
-                        and len(e.ids) + self.max_new_tokens <= limit]
-                if not live:
-                    break
-                gens = engine.generate([list(e.ids) for e in live], self.params, [e.seed for e in live],
-                                       self.max_new_tokens, step_offsets=[len(e.logprobs) for e in live])
-                for e, gen in zip(live, gens, strict=True):
-                    e.spans.append((len(e.ids) - e.prompt_len, len(gen.tokens)))
-                    e.ids += gen.tokens
-                    e.logprobs += [float(x) for x in gen.logprobs]
-                    e.generated += gen.tokens
-                    try:
-                        reply = env.step(e.task, e.state, r.decode(gen.tokens))
-                    except UngradableError as exc:  # the environment's failure, not the model's: never a reward
-                        e.ungradable = str(exc)
-                        continue
-                    e.state = reply.state
-                    if reply.messages:
-                        e.ids += r.env_span(e.ids, reply.messages)
+        try:  # one engine, so one policy, for every turn of the step
+            play_episodes(self._engine(), env, r, playing, self.params, self.max_new_tokens, self.loaded.max_context)
         finally:
             self.policy.train(was_training)
         groups: list[list[Sample]] = []

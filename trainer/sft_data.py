@@ -9,7 +9,11 @@ Sources (`data.type`):
   user turn / an assistant turn) or a list of messages. Anything else is refused with an
   `SFTDataError` naming the file and the line (JSONL) or row (Parquet, counted from 1).
 - `environment`: task seed s in `[seed_start, seed_start + num_examples)` is `env.sample(s, 1)[0]`;
-  the prompt is the task's messages and the completion `env.reference_completion(task)`.
+  the prompt is the task's messages and the completion `env.reference_completion(task)`. A multi-turn
+  environment (`calc-arith`, `alphabet-sort`, `wordle`) gives its reference episode instead, played with the
+  environment seed `held_out_env_seed(s)`: the whole interleaved sequence as the network renders it
+  (`environments.reference_tokens`: the model's turns, each ending in EOS, and the environment's replies
+  appended as tokens), the loss on the model's turns only.
 
 Tokens: the prompt is the chat template with the generation prompt (exactly what `render_prompt` gives
 the node at RL time), the completion is what the template adds for the assistant's turn, cut after its
@@ -193,6 +197,34 @@ def environment_conversations(env_name: str, env_version: str | None, seed_start
     return out
 
 
+def environment_episodes(env: Any, tokenizer: Any, seed_start: int, count: int) -> list[Example]:
+    """Task seeds `seed_start ..` of a multi-turn environment as reference episodes, tokens and loss mask."""
+    from environments import ChatRenderer, reference_tokens
+
+    try:
+        renderer = ChatRenderer(tokenizer)
+        renderer.check_environment(env)  # a template that rewrites earlier turns cannot render an episode
+    except TaskEnvironmentError as exc:
+        raise SFTDataError(f"data.env = {env.name!r}: {exc}") from exc
+    out = []
+    for seed, task in enumerate(seed_range_tasks(env, seed_start, count), seed_start):
+        try:
+            rendered = reference_tokens(renderer, env, task, held_out_env_seed(seed))
+        except TaskEnvironmentError as exc:
+            raise SFTDataError(f"data.env = {env.name!r}, task seed {seed}: {exc}") from exc
+        out.append(Example(rendered.ids, rendered.loss_mask(),
+                           f"{env.name} task seed {seed} (reference episode, {len(rendered.model_spans)} turns)"))
+    return out
+
+
+def held_out_env_seed(task_seed: int) -> int:
+    """The environment seed of task seed s off the network (SFT reference episodes, held-out evaluation): a
+    function of s alone, so a task plays the same every time it is scored (the network's come from work keys)."""
+    from trainer.local import derive_seed
+
+    return derive_seed("env", "task seed", task_seed)
+
+
 def seed_range_tasks(env: Any, seed_start: int, count: int) -> list[Any]:
     """Task seed s (for s in the range) is `env.sample(s, 1)[0]`: one task per seed, so ranges of seeds
     are ranges of tasks (SFT data, evaluation sets) that never overlap when the ranges do not."""
@@ -291,11 +323,16 @@ class SFTDataset:
 def build_dataset(data: FileSFTData | EnvironmentSFTData, tokenizer: Any, eos_ids: Sequence[int], seq_len: int,
                   seed: int) -> SFTDataset:
     """Read, tokenize and filter the configured examples (those longer than `seq_len` are left out, logged)."""
+    from environments import MultiTurnEnvironment
+    from environments import get as get_env
+
     if isinstance(data, FileSFTData):
-        convs = read_conversations(data.path, data.format)
+        examples = [tokenize(tokenizer, c, eos_ids) for c in read_conversations(data.path, data.format)]
+    elif isinstance(env := get_env(data.env, data.env_version), MultiTurnEnvironment):
+        examples = environment_episodes(env, tokenizer, data.seed_start, data.num_examples)
     else:
-        convs = environment_conversations(data.env, data.env_version, data.seed_start, data.num_examples)
-    examples = [tokenize(tokenizer, c, eos_ids) for c in convs]
+        examples = [tokenize(tokenizer, c, eos_ids)
+                    for c in environment_conversations(data.env, data.env_version, data.seed_start, data.num_examples)]
     fit = [ex for ex in examples if len(ex.tokens) <= seq_len]
     if len(fit) < len(examples):
         first = next(ex for ex in examples if len(ex.tokens) > seq_len)

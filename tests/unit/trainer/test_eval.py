@@ -35,6 +35,28 @@ def test_eval_scores_exactly_the_seed_range_and_is_repeatable() -> None:
     assert {s.question for s in other.samples} == {env.sample(s, 1)[0].question() for s in (5004, 5005)}
 
 
+@pytest.mark.parametrize("name", ["calc-arith", "alphabet-sort"])
+def test_eval_plays_a_multi_turn_environment_episode_by_episode(name: str) -> None:
+    """Issue 36 item 7: held-out scores of a multi-turn environment are its episodes' scores, played as the local
+    mode plays them (turn by turn, `max_new_tokens` per turn), each episode's environment seed fixed by its task
+    seed, so two evaluations of one policy agree; the model's own tokens are counted, not the environment's."""
+    loaded = load(TinyModelSpec(seed=2, hidden_size=32, intermediate_size=64))
+    env = environments.get(name)
+    assert isinstance(env, environments.MultiTurnEnvironment)
+    kw = {"samples_per_task": 2, "temperature": 1.0, "max_new_tokens": 5, "batch_size": 3}
+    report = evaluate(loaded, env, 7000, 3, **kw)  # type: ignore[arg-type]
+    assert [(s.seed, s.k) for s in report.samples] == [(s, k) for s in range(7000, 7003) for k in range(2)]
+    for s in report.samples:
+        assert s.reward is not None and 0.0 <= s.reward <= 1.0
+        assert 1 <= s.turns <= env.max_turns and s.turns <= s.completion_tokens <= 5 * s.turns
+    assert report.mean_reward == pytest.approx(sum(s.reward or 0.0 for s in report.samples) / 6)
+    again = evaluate(loaded, env, 7000, 3, **kw)  # type: ignore[arg-type]
+    assert [(s.completion, s.reward, s.turns) for s in again.samples] == \
+        [(s.completion, s.reward, s.turns) for s in report.samples]
+    if name == "alphabet-sort":  # its scripted user answers every turn (a random model never calls calc-arith's tool)
+        assert any(s.turns > 1 for s in report.samples)
+
+
 def test_eval_pass_threshold_counts_partial_credit() -> None:
     loaded = load(TinyModelSpec(seed=2, hidden_size=32, intermediate_size=64))
     env = environments.get("reverse-text")

@@ -28,6 +28,7 @@ from trainer.sft_data import (
     SFTDataset,
     build_dataset,
     conversation_from,
+    held_out_env_seed,
     read_conversations,
     tokenize,
 )
@@ -210,6 +211,38 @@ GOOD = [
 ]
 
 
+@pytest.mark.parametrize("name", ["calc-arith", "alphabet-sort", "wordle"])
+def test_a_multi_turn_environment_gives_its_reference_episodes_trained_on_the_model_turns(name: str) -> None:
+    """Issue 36 item 7: the SFT warm-up of a multi-turn environment is its reference episodes, rendered as the
+    network renders an episode (the environment's replies as tokens, never re-tokenizing the model's turns), the
+    loss on the model's turns only; each reference episode wins (it is what the warm-up teaches)."""
+    loaded = _tiny()
+    env = environments.get(name)
+    cfg = SFTConfig.model_validate({"data": {"type": "environment", "env": name, "seed_start": 40,
+                                             "num_examples": 4}})
+    data = build_dataset(cfg.data, loaded.tokenizer, loaded.eos_token_ids, 4096, 0)
+    renderer = environments.ChatRenderer(loaded.tokenizer)
+    assert len(data) == 4
+    for seed, example in enumerate(data.examples, 40):
+        task = env.sample(seed, 1)[0]
+        turns = env.reference_episode(task, held_out_env_seed(seed))
+        played = environments.render_episode(renderer, env, task, held_out_env_seed(seed),
+                                             [renderer.encode(t) + [renderer.eos_id] for t in turns])
+        # it ends solved: calc-arith and alphabet-sort score 1; wordle's partial credit pays fewer guesses more,
+        # and its last reference guess is the word
+        assert played.episode.done
+        if name == "wordle":
+            assert played.episode.turn_rewards[-1] == 1.0 and played.episode.reward > 0.0
+        else:
+            assert played.episode.reward == 1.0
+        assert example.tokens == played.ids and example.loss_mask == played.loss_mask()
+        trained = [renderer.decode([t for t, m in zip(example.tokens[o:o + n], example.loss_mask[o:o + n],
+                                                        strict=True) if m])
+                   for o, n in played.model_spans]
+        assert trained == [renderer.decode(renderer.encode(t)) for t in turns]  # the model's turns, no more
+        assert example.n_loss_tokens == sum(n for _, n in played.model_spans) < len(example.tokens)
+
+
 def test_jsonl_and_parquet_files_give_the_same_examples(tmp_path: Path) -> None:
     _write_jsonl(tmp_path / "d.jsonl", [GOOD[0], "", GOOD[1], GOOD[2]])  # a blank line is skipped
     rows = [{"messages": GOOD[0]["messages"]}, {"messages": [{"role": "user", "content": "count to 3"},
@@ -286,3 +319,12 @@ def test_shipped_recipe_hands_sft_output_to_rl() -> None:
     assert (sft.max_steps - step) // sft.checkpoint.interval < sft.checkpoint.keep, "the SFT run rotates it away"
     # SFT seeds below the evaluation range; RL seeds are hashed (see the configs' comments).
     assert sft.data.type == "environment" and sft.data.seed_start + sft.data.num_examples <= 1_000_000
+
+
+def test_shipped_multi_turn_warm_up_parses_with_disjoint_seeds() -> None:
+    """The calc-arith warm-up recipe (issue 36 item 7): reference episodes of the multi-turn environment, evaluated
+    on held-out seeds (the config's own check refuses an overlap)."""
+    sft = load_sft_config(["--config", str(ROOT / "configs/trainer/calc-arith-smollm2-sft.toml")])
+    assert sft.data.type == "environment" and sft.data.env == "calc-arith" and sft.eval.every > 0
+    assert isinstance(environments.get(sft.data.env), environments.MultiTurnEnvironment)
+    assert sft.data.seed_start + sft.data.num_examples <= sft.eval.seed_start
