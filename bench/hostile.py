@@ -16,6 +16,12 @@ then beside, for `duration_s`:
   half work for a version outside the run's window (refused at intake: no row, no verdict, no slash, so they go on
   for the whole attack; JSON `attackers.staked_outside_window`).
 
+The attackers run in a process of their own: as threads beside the honest senders they shared their GIL, so
+every attack request the validator answered faster was a wait for the honest clients, not for the validator
+(a faster `/v1/audit` measured a worse p99). On a machine of two or more CPUs the attackers are pinned to half of
+them and the validator and the honest senders to the other half, baseline included (JSON `cpus`): a network's
+attackers bring their own CPUs, and what is measured is the validator's answer to their traffic.
+
 Reported (JSON keys): `honest_acceptance` (accepted / submitted during the attack; goal >= 0.99),
 `p99_over_baseline` (honest post-to-verdict latency p99 under attack over the baseline's; goal <= 2), the
 validator's RSS and ledger size before, at peak and after, and what the attackers got (statuses).
@@ -24,12 +30,16 @@ validator's RSS and ledger size before, at peak and after, and what the attacker
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import socket
 import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -120,6 +130,56 @@ def _trickle(url: str, first: bytes, source: str, stop: threading.Event, tally: 
             stop.wait(0.2)
 
 
+def _split_cpus() -> tuple[set[int], set[int]] | None:
+    """(the validator's and honest senders' CPUs, the attackers'), or None on one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    half = len(cpus) // 2
+    return set(cpus[:len(cpus) - half]), set(cpus[len(cpus) - half:])
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` onto `cpus` (threads it starts later inherit it from theirs)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+Plan = Callable[[threading.Event, "Counter[str]", threading.Lock], None]
+"""One attacker thread's body, given (stop, its kind's tally, the lock)."""
+
+
+def _staked(url: str, node: Any, sub: Any, domain: str, deadline: float, outside: int | None,
+            stop: threading.Event, tally: Counter[str], lock: threading.Lock) -> None:
+    """`bench.load`'s flood sender until `deadline`, its statuses counted into `tally`."""
+    from bench.load import _flood_sender
+
+    log: list[tuple[float, Any, int]] = []
+    _flood_sender(url, node, sub, domain, deadline, log, lock, outside)
+    with lock:
+        tally.update(str(st) for _, st, _ in log)
+
+
+def _attack_process(plans: list[tuple[str, Plan]], cpus: set[int] | None, stop: Any, results: Any) -> None:
+    """The attackers' process (forked): every plan on a thread until `stop` is set, then the tallies to `results`."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    halt, lock = threading.Event(), threading.Lock()
+    tally: dict[str, Counter[str]] = {kind: Counter() for kind, _ in plans}
+    threads = [threading.Thread(target=plan, args=(halt, tally[kind], lock), daemon=True) for kind, plan in plans]
+    for t in threads:
+        t.start()
+    stop.wait()
+    halt.set()
+    for t in threads:
+        t.join(timeout=30)
+    with lock:
+        results.put({k: dict(v) for k, v in tally.items()})
+
+
 def _audits(url: str, source: str, stop: threading.Event, tally: Counter[str], lock: threading.Lock) -> None:
     import httpx
 
@@ -137,7 +197,7 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
     import httpx
 
     from bench import validator as bench_validator
-    from bench.load import MANIFEST, FloodLoad, _flood_sender, _ledger_bytes, build_honest, flood_config
+    from bench.load import MANIFEST, FloodLoad, _ledger_bytes, build_honest, flood_config
     from protocol.rollout import submission_domain
     from protocol.upload import upload_headers
 
@@ -179,33 +239,37 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
                     t.join(timeout=deadline - time.monotonic() + 300)
                 return done
 
+            split = _split_cpus()
+            if split is not None:  # the baseline runs pinned as the attack phase does
+                _pin(os.getpid(), split[0])
+                _pin(served.proc.pid, split[0])
+            out["cpus"] = None if split is None else {"validator_and_honest": sorted(split[0]),
+                                                      "attackers": sorted(split[1])}
             rss0, ledger0 = vhttp.rss_kib(served.proc.pid)["VmRSS"], _ledger_bytes(served.ledger)
             base = phase(built[:spec.baseline], time.monotonic() + max(60.0, spec.duration_s))
-            stop, tally = threading.Event(), {k: Counter[str]() for k in ("slow", "audit", "appeal", "staked")}
+            url = served.url
             slow_first = b"POST /v1/submissions HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n\r\n{"
-            workers = [threading.Thread(target=_trickle, args=(served.url, slow_first, _source(i), stop,
-                                                               tally["slow"], lock), daemon=True)
-                       for i in range(spec.slow_uploads)]
-            workers += [threading.Thread(target=_audits, args=(served.url, _source(i), stop, tally["audit"], lock),
-                                         daemon=True) for i in range(spec.audits)]
+            plans: list[tuple[str, Plan]] = []
+            plans += [("slow", partial(_trickle, url, slow_first, _source(i))) for i in range(spec.slow_uploads)]
+            plans += [("audit", partial(_audits, url, _source(i))) for i in range(spec.audits)]
             for i in range(spec.appeals):
                 who = appeal_ids[i % len(appeal_ids)]
                 headers = upload_headers(who, b"x" * (16 << 20), domain=domain, validator=me, path="/v1/appeals")
                 first = (f"POST /v1/appeals HTTP/1.1\r\nHost: x\r\nContent-Length: {16 << 20}\r\n"
                          + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + b"{"
-                workers.append(threading.Thread(target=_trickle, args=(served.url, first, _source(i), stop,
-                                                                       tally["appeal"], lock), daemon=True))
+                plans.append(("appeal", partial(_trickle, url, first, _source(i))))
             attack_deadline = time.monotonic() + spec.duration_s
-            junk_log: list[tuple[float, Any, int]] = []
-            window_log: list[tuple[float, Any, int]] = []
             # half the staked keys send junk (slashed at the first verdict, then refused), half work for a version
             # outside the window (never a row, never a slash: they send for the whole attack)
-            workers += [threading.Thread(target=_flood_sender, args=(
-                served.url, staked_ids[i], sub, domain, attack_deadline, *(
-                    (junk_log, lock) if i % 2 == 0 else (window_log, lock, sub.policy_version + 1000))), daemon=True)
-                for i, (_, sub, _, _, _) in enumerate(junk)]
-            for w in workers:
-                w.start()
+            for i, (_, sub, _, _, _) in enumerate(junk):
+                outside = sub.policy_version + 1000 if i % 2 else None
+                plans.append(("staked" if outside is None else "staked_outside_window",
+                              partial(_staked, url, staked_ids[i], sub, domain, attack_deadline, outside)))
+            ctx = multiprocessing.get_context("fork")
+            stop, results = ctx.Event(), ctx.Queue()
+            attackers = ctx.Process(target=_attack_process, args=(plans, None if split is None else split[1], stop,
+                                                                  results), daemon=True)
+            attackers.start()
             samples: list[tuple[float, float]] = []
             sampler_stop = threading.Event()
 
@@ -220,15 +284,14 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
             hit = phase(built[spec.baseline:], attack_deadline)
             stop.set()
             sampler_stop.set()
-            for w in workers:
-                w.join(timeout=30)
+            got = results.get(timeout=120)
+            attackers.join(timeout=60)
             rss1, ledger1 = vhttp.rss_kib(served.proc.pid)["VmRSS"], _ledger_bytes(served.ledger)
         finally:
             served.stop()
     finally:
         chain.stop()
-    tally["staked"].update(str(st) for _, st, _ in junk_log)
-    tally["staked_outside_window"] = Counter(str(st) for _, st, _ in window_log)
+    tally = {kind: Counter(counts) for kind, counts in got.items()}
     accepted = [r for r in hit if r["outcome"] == "accepted"]
     base_p99 = _p99([r["latency_s"] for r in base if r["outcome"] == "accepted"])
     hit_p99 = _p99([r["latency_s"] for r in accepted])

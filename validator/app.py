@@ -11,6 +11,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -48,6 +49,14 @@ _HEX32 = re.compile(r"^0x[0-9a-f]{64}$")
 INFO_REFRESH_S = 0.5
 """How often the `/v1/info` snapshot is rebuilt (off the event loop)."""
 METRICS_CACHE_S = 1.0
+AUDIT_HOLD_PER_ADDRESS = 8
+"""Refused full audits one address may have held at a time (answered after their wait, not at once): a closed loop
+over one keep-alive connection then asks about once per token interval instead of as fast as 429s come back."""
+AUDIT_HOLD_TOTAL = 256
+"""Refused full audits held at a time from all addresses: far below `gate.max_connections`, so held requests never
+take the connections honest nodes need; past either bound a refusal is answered at once."""
+AUDIT_HOLD_MAX_S = 1.0
+"""The longest a refused full audit is held (the wait for a token, at most this)."""
 
 
 class _Metrics(Collector):
@@ -368,6 +377,7 @@ def build_app(service: Service) -> FastAPI:
     audit_cache: dict[str, Any] = {"at": -math.inf, "body": None}
     audit_threads = anyio.CapacityLimiter(1)  # one scan at a time, on a thread of its own
     audit_senders = KeyedBuckets(cfg.audit_rate_per_address, cfg.audit_burst_per_address)  # the event loop's only
+    audit_held: Counter[str] = Counter()  # refused full audits held per address (the event loop's only)
     token = os.environ.get(cfg.audit_token_env) if cfg.audit_token_env else None
     if cfg.audit_token_env and not token:
         log.warning("audit_token_env names %s, which is not set: no audit request counts as the operator's",
@@ -420,6 +430,15 @@ def build_app(service: Service) -> FastAPI:
             wait = audit_senders.take(source)
             if wait:
                 service.core.stats.count("audit_rate_limited")
+                if audit_held[source] < AUDIT_HOLD_PER_ADDRESS and audit_held.total() < AUDIT_HOLD_TOTAL:
+                    audit_held[source] += 1  # a tarpit, bounded: see AUDIT_HOLD_PER_ADDRESS
+                    service.core.stats.count("audit_held")
+                    try:
+                        await asyncio.sleep(min(wait, AUDIT_HOLD_MAX_S))
+                    finally:
+                        audit_held[source] -= 1
+                        if audit_held[source] <= 0:
+                            del audit_held[source]
                 return JSONResponse({"error": "rate_limited", "detail": f"{source} is over "
                                      f"{cfg.audit_rate_per_address} full audits/s (the counts: ?rows=false)"},
                                     status_code=429, headers={"Retry-After": str(max(1, math.ceil(wait)))})

@@ -117,8 +117,9 @@ def test_full_audits_are_rate_limited_per_address_but_never_the_operators_or_the
                                                                                          monkeypatch):
     """Issue 35 item 2: a cached report still cost the event loop an encoding per request (~890 a second from 200
     loops in the hostile run). Now the report is encoded once per scan, and one address gets
-    `audit_burst_per_address` full audits, then `audit_rate_per_address` a second (429 + Retry-After); the
-    operator's token and `?rows=false` are never limited, and another address has its own bucket."""
+    `audit_burst_per_address` full audits, then `audit_rate_per_address` a second (429 + Retry-After, held up to
+    its wait so a closed loop cannot spin on refusals); the operator's token and `?rows=false` are never limited,
+    and another address has its own bucket."""
     monkeypatch.setenv("PRIME_TEST_AUDIT_TOKEN", "s3cret")
     node = make_node()
     v = make_validator(**FAST, audit_cache_s=3600.0, audit_token_env="PRIME_TEST_AUDIT_TOKEN",
@@ -144,6 +145,7 @@ def test_full_audits_are_rate_limited_per_address_but_never_the_operators_or_the
     with other:
         assert other.get("/v1/audit").status_code == 200  # its own bucket
     assert v.service.core.stats.get("audit_rate_limited") == 1
+    assert v.service.core.stats.get("audit_held") == 1  # answered after its wait (at most 1 s), not at once
 
 
 def test_info_and_health_answer_while_every_worker_thread_waits(make_validator, make_node):
