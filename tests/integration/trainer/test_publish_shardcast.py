@@ -46,14 +46,26 @@ def test_trainer_checkpoints_reach_a_node_through_origin_and_relay(tmp_path: Pat
     subprocess.run([sys.executable, "-m", "trainer.cli", "--config", str(cfg), "--metrics-file",
                     str(tmp_path / "m.jsonl")], env=env, check=True, timeout=150, capture_output=True)
 
-    # Version numbers are the trainer's steps; retention kept the newest two; nothing private left the trainer.
+    # Version numbers are the trainer's steps; retention kept the newest two and the bases a kept delta version needs,
+    # down to its anchor (which versions travel as deltas depends on how many weights a step moved); nothing private
+    # left the trainer.
     versions = sorted(int(p.name) for p in (store / "versions").iterdir())
-    assert versions == [STEPS - 1, STEPS]
+    manifests = {v: SignedManifest.parse((store / "versions" / str(v) / "manifest.json").read_bytes())
+                 for v in versions}
+    assert versions[-2:] == [STEPS - 1, STEPS]
+    needed = set()
+    for version in (STEPS - 1, STEPS):
+        while True:
+            needed.add(version)
+            ref = manifests[version].manifest.delta
+            if ref is None:
+                break
+            version = ref.base_version
+    assert set(versions) == needed
     assert not (store / ".trainer-staging").exists()
-    for version in versions:
-        signed = SignedManifest.parse((store / "versions" / str(version) / "manifest.json").read_bytes())
+    for version, signed in manifests.items():
         signed.verify(trainer.address, run_id="run-7", version=version)
-        names = {f.path for f in signed.manifest.files}
+        names = {f.path for f in signed.manifest.weight_files} | {f.path for f in signed.manifest.files}
         assert "model.safetensors" in names
         assert not names & {"optimizer.pt", "rng.pt", "trainer_state.json"}
 
