@@ -71,6 +71,16 @@ def _delta_files(tmp: Path, version: int) -> Path:
 IDENTITY = Identity.create()
 
 
+def _one_step(tmp: Path, state: dict[str, torch.Tensor]) -> tuple[Path, Path, Manifest, Manifest, Path]:
+    """v1 (an anchor) and v2 (one step later, a delta against it): both directories, both manifests, and the
+    delta's files as a client assembles them."""
+    v1 = _version(tmp / "v1", state)
+    v2 = _version(tmp / "v2", _step(state, seed=1))
+    m1 = _publish(tmp, v1, 1).manifest
+    m2 = _publish(tmp, v2, 2, base=(v1, m1)).manifest
+    return v1, v2, m1, m2, _delta_files(tmp, 2)
+
+
 def test_a_small_step_travels_as_a_delta_that_rebuilds_the_full_weights_bit_for_bit(
         tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
     v1 = _version(tmp_path / "v1", tiny_state)
@@ -113,11 +123,7 @@ def test_a_delta_against_another_base_is_refused(tmp_path: Path, tiny_state: dic
 
 
 def test_a_result_that_is_not_the_signed_weights_is_refused(tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
-    v1 = _version(tmp_path / "v1", tiny_state)
-    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1))
-    m1 = _publish(tmp_path, v1, 1).manifest
-    m2 = _publish(tmp_path, v2, 2, base=(v1, m1)).manifest
-    files = _delta_files(tmp_path, 2)
+    v1, v2, m1, m2, files = _one_step(tmp_path, tiny_state)
     values = bytearray((files / VALUES_FILE).read_bytes())
     values[-1] ^= 0x01  # one bit of one new value
     (files / VALUES_FILE).write_bytes(bytes(values))
@@ -136,11 +142,7 @@ def test_a_result_that_is_not_the_signed_weights_is_refused(tmp_path: Path, tiny
 
 @pytest.mark.parametrize("change", ["op", "size", "positions", "past_values", "files", "gap_bytes", "gap_count"])
 def test_a_malformed_delta_index_is_a_typed_error(tmp_path: Path, tiny_state: dict[str, torch.Tensor], change: str) -> None:
-    v1 = _version(tmp_path / "v1", tiny_state)
-    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1))
-    m1 = _publish(tmp_path, v1, 1).manifest
-    m2 = _publish(tmp_path, v2, 2, base=(v1, m1)).manifest
-    files = _delta_files(tmp_path, 2)
+    v1, v2, m1, m2, files = _one_step(tmp_path, tiny_state)
     index = json.loads((files / INDEX_FILE).read_text())
     patch = next(e for e in index["files"] if e["op"] == "patch")
     region = patch["regions"][0]
@@ -179,11 +181,7 @@ def test_positions_round_trip_as_gaps_and_hostile_gap_bytes_are_typed_errors() -
 
 def test_a_delta_in_the_first_format_still_applies(tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
     """`shardcast-delta/1` (absolute 4-byte positions), rewritten from a /2 delta, rebuilds the same weights."""
-    v1 = _version(tmp_path / "v1", tiny_state)
-    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1))
-    m1 = _publish(tmp_path, v1, 1).manifest
-    m2 = _publish(tmp_path, v2, 2, base=(v1, m1)).manifest
-    files = _delta_files(tmp_path, 2)
+    v1, v2, m1, m2, files = _one_step(tmp_path, tiny_state)
     index = json.loads((files / INDEX_FILE).read_text())
     values = (files / VALUES_FILE).read_bytes()
     old = bytearray()
