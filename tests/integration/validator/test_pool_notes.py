@@ -110,46 +110,57 @@ def test_a_hard_verdict_pending_at_one_validator_holds_the_node_at_the_other(pub
 def test_a_hard_verdict_reaches_the_peers_at_once_not_at_their_next_fetch(published, make_validator, make_node):
     """B took A's pending hard verdict only at its next fetch of A's notes (`pool_notes.interval_s`, 5 s by
     default, plus A's `cache_s`): time in which the node, held at A, could spread work to B. Now A pushes its
-    notes to its peers as soon as a hard verdict is pending there. Here B fetches A's notes once, at its start,
-    and then once an hour: B holds the node all the same. A key that is not a run validator cannot push."""
+    notes to its peers as soon as a hard verdict is pending there. Here B can never fetch A's notes: its peer URL
+    for A relays A's proved `/v1/info` but answers every fetch of the notes with 503. B holds the node all the
+    same, from the push alone. A key that is not a run validator cannot push."""
     a, b = published.chain.account(VALIDATOR).address, published.chain.account(VALIDATOR2).address
     published.admin.grant_role("validator", b)
-    port_a, port_b = free_port(), free_port()
-    hourly = {"interval_s": 3600.0, "cache_s": 0.0}
-    va = make_validator("a", account=VALIDATOR, port=port_a, validators=[a, b], peers=[f"http://127.0.0.1:{port_b}"],
-                        **FAST, systemic={"window_s": 60.0, "min_nodes": 100, "fraction": 1.0}, pool_notes=hourly)
-    vb = make_validator("b", account=VALIDATOR2, port=port_b, validators=[a, b], peers=[va.url], **FAST,
-                        pool_notes=hourly)
-    _wait(lambda: b in va.service.peers.urls(), "A never identified B (its probe)")
-    pool = vb.service.pool_view
-    assert pool is not None
-    node = _splitter(published, make_node, {1: a, 2: b})
-    address = node.identity.address
-    sub, _ = node.build(counter=0, cheat="unassigned_task")  # fails a cheap check: hard at once, at A
-    r = _post(va, node.seal(sub))
-    assert r.status_code == 200 and r.json()["outcome"] == "rejected_hard", r.text
-    _wait(lambda: pool.hard_pending_at(address) == a, f"A's notes never reached B: {pool.status()}", timeout=60)
-    assert vb.service.core.stats.get("pool_notes_push_taken") == 1  # pushed (B's one fetch may come before or after)
-    assert va.service.core.stats.get("pool_notes_pushed") == 1
+    port_b = free_port()
+    va = make_validator("a", account=VALIDATOR, validators=[a, b], peers=[f"http://127.0.0.1:{port_b}"], **FAST,
+                        systemic={"window_s": 60.0, "min_nodes": 100, "fraction": 1.0}, pool_notes={"cache_s": 0.0})
+    app = FastAPI()
 
-    published.trainer.publish_policy(2, MANIFEST_V0)
-    _wait(lambda: vb.service.chain.current_version() == 2, "B never saw v2")
-    r = _post(vb, node.build(version=2, counter=0)[1])  # honest work, assigned to B: held
-    assert (r.status_code, r.json().get("error")) == (429, "node_quota"), r.text
+    @app.get(PATH)
+    def no_notes() -> Response:
+        return Response(b"down for maintenance", status_code=503)
 
-    # only a run validator may push, and only its own notes
-    notes = va.service.notes.sealed()
-    stranger = Identity.create()
-    with vb.client() as c:
-        r = c.post(PATH, content=notes, headers=upload_headers(stranger, notes, domain=vb.service.domain,
-                                                               validator=b, path=PATH))
-        assert (r.status_code, r.json()["error"]) == (403, "no_standing"), r.text
-        key_a = published.chain.account(VALIDATOR)
-        mine = vb.service.notes.sealed()  # B's own notes, pushed to B by A: not A's
-        r = c.post(PATH, content=mine, headers=upload_headers(key_a, mine, domain=vb.service.domain, validator=b,
-                                                              path=PATH))
-        assert r.status_code == 401, r.text
-    assert pool.hard_pending_at(address) == a
+    _relay_the_rest(app, va.url)
+    with serve_asgi(app) as unfetchable:
+        vb = make_validator("b", account=VALIDATOR2, port=port_b, validators=[a, b], peers=[unfetchable], **FAST,
+                            pool_notes={"interval_s": 0.2, "cache_s": 0.0})
+        stats_a, stats_b = va.service.core.stats, vb.service.core.stats
+        _wait(lambda: b in va.service.peers.urls(), "A never identified B (its probe)")
+        _wait(lambda: stats_b.get("pool_notes_unreachable"), f"B never tried to fetch A's notes: {stats_b.snapshot()}")
+        pool = vb.service.pool_view
+        assert pool is not None
+        node = _splitter(published, make_node, {1: a, 2: b})
+        address = node.identity.address
+        sub, _ = node.build(counter=0, cheat="unassigned_task")  # fails a cheap check: hard at once, at A
+        r = _post(va, node.seal(sub))
+        assert r.status_code == 200 and r.json()["outcome"] == "rejected_hard", r.text
+        _wait(lambda: pool.hard_pending_at(address) == a, f"A's push never reached B: {pool.status()}", timeout=60)
+        _wait(lambda: stats_b.get("pool_notes_push_taken") == 1 and stats_a.get("pool_notes_pushed") == 1,
+              f"the push was not counted: A {stats_a.snapshot()} B {stats_b.snapshot()}")
+        assert stats_b.get("pool_notes_taken") == 1 and not stats_a.get("pool_notes_push_failed")
+
+        published.trainer.publish_policy(2, MANIFEST_V0)
+        _wait(lambda: vb.service.chain.current_version() == 2, "B never saw v2")
+        r = _post(vb, node.build(version=2, counter=0)[1])  # honest work, assigned to B: held
+        assert (r.status_code, r.json().get("error")) == (429, "node_quota"), r.text
+
+        # only a run validator may push, and only its own notes
+        notes = va.service.notes.sealed()
+        stranger = Identity.create()
+        with vb.client() as c:
+            r = c.post(PATH, content=notes, headers=upload_headers(stranger, notes, domain=vb.service.domain,
+                                                                   validator=b, path=PATH))
+            assert (r.status_code, r.json()["error"]) == (403, "no_standing"), r.text
+            key_a = published.chain.account(VALIDATOR)
+            mine = vb.service.notes.sealed()  # B's own notes, pushed to B by A: not A's
+            r = c.post(PATH, content=mine, headers=upload_headers(key_a, mine, domain=vb.service.domain, validator=b,
+                                                                  path=PATH))
+            assert r.status_code == 401, r.text
+        assert pool.hard_pending_at(address) == a
 
 
 def test_holes_left_at_one_validator_count_at_the_other(published, make_validator, make_node):
