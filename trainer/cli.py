@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from protocol.errors import PrimeError
@@ -53,5 +54,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_process(code: int) -> None:
+    """Leave with `code`. Under torchrun (WORLD_SIZE > 1) the interpreter's own finalization is skipped, once our
+    outputs are flushed: gloo's worker threads may still be freeing the last collective's work, whose tensors need
+    the GIL, while the interpreter tears down; the thread then dies in `take_gil` and the C++ runtime aborts
+    ("terminate called without an active exception", SIGABRT after a run that finished; torchrun then reports it
+    failed: 1 run in 10-40 on a busy 2-core box, CI of 173fc11). Every file, checkpoint and publication is closed
+    by then (`trainer.runner.close_run`, the SFT and eval runners)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def cli() -> None:
+    """The `prime-trainer` console script (and `python -m trainer.cli`, `torchrun -m trainer.cli`)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -4,19 +4,15 @@ after 2 steps and resumed from its checkpoint trains step 3 exactly as an uninte
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from netfixtures import free_port
+from torchrun import torchrun
 
 from tests.unit.trainer.feed_server import POOL, RUN_ID, FeedServer, feed_item
 from trainer.config import load_config
 from trainer.runner import run
 
-ROOT = Path(__file__).resolve().parents[3]
 TIMING = {"step_time_s", "batch_wait_s", "train_time_s", "tokens_per_s", "samples_per_s", "eval/time_s",
           "eval/greedy/generation_s"}
 
@@ -103,15 +99,11 @@ def test_trainer_on_validator_feeds_resumes_exactly(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_two_processes_train_on_rank_zeros_feed(tmp_path: Path) -> None:
     # Only rank 0 reads the feeds; both ranks must train the same groups as one process does.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     with FeedServer() as a, FeedServer() as b:
         _serve(a, b)
         run(load_config(toml_path=_config(tmp_path, a, b, 3, "one")))
         n_requests = len(a.requests) + len(b.requests)
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                        "127.0.0.1", "--master-port", str(free_port()), "-m", "trainer.cli", "--config",
-                        str(_config(tmp_path, a, b, 3, "two"))], cwd=tmp_path, env=env, check=True, timeout=240,
-                       capture_output=True)
+        torchrun(["-m", "trainer.cli", "--config", str(_config(tmp_path, a, b, 3, "two"))], tmp_path, timeout=240)
         two_requests = len(a.requests) + len(b.requests) - n_requests
     one, two = _metrics(tmp_path / "one.jsonl"), _metrics(tmp_path / "two.jsonl")
     assert sorted(two) == [0, 1, 2]

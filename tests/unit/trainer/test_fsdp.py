@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from netfixtures import free_port
 from safetensors.torch import load_file
+from torchrun import torchrun
 
 from tests.unit.trainer.rollout_factory import directory_run_config, write_step_files
 
 
 def _run(args: list[str], cwd: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    subprocess.run(args, cwd=cwd, env=env, check=True, timeout=150, capture_output=True)
+    r = subprocess.run(args, cwd=cwd, env=env, timeout=150, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-8000:]
 
 
 @pytest.mark.timeout(200)
@@ -30,9 +31,7 @@ def test_two_process_fsdp2_equals_one_process(tmp_path: Path) -> None:
     common = ["-m", "trainer.cli", "--config", str(cfg), "--eval.every", "3", "--eval.env", "reverse-text",
               "--eval.num-tasks", "3", "--eval.max-new-tokens", "4", "--eval.temperatures", "[0, 1]"]
     _run([sys.executable, *common, "--metrics-file", "one.jsonl", "--checkpoint.dir", "ck1"], tmp_path)
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-          "--master-port", str(free_port()), *common, "--metrics-file", "two.jsonl", "--checkpoint.dir", "ck2"],
-         tmp_path)
+    torchrun([*common, "--metrics-file", "two.jsonl", "--checkpoint.dir", "ck2"], tmp_path, timeout=150)
     one = [json.loads(x) for x in (tmp_path / "one.jsonl").read_text().splitlines()]
     two = [json.loads(x) for x in (tmp_path / "two.jsonl").read_text().splitlines()]
     assert [m["step"] for m in two] == [0, 1, 2]

@@ -63,6 +63,22 @@ def test_help_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
 
+@pytest.mark.parametrize("world", ["1", "2"])
+def test_a_rank_leaves_with_its_code_and_its_output_flushed(world: str) -> None:
+    """Under torchrun a rank skips the interpreter's finalization (`exit_process`: gloo's threads can abort it);
+    what it printed and logged still reaches the pipes, and the exit code is the run's. An atexit hook runs only
+    outside torchrun: that is what skipping the finalization means."""
+    code = ("import atexit, logging, sys\nfrom trainer.cli import exit_process\n"
+            "logging.basicConfig(level=logging.INFO)\nlogging.getLogger('t').info('logged line')\n"
+            "print('printed line')\nsys.stderr.write('stderr line')\n"
+            "atexit.register(lambda: print('finalized'))\nexit_process(3)\n")
+    env = {"PATH": "/usr/bin:/bin", "WORLD_SIZE": world, "PYTHONPATH": str(ROOT)}  # PYTHONUNBUFFERED unset
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "printed line" in r.stdout and "logged line" in r.stderr and "stderr line" in r.stderr
+    assert ("finalized" in r.stdout) == (world == "1")
+
+
 def test_metrics_json_lines_and_prometheus(tmp_path: Path) -> None:
     import io
 
