@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ _MAX_INDEX_BYTES = 64 * 1024 * 1024
 _ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                   "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+BLOCK = 1 << 22
+"""Elements compared, and positions coded or decoded, at a time (the work memory of a delta is per block)."""
 
 
 @dataclass(frozen=True)
@@ -109,19 +112,11 @@ def make_delta(base_dir: Path, new_dir: Path, out_dir: Path, names: list[str]) -
                 continue
             regions = []
             for start, stop, width in parsed[1]:
-                kind = _UINT[width]
-                old_el = np.frombuffer(base, dtype=kind, count=(stop - start) // width, offset=start)
-                new_el = np.frombuffer(new, dtype=kind, count=(stop - start) // width, offset=start)
-                positions = np.flatnonzero(old_el != new_el)
-                total += len(new_el)
-                if not len(positions):
-                    continue
-                changed += len(positions)
-                coded = encode_positions(positions)
-                regions.append({"start": start, "stop": stop, "width": width, "count": len(positions),
-                                "pos_bytes": len(coded), "at": values.tell()})
-                values.write(coded)
-                values.write(new_el[positions].tobytes())
+                region = _write_region(base, new, start, stop, width, values)
+                total += (stop - start) // width
+                if region is not None:
+                    changed += region["count"]
+                    regions.append(region)
             entries.append({"path": name, "op": "patch", "size": len(new), "regions": regions})
     index = json.dumps({"format": FORMAT, "files": entries}, sort_keys=True, separators=(",", ":")).encode()
     (out_dir / INDEX_FILE).write_bytes(index)
@@ -129,9 +124,44 @@ def make_delta(base_dir: Path, new_dir: Path, out_dir: Path, names: list[str]) -
                       changed_elements=changed, total_elements=total)
 
 
-def encode_positions(positions: np.ndarray) -> bytes:
-    """Strictly increasing non-negative positions as LEB128 gaps (the first from 0)."""
-    gaps = np.diff(positions.astype(np.uint64), prepend=np.uint64(0)).astype(np.uint64)
+def _write_region(base: bytes, new: bytes, start: int, stop: int, width: int, values: Any) -> dict[str, Any] | None:
+    """Append one tensor's changed positions (coded) and then their new values to `values`; its index entry, or
+    None when nothing changed. Compared `BLOCK` elements at a time: the extra memory is the region's new values
+    and one block's work, whatever the tensor's size (a 62 GB version's tensors are gigabytes each)."""
+    kind, elements, at = _UINT[width], (stop - start) // width, values.tell()
+    count = pos_bytes = 0
+    last = 0  # the position a block's first gap is counted from
+    changed_values: list[bytes] = []
+    for lo in range(0, elements, BLOCK):
+        n = min(BLOCK, elements - lo)
+        old_el = np.frombuffer(base, dtype=kind, count=n, offset=start + lo * width)
+        new_el = np.frombuffer(new, dtype=kind, count=n, offset=start + lo * width)
+        positions = np.flatnonzero(old_el != new_el)
+        if not len(positions):
+            continue
+        coded = encode_positions(positions + lo, after=last)
+        values.write(coded)
+        changed_values.append(new_el[positions].tobytes())
+        count, pos_bytes, last = count + len(positions), pos_bytes + len(coded), lo + int(positions[-1])
+    if not count:
+        return None
+    for chunk in changed_values:
+        values.write(chunk)
+    return {"start": start, "stop": stop, "width": width, "count": count, "pos_bytes": pos_bytes, "at": at}
+
+
+def encode_positions(positions: np.ndarray, after: int = 0) -> bytes:
+    """Strictly increasing non-negative positions as LEB128 gaps, the first from `after` (0: a list's first
+    position is its own gap; a block of a longer list passes the list's position before it). `BLOCK` positions at
+    a time: about 48 bytes of work per position of a block, not per position of the list."""
+    out = []
+    for lo in range(0, len(positions), BLOCK):
+        prev = after if lo == 0 else int(positions[lo - 1])
+        out.append(_leb128(np.diff(positions[lo:lo + BLOCK].astype(np.uint64), prepend=np.uint64(prev))))
+    return b"".join(out)
+
+
+def _leb128(gaps: np.ndarray) -> bytes:
     if not len(gaps):
         return b""
     lengths = np.ones(len(gaps), dtype=np.int64)
@@ -145,26 +175,48 @@ def encode_positions(positions: np.ndarray) -> bytes:
     return bytes(out.tobytes())
 
 
-def decode_positions(coded: bytes, count: int) -> np.ndarray:
-    """The `count` positions `encode_positions` wrote as `coded`, as int64; `DeltaError` for anything else
-    (a byte sequence that is not exactly `count` gaps, a gap over 63 bits, positions not strictly increasing)."""
+def decode_positions(coded: bytes | np.ndarray, count: int) -> np.ndarray:
+    """The `count` positions `encode_positions` wrote as `coded`, as int64 (`iter_positions`, joined)."""
+    blocks = list(iter_positions(coded, count))
+    return np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
+
+
+def iter_positions(coded: bytes | np.ndarray, count: int) -> Iterator[np.ndarray]:
+    """The `count` positions `encode_positions` wrote as `coded`, as int64 blocks of at most `BLOCK`, in order;
+    `DeltaError` for anything else (bytes that are not exactly `count` gaps, a gap over 63 bits, positions not
+    strictly increasing), raised at the block where it shows (a caller applies nothing it has not checked: the
+    positions it was given so far are valid, and the result is checked against the signed hashes anyway)."""
     b = np.frombuffer(coded, dtype=np.uint8)
-    ends = np.flatnonzero(b < 0x80)  # the last byte of each gap
-    if len(ends) != count or (count and ends[-1] != len(b) - 1) or (not count and len(b)):
+    if not count or not len(b) or b[-1] >= 0x80:
+        if count or len(b):
+            raise DeltaError(f"delta positions: {len(b)} bytes do not hold exactly {count} gaps")
+        return
+    seen, at, prev = 0, 0, None
+    while at < len(b):
+        window = b[at:at + 9 * BLOCK]
+        ends = np.flatnonzero(window < 0x80)[:BLOCK]  # the last byte of each gap
+        if not len(ends):
+            raise DeltaError("delta positions: a gap longer than 63 bits")
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        lengths = ends - starts + 1
+        if lengths.max() > 9:
+            raise DeltaError("delta positions: a gap longer than 63 bits")
+        seen += len(ends)
+        if seen > count:
+            raise DeltaError(f"delta positions: {len(b)} bytes hold more than {count} gaps")
+        chunk = window[:int(ends[-1]) + 1]
+        owner = np.repeat(np.arange(len(ends)), lengths)
+        shift = (np.arange(len(chunk)) - starts[owner]).astype(np.uint64) * np.uint64(7)
+        gaps = np.add.reduceat((chunk & 0x7F).astype(np.uint64) << shift, starts)
+        # a sum past 2**64 wraps below the one before: refused with the rest
+        positions = np.cumsum(gaps, dtype=np.uint64) + np.uint64(0 if prev is None else prev)
+        if (np.any(positions[1:] <= positions[:-1]) or (prev is not None and positions[0] <= np.uint64(prev))
+                or positions[-1] >= np.uint64(1 << 62)):
+            raise DeltaError("delta positions: not strictly increasing")
+        prev, at = int(positions[-1]), at + len(chunk)
+        yield positions.astype(np.int64)
+    if seen != count:
         raise DeltaError(f"delta positions: {len(b)} bytes do not hold exactly {count} gaps")
-    if not count:
-        return np.zeros(0, np.int64)
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    lengths = ends - starts + 1
-    if lengths.max() > 9:
-        raise DeltaError("delta positions: a gap longer than 63 bits")
-    owner = np.repeat(np.arange(count), lengths)
-    shift = (np.arange(len(b)) - starts[owner]).astype(np.uint64) * np.uint64(7)
-    gaps = np.add.reduceat((b & 0x7F).astype(np.uint64) << shift, starts)
-    positions = np.cumsum(gaps, dtype=np.uint64)  # a sum past 2**64 wraps below the one before: refused below
-    if (count > 1 and np.any(positions[1:] <= positions[:-1])) or positions[-1] >= np.uint64(1 << 62):
-        raise DeltaError("delta positions: not strictly increasing")
-    return positions.astype(np.int64)
 
 
 def _int(entry: dict[str, Any], key: str) -> int:
@@ -258,7 +310,7 @@ def _patch(data: bytearray, region: Any, values: np.ndarray, name: str) -> None:
         end = at + pos_bytes + count * width
         if end > len(values):
             raise DeltaError(f"delta index: {name} region at {start} reaches past the values file")
-        positions = decode_positions(values[at:at + pos_bytes].tobytes(), count)
+        blocks: Iterator[np.ndarray] = iter_positions(values[at:at + pos_bytes], count)
     else:  # shardcast-delta/1: absolute positions
         pos_width = _int(region, "pos_width")
         if pos_width not in (4, 8):
@@ -270,11 +322,16 @@ def _patch(data: bytearray, region: Any, values: np.ndarray, name: str) -> None:
         positions = np.frombuffer(values[at:at + pos_bytes].tobytes(), dtype=f"<u{pos_width}").astype(np.int64)
         if count > 1 and np.any(np.diff(positions) <= 0):
             raise DeltaError(f"delta index: {name} region at {start} has positions out of order")
+        blocks = iter([positions] if count else [])
     elements = (stop - start) // width
-    if count and (positions[-1] >= elements or positions[0] < 0):
-        raise DeltaError(f"delta index: {name} region at {start} has positions out of range")
     view = np.frombuffer(data, dtype=_UINT[width], count=elements, offset=start)
-    view[positions] = np.frombuffer(values[at + pos_bytes:end].tobytes(), dtype=_UINT[width])
+    new_values = np.frombuffer(values[at + pos_bytes:end], dtype=_UINT[width])
+    done = 0
+    for positions in blocks:
+        if positions[-1] >= elements or positions[0] < 0:
+            raise DeltaError(f"delta index: {name} region at {start} has positions out of range")
+        view[positions] = new_values[done:done + len(positions)]
+        done += len(positions)
 
 
 def _check_result(out_dir: Path, manifest: Manifest) -> None:

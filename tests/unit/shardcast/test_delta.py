@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from protocol.identity import Identity
+from shardcast import delta
 from shardcast.delta import INDEX_FILE, VALUES_FILE, apply_delta, decode_positions, encode_positions
 from shardcast.errors import DeltaBaseError, DeltaError, DeltaMismatchError
 from shardcast.manifest import Manifest, SignedManifest, table_hash
@@ -177,6 +178,58 @@ def test_positions_round_trip_as_gaps_and_hostile_gap_bytes_are_typed_errors() -
                          (b"\xff" * 8 + b"\x7f" + b"\xff" * 8 + b"\x7f", 2)):  # a sum that wraps past 2**64
         with pytest.raises(DeltaError):
             decode_positions(coded, count)
+
+
+def test_blocks_change_nothing_in_the_format(tmp_path: Path, tiny_state: dict[str, torch.Tensor],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors are compared and positions coded and decoded `BLOCK` at a time; the delta's bytes are the same
+    whatever the block, and a delta made with one block size applies with another, bit for bit."""
+    v1, v2, m1, m2, files = _one_step(tmp_path, tiny_state)
+    whole = (files / INDEX_FILE).read_bytes(), (files / VALUES_FILE).read_bytes()
+    for block in (7, 64):
+        monkeypatch.setattr(delta, "BLOCK", block)
+        out = tmp_path / f"made-{block}"
+        delta.make_delta(v1, v2, out, [f.path for f in m2.weight_files])
+        assert ((out / INDEX_FILE).read_bytes(), (out / VALUES_FILE).read_bytes()) == whole
+        apply_delta(v1, m1, files, m2, tmp_path / f"out-{block}")
+        assert (tmp_path / f"out-{block}" / "model.safetensors").read_bytes() == \
+            (v2 / "model.safetensors").read_bytes()
+    rng = np.random.default_rng(1)
+    positions = np.sort(rng.choice(5_000, 700, replace=False))
+    coded = encode_positions(positions)
+    monkeypatch.setattr(delta, "BLOCK", 5)
+    assert encode_positions(positions) == coded
+    assert np.array_equal(decode_positions(coded, len(positions)), positions)
+    # hostile bytes refused at a block boundary too: a zero gap as the first of the second block, a wrap
+    for bad, count in ((encode_positions(np.arange(5)) + b"\x00", 6),
+                       (b"\x01" * 5 + b"\xff" * 8 + b"\x7f" + b"\xff" * 8 + b"\x7f", 7)):
+        with pytest.raises(DeltaError):
+            decode_positions(bad, count)
+
+
+def test_coding_positions_takes_memory_per_block_not_per_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 62 GB version changes ~1e9 elements: coding them all at once took ~48 bytes each (8 arrays of 8 bytes per
+    position or gap byte). Per block, the work is bounded and the coded bytes (~1.2 a position here) dominate."""
+    import tracemalloc
+
+    monkeypatch.setattr(delta, "BLOCK", 1 << 14)
+    rng = np.random.default_rng(2)
+    positions = np.cumsum(rng.integers(1, 200, 1_000_000))  # gaps of one or two bytes, as a bf16 step's
+    tracemalloc.start()
+    try:
+        coded = encode_positions(positions)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * len(coded) + 64 * delta.BLOCK * 8, (peak, len(coded))  # at once: ~48 MB here
+    tracemalloc.start()
+    try:
+        for _ in delta.iter_positions(coded, len(positions)):
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * delta.BLOCK * 8, peak
 
 
 def test_a_delta_in_the_first_format_still_applies(tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
