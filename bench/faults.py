@@ -18,7 +18,9 @@ sends SIGKILL to the process group of:
 then stops (SIGSTOP, for a window, then SIGCONT) node-0 (`dead_node`: its share of each step is missing),
 relay-0 (`hung_relay`: it accepts and answers nothing) and validator-0 (`hung_validator`: nodes fail over),
 reporting each window's steps per minute against the window just before (`dead_node_ratio`,
-`hung_relay_ratio`, `hung_validator_ratio`; goals 0.6, 0.8, 0.6; issue 39 item 5),
+`hung_relay_ratio`, `hung_validator_ratio`; goals 0.6, 0.8, 0.6; issue 39 item 5; a hung validator's "after
+failover", as the issue states its goal: from the peers' `failover_after_s` into the window, the whole window's
+ratio beside it),
 
 then rolls the chain back `REORG_DEPTH` (32) blocks under the running network (`evm_snapshot`, work
 recorded and a version published meanwhile, `anvil_mine` to the depth, `evm_revert`): deeper than any
@@ -357,21 +359,44 @@ def steps_per_minute(net: Devnet, seconds: float) -> tuple[float, int]:
     return 60.0 * steps / (time.monotonic() - t0), steps
 
 
+def failover_after_s(net: Devnet) -> float:
+    """How long the validators wait after a peer stops answering before they take its work over (their config's
+    `failover_after_s`; every devnet validator has the same)."""
+    import tomllib
+
+    from validator.config import ValidatorConfig
+
+    path = Path(net.layout["state_dir"]) / "config" / "validator-1.toml"
+    value = tomllib.loads(path.read_text()).get("failover_after_s") if path.is_file() else None
+    return float(value if value is not None else ValidatorConfig.model_fields["failover_after_s"].default)
+
+
 def fault_degraded(net: Devnet, kind: str, window: float) -> dict[str, Any]:
-    """One rate fault (`DEGRADED`): the rate in `window` s before, the role stopped for `window` s, the ratio."""
+    """One rate fault (`DEGRADED`): the rate in `window` s before, the role stopped for `window` s, the ratio. A
+    hung validator's ratio is the issue's "after failover": the rate once its peers take its work over
+    (`failover_after_s` into the window, a safety margin they wait by design) against the rate before; the whole
+    window's ratio is reported beside it (`ratio_whole_window`)."""
     name = DEGRADED[kind]
     before, steps_before = steps_per_minute(net, window)
     pid = int(net.entry(name)["pid"])
+    failover = failover_after_s(net) if kind == "hung_validator" else 0.0
     os.killpg(pid, signal.SIGSTOP)
     try:
-        during, steps_during = steps_per_minute(net, window)
+        first, steps_first = steps_per_minute(net, failover) if failover else (0.0, 0)
+        rest, steps_rest = steps_per_minute(net, window - failover)
     finally:
         os.killpg(pid, signal.SIGCONT)
-    ratio = round(during / before, 3) if before else None
-    return {"fault": kind, "stopped": name, "window_s": window, "steps_before": steps_before,
-            "steps_during": steps_during, "steps_per_min_before": round(before, 2),
-            "steps_per_min_during": round(during, 2), "ratio": ratio, "goal": GOALS[kind],
-            "met": ratio is not None and ratio >= GOALS[kind]}
+    during, steps_during = 60.0 * (steps_first + steps_rest) / window, steps_first + steps_rest
+    ratio = round(rest / before, 3) if before else None
+    out = {"fault": kind, "stopped": name, "window_s": window, "steps_before": steps_before,
+           "steps_during": steps_during, "steps_per_min_before": round(before, 2),
+           "steps_per_min_during": round(during, 2), "ratio": ratio, "goal": GOALS[kind],
+           "met": ratio is not None and ratio >= GOALS[kind]}
+    if failover:
+        out.update(failover_after_s=failover, steps_before_failover=steps_first, steps_after_failover=steps_rest,
+                   steps_per_min_after_failover=round(rest, 2),
+                   ratio_whole_window=round(during / before, 3) if before else None)
+    return out
 
 
 def recorded_on_chain(net: Devnet) -> int:
@@ -466,8 +491,10 @@ def run(nodes: int, quick: bool, state_root: Path, seed: int = 0, extra: list[st
             window = 30 if smoke else 60 if quick else 120
             print(f"faults: {DEGRADED[kind]} stopped for {window} s ({kind}) ...", flush=True)
             r = fault_degraded(net, kind, window)
+            after = (f" ({r['steps_per_min_after_failover']} after the peers' {r['failover_after_s']:.0f} s failover, "
+                     f"the ratio's; the whole window {r['ratio_whole_window']}x)" if "failover_after_s" in r else "")
             print(f"faults: {kind}: {r['steps_per_min_during']} steps/min against {r['steps_per_min_before']} "
-                  f"before: {r['ratio']}x (goal {r['goal']}x)", flush=True)
+                  f"before{after}: {r['ratio']}x (goal {r['goal']}x)", flush=True)
             res.setdefault("degraded", []).append(r)
             res[f"{kind}_ratio"] = r["ratio"]
             time.sleep(2 if quick else 10)  # the stopped role catches up before the next fault
@@ -525,8 +552,11 @@ def report(res: dict[str, Any]) -> None:
         print(f"rollback of {r['depth_blocks']} blocks: resumed in {r['resume_s']} s ({r['recovery_s']}), audit "
               f"{'reconciled' if r['audit']['ok'] else 'MISMATCH'}")
     for r in res.get("degraded", []):
-        print(f"{r['stopped']} stopped {r['window_s']:.0f} s ({r['fault']}): {r['steps_per_min_during']} steps/min "
-              f"against {r['steps_per_min_before']} just before = {r['ratio']}x (goal >= {r['goal']}x)")
+        during = (f"{r['steps_per_min_after_failover']} steps/min after the {r['failover_after_s']:.0f} s failover "
+                  f"({r['steps_per_min_during']} over the window: {r['ratio_whole_window']}x)"
+                  if "failover_after_s" in r else f"{r['steps_per_min_during']} steps/min")
+        print(f"{r['stopped']} stopped {r['window_s']:.0f} s ({r['fault']}): {during} against "
+              f"{r['steps_per_min_before']} just before = {r['ratio']}x (goal >= {r['goal']}x)")
     a = res.get("audit", {})
     print(f"audit after the faults: {'reconciled' if a.get('ok') else 'MISMATCH'}")
     for row in a.get("rows") or []:

@@ -109,9 +109,14 @@ class SubmitSettings(Section):
     max_backoff_s: float = Field(30.0, gt=0.0)
     """Cap of one backoff."""
     timeout_s: float = Field(30.0, gt=0.0)
-    """Total deadline of one submission to a validator (connect to last byte). A validator that misses it is
-    hung: not retried, marked down for `max_backoff_s` (doubling each time in a row it hangs, up to 10 minutes,
-    until it answers), and the work goes to the next validator."""
+    """Longest total deadline of one submission to a validator (connect to last byte); a submission's own is
+    `probe_timeout_s` plus its bytes at `min_rate_bytes_s`, up to this. A validator that misses it is hung: not
+    retried, marked down for `max_backoff_s` (doubling each time in a row it hangs, up to 10 minutes, until it
+    answers), and the work goes to the next validator."""
+    min_rate_bytes_s: float = Field(262144.0, gt=0.0)
+    """The slowest upload a submission's deadline allows for (bytes a second; 256 KiB/s): a stopped validator
+    costs a 50 KB submission about `probe_timeout_s`, not `timeout_s` (`bench.faults` hung_validator: every
+    node stalled 30 s on it, and its work went stale meanwhile)."""
     probe_timeout_s: float = Field(5.0, gt=0.0)
     """Total deadline of a validator's `/v1/info` and of one verdict poll (cheap reads)."""
     decide_timeout_s: float = Field(300.0, gt=0.0)

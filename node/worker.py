@@ -298,6 +298,7 @@ class Worker:
         self._said_at = -float("inf")
         self._down_until: dict[str, float] = {}
         self._strikes: dict[str, int] = {}  # validator -> times in a row it hung or lied (its back-off doubles)
+        self._probing: set[str] = set()  # validators being probed on the side (`_probe_aside`)
         self._closed: dict[int, str] = {}  # versions our validator takes no more of our work at: why
 
     def stop(self) -> None:
@@ -395,12 +396,21 @@ class Worker:
         return self.tally
 
     def wait_decided(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.pending() and time.monotonic() < deadline:
+        """Until `timeout_s`: poll the verdicts still owed, resend the overdue ones, and send the work kept for a
+        validator to take (a node's last batch, kept while its validator was down, went nowhere before: CI's
+        `test_work_fails_over_from_a_stopped_validator`, once the node failed over before the backup saw the
+        outage), that at most every `submit.max_backoff_s`."""
+        deadline, tried = time.monotonic() + timeout_s, -float("inf")
+        while time.monotonic() < deadline:
+            unsent = any(r.state == "signed" for r in self.protection.unfinished(self.run.run_id, self.node))
+            if not self.pending() and not unsent:
+                return
             self.poll_pending()
             self.resend_overdue()
-            if self.pending():
-                time.sleep(0.2)
+            if unsent and time.monotonic() - tried >= self.cfg.submit.max_backoff_s:
+                tried = time.monotonic()
+                self.resend_unsent()
+            time.sleep(0.2)
 
     def pending(self) -> list[Any]:
         return [r for r in self.protection.unfinished(self.run.run_id, self.node) if r.state == "submitted"]
@@ -480,6 +490,9 @@ class Worker:
             return {}
         for address in reachable:
             url = self.validators.url_of(address) or ""
+            if self._strikes.get(address):  # it hung before and its back-off just ended: probed on the side
+                self._probe_aside(address, url)
+                continue
             try:
                 status, body = self._post(url, address, data)
             except (Transient, RetryError) as exc:
@@ -491,11 +504,51 @@ class Worker:
                 continue
             self._mark_up(address)
             answer = self._handle(sub, address, url, status, body, sent=submission_hash(data), resealed=resealed)
+            if status == 421:  # it sees the validators ranked before it up: their back-off ends (probed first)
+                for earlier in ranking[:ranking.index(address)]:
+                    if self._down_until.get(earlier):
+                        self._down_until[earlier] = 0.0
             if answer is not None:
                 return answer
             # an answer not believed: back off from this validator, try the next; the work stays kept
             self._mark_down(address)
         return {}
+
+    def submit_deadline(self, size: int) -> float:
+        """The total deadline of a submission of `size` bytes (`submit.timeout_s`, `submit.min_rate_bytes_s`)."""
+        s = self.cfg.submit
+        return min(s.timeout_s, s.probe_timeout_s + size / s.min_rate_bytes_s)
+
+    def _probe_aside(self, address: str, url: str) -> None:
+        """A validator that hung before (its back-off just ended) gets no body until it answers `/health` within
+        `probe_timeout_s`, asked from a thread while the work goes to the next one: a validator that stays hung costs
+        nothing more (`bench.faults` hung_validator: every batch ranked to a stopped validator waited 30 s for it,
+        then 5 s for each probe). Answered, its back-off starts over; not, it is marked down again (doubling)."""
+        if address in self._probing:
+            return
+        self._probing.add(address)
+
+        def probe() -> None:
+            try:
+                with deadline.deadline_client(self.cfg.submit.probe_timeout_s) as http:
+                    r = bounded_request(http, "GET", url + "/health", self.cfg.submit.probe_timeout_s)
+                if r.status_code < 500:
+                    self._mark_up(address)
+                    logger.info("validator %s answers again", url)
+                    return
+                why = f"HTTP {r.status_code}"
+            except Exception as exc:  # noqa: BLE001 - any failure to answer is "still down"
+                why = _short(exc)
+            wait = self._mark_down(address)
+            logger.warning("validator %s still does not answer (%s); it is asked again in %.0f s", url, why, wait)
+
+        def run() -> None:
+            try:
+                probe()
+            finally:
+                self._probing.discard(address)
+
+        threading.Thread(target=run, name="validator-probe", daemon=True).start()
 
     def _mark_down(self, address: str) -> float:
         """`address` hung (or answered what we cannot believe): ask it nothing until its back-off ends. The
@@ -535,7 +588,7 @@ class Worker:
         # takes one of its slots (docs/protocol/wire-format.md, "Upload header")
         headers = upload_headers(self.identity, data, domain=self.domain, validator=validator, path="/v1/submissions")
         try:
-            r = bounded_request(self.validators.http, "POST", url + "/v1/submissions", self.cfg.submit.timeout_s,
+            r = bounded_request(self.validators.http, "POST", url + "/v1/submissions", self.submit_deadline(len(data)),
                                 content=data, headers={"content-type": "application/octet-stream", **headers})
         except httpx.HTTPError as exc:
             raise Transient(f"{type(exc).__name__}: {exc}") from exc

@@ -16,11 +16,13 @@ __all__ = ["ProxyProcess", "forward_info", "free_port", "hung_server", "serve_as
 
 
 @contextlib.contextmanager
-def hung_server(trickle_s: float | None = None, head_first: bool = False) -> Iterator[str]:
+def hung_server(trickle_s: float | None = None, head_first: bool = False,
+                heard: list[str] | None = None) -> Iterator[str]:
     """A loopback peer that accepts connections and never answers (a `SIGSTOP`ped process, a wedged proxy):
     with `trickle_s`, it answers one byte of an endless HTTP response every `trickle_s` seconds instead
     ("a byte a minute"); with `head_first` too, the status line and headers come at once and only the body
-    trickles. Yields its base URL; closes every connection on exit."""
+    trickles. With `heard`, the request line of each request is appended to it ("POST /v1/submissions") once
+    its head is in. Yields its base URL; closes every connection on exit."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -45,6 +47,22 @@ def hung_server(trickle_s: float | None = None, head_first: bool = False) -> Ite
             except OSError:
                 return
 
+    def listen(conn: socket.socket) -> None:
+        data = b""
+        conn.settimeout(0.1)
+        while b"\r\n\r\n" not in data and not stop.is_set():
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            data += chunk
+        if heard is not None and b"\r\n\r\n" in data:
+            heard.append(" ".join(data.split(b"\r\n", 1)[0].decode(errors="replace").split(" ")[:2]))
+
     def accept() -> None:
         while not stop.is_set():
             try:
@@ -54,6 +72,8 @@ def hung_server(trickle_s: float | None = None, head_first: bool = False) -> Ite
             except OSError:
                 return
             conns.append(conn)
+            if heard is not None:
+                threading.Thread(target=listen, args=(conn,), daemon=True).start()
             if trickle_s is not None:
                 threading.Thread(target=trickle, args=(conn,), daemon=True).start()
 

@@ -174,3 +174,81 @@ def test_a_hung_validator_is_polled_for_old_verdicts_ever_more_rarely(
             worker._down_until[stuck] = 0.0
             worker.poll_pending()
             assert worker._down_until.get(stuck, 0.0) < time.monotonic()  # the back-off starts over
+
+
+def test_a_validator_that_hung_is_probed_before_it_gets_another_submission(
+        published: Pools, deployment_file: Path, tmp_path: Path) -> None:
+    """Issue 39 (bench.faults hung_validator, 0.375x): a stopped validator cost every node `submit.timeout_s` (30 s)
+    for its first submission there, and again for each one after its back-off ended (every 5 s on the devnet). A
+    submission's deadline is now `probe_timeout_s` plus its bytes at `min_rate_bytes_s` (at most `timeout_s`), and
+    once its back-off ends a validator that hung must answer `/health` within `probe_timeout_s` first: still hung,
+    it is marked down again and gets no body."""
+    import time
+    from collections.abc import Callable
+
+    import httpx
+    from fastapi import FastAPI
+    from netfixtures import hung_server, serve_asgi
+    from test_node_join import make_worker, node_config
+
+    from bench.loopback import RUN, TINY
+    from node import commands
+    from node.protection import SlashingProtection
+    from node.rollouts import build_submission
+    from protocol.identity import Identity
+
+    node = published.new_node()
+    stuck = Identity.create().address
+    heard: list[str] = []
+
+    def wait_until(what: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 30
+        while not what():
+            assert time.monotonic() < deadline, "not within 30 s"
+            time.sleep(0.05)
+
+    def heard_so_far(n: int) -> list[str]:
+        deadline = time.monotonic() + 30
+        while len(heard) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return list(heard)
+
+    with hung_server(heard=heard) as hung:
+        cfg = node_config(tmp_path, deployment_file, published.chain.rpc_url, [hung], run=RUN, model=TINY,
+                          submit={"attempts": 2, "backoff_s": 0.05, "max_backoff_s": 0.2, "timeout_s": 1.0,
+                                  "probe_timeout_s": 0.3})
+        chain = commands.open_chain(cfg)
+        with httpx.Client(timeout=10) as http, SlashingProtection(tmp_path / "p.sqlite") as db:
+            worker = make_worker(cfg, node, chain, db, http, [hung])
+            worker.validators.by_address.update({stuck: hung})
+            worker.validators.announced = [stuck]
+            selected = worker.weights.select()
+
+            def submit(counter: int) -> dict[str, object]:
+                return worker.submit(build_submission(selected.engine, RUN, node.address, 1, counter,
+                                                      selected.manifest_hash, chain_id=worker.chain_id,
+                                                      pool=worker.pool))
+
+            assert submit(0) == {}  # hung: kept
+            assert heard_so_far(1) == ["POST /v1/submissions"] and worker._strikes[stuck] == 1
+            for strikes in (2, 3):
+                worker._down_until[stuck] = 0.0  # its back-off ran out
+                assert submit(strikes - 1) == {}  # not posted there: kept at once, it is probed on the side
+                assert heard_so_far(strikes) == ["POST /v1/submissions"] + ["GET /health"] * (strikes - 1)
+                wait_until(lambda n=strikes: worker._strikes.get(stuck) == n)  # marked down again, doubling
+            assert worker.tally.submit_failures == 1  # only the one post that hung
+
+            app = FastAPI()
+
+            @app.get("/health")
+            def health() -> dict[str, str]:
+                return {"status": "ok"}
+
+            with serve_asgi(app) as back:  # it answers again: the probe starts its back-off over
+                worker.validators.by_address[stuck] = back
+                worker._down_until[stuck] = 0.0
+                assert submit(3) == {}
+                wait_until(lambda: stuck not in worker._strikes and not worker._down_until.get(stuck))
+            # a submission's own deadline: the probe's plus its bytes at the slowest upload allowed, capped
+            assert worker.submit_deadline(50_000) == 0.3 + 50_000 / worker.cfg.submit.min_rate_bytes_s
+            assert worker.submit_deadline(10**9) == 1.0
