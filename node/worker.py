@@ -299,6 +299,7 @@ class Worker:
         self._down_until: dict[str, float] = {}
         self._strikes: dict[str, int] = {}  # validator -> times in a row it hung or lied (its back-off doubles)
         self._probing: set[str] = set()  # validators being probed on the side (`_probe_aside`)
+        self._down_url: dict[str, str | None] = {}  # validator -> the URL its marks were earned at
         self._closed: dict[int, str] = {}  # versions our validator takes no more of our work at: why
 
     def stop(self) -> None:
@@ -397,9 +398,9 @@ class Worker:
 
     def wait_decided(self, timeout_s: float) -> None:
         """Until `timeout_s`: poll the verdicts still owed, resend the overdue ones, and send the work kept for a
-        validator to take (a node's last batch, kept while its validator was down, went nowhere before: CI's
-        `test_work_fails_over_from_a_stopped_validator`, once the node failed over before the backup saw the
-        outage), that at most every `submit.max_backoff_s`."""
+        validator to take, at most every `submit.max_backoff_s` (a node's last batch, kept because the backup had
+        not yet seen the assigned validator down, went nowhere before: `test_work_fails_over_from_a_stopped_validator`
+        once a submission's deadline became shorter than the backup's failover)."""
         deadline, tried = time.monotonic() + timeout_s, -float("inf")
         while time.monotonic() < deadline:
             unsent = any(r.state == "signed" for r in self.protection.unfinished(self.run.run_id, self.node))
@@ -479,6 +480,10 @@ class Worker:
 
     def _deliver(self, sub: AnySubmission, data: bytes, ranking: list[str], *, resealed: bool) -> dict[str, Any]:
         """POST the sealed `data` of `sub` down `ranking` (see `submit`); the answer believed, or {} when kept."""
+        for address in ranking:  # another URL speaks for it now (a stand-by): the marks were the old URL's
+            url = self.validators.url_of(address)
+            if url and address in self._down_url and self._down_url[address] != url:
+                self._mark_up(address)
         now = time.monotonic()
         reachable = [a for a in ranking if self.validators.url_of(a) and self._down_until.get(a, 0.0) <= now]
         if not reachable:  # everyone is marked down: try them all again rather than wait for the marks
@@ -497,7 +502,7 @@ class Worker:
                 status, body = self._post(url, address, data)
             except (Transient, RetryError) as exc:
                 self.tally.submit_failures += 1
-                self._mark_down(address)
+                self._mark_down(address, url)
                 logger.warning("validator %s unreachable for v%d #%d after %d tries (%s)%s", url, sub.policy_version,
                                sub.counter, self.cfg.submit.attempts, _short(exc),
                                "; trying the next one" if address != reachable[-1] else "; the work is kept and resent")
@@ -511,7 +516,7 @@ class Worker:
             if answer is not None:
                 return answer
             # an answer not believed: back off from this validator, try the next; the work stays kept
-            self._mark_down(address)
+            self._mark_down(address, url)
         return {}
 
     def submit_deadline(self, size: int) -> float:
@@ -539,7 +544,7 @@ class Worker:
                 why = f"HTTP {r.status_code}"
             except Exception as exc:  # noqa: BLE001 - any failure to answer is "still down"
                 why = _short(exc)
-            wait = self._mark_down(address)
+            wait = self._mark_down(address, url)
             logger.warning("validator %s still does not answer (%s); it is asked again in %.0f s", url, why, wait)
 
         def run() -> None:
@@ -550,7 +555,7 @@ class Worker:
 
         threading.Thread(target=run, name="validator-probe", daemon=True).start()
 
-    def _mark_down(self, address: str) -> float:
+    def _mark_down(self, address: str, url: str | None = None) -> float:
         """`address` hung (or answered what we cannot believe): ask it nothing until its back-off ends. The
         back-off doubles from `submit.max_backoff_s` each time in a row, up to `DOWN_MAX_S`: a validator that
         stays hung after failover is asked again rarely, not every `max_backoff_s` at the price of a timeout
@@ -559,12 +564,14 @@ class Worker:
         base = self.cfg.submit.max_backoff_s
         wait = float(min(max(base, DOWN_MAX_S), base * 2 ** min(strikes - 1, 30)))
         self._down_until[address] = time.monotonic() + wait
+        self._down_url[address] = url if url is not None else self.validators.url_of(address)
         return wait
 
     def _mark_up(self, address: str) -> None:
         """`address` answered: its back-off starts over."""
         self._down_until.pop(address, None)
         self._strikes.pop(address, None)
+        self._down_url.pop(address, None)
 
     def _ranking(self, version: int) -> list[str]:
         if not self.validators.announced:
@@ -694,7 +701,7 @@ class Worker:
                                         self.cfg.submit.probe_timeout_s)
                     body = r.json() if r.status_code == 200 else None
                 except Hung as exc:  # hung: ask no more of it until its backoff ends (the next one may know)
-                    wait = self._mark_down(address)
+                    wait = self._mark_down(address, url)
                     logger.warning("validator %s: verdict poll %s; asking the others, and it again in %.0f s", url,
                                    exc, wait)
                     continue
@@ -707,7 +714,7 @@ class Worker:
                 if body.get("outcome") or body.get("verdict"):
                     verdict = self.verified_verdict(rec.policy_version, rec.counter, body, address, url)
                     if verdict is None:  # a lie about our work: resend it to whoever holds this role next
-                        self._mark_down(address)
+                        self._mark_down(address, url)
                         self.protection.mark(self.run.run_id, self.node, rec.policy_version, rec.counter, "signed")
                         break
                     self._apply(verdict, str(body["verdict"]), str(body.get("detail") or ""))

@@ -244,8 +244,8 @@ def test_a_validator_that_hung_is_probed_before_it_gets_another_submission(
             def health() -> dict[str, str]:
                 return {"status": "ok"}
 
-            with serve_asgi(app) as back:  # it answers again: the probe starts its back-off over
-                worker.validators.by_address[stuck] = back
+            with serve_asgi(app) as back:  # it answers again (at its URL: the hung server cannot, so both move)
+                worker.validators.by_address[stuck] = worker._down_url[stuck] = back
                 worker._down_until[stuck] = 0.0
                 assert submit(3) == {}
                 wait_until(lambda: stuck not in worker._strikes and not worker._down_until.get(stuck))
