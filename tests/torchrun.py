@@ -14,9 +14,14 @@ from netfixtures import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def trainer_env() -> dict[str, str]:
+    """The environment a trainer process of a test runs in (one torch thread, the repository importable)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
 def torchrun(args: list[str], cwd: Path, timeout: float, nproc: int = 2) -> None:
     """Run `torchrun --nproc-per-node nproc <args>` (e.g. `["-m", "trainer.cli", "--config", ...]`) in `cwd`."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = trainer_env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
            "127.0.0.1", "--master-port", str(free_port()), *args]
     r = subprocess.run(cmd, cwd=cwd, env=env, timeout=timeout, capture_output=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from torchrun import torchrun
+from torchrun import torchrun, trainer_env
 
 from tests.unit.trainer.rollout_factory import directory_run_config, write_step_files
 
 
 def _run(args: list[str], cwd: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    r = subprocess.run(args, cwd=cwd, env=env, timeout=150, capture_output=True)
+    r = subprocess.run(args, cwd=cwd, env=trainer_env(), timeout=150, capture_output=True)
     assert r.returncode == 0, r.stderr.decode(errors="replace")[-8000:]
 
 
