@@ -3,8 +3,12 @@
 `--engines` picks the generators (default `models,hf`; add `vllm` where vLLM is installed, e.g. in
 .venv-vllm after `make setup-vllm`): vLLM runs as the node runs it (`node/vllm_engine.py`: the
 protocol's sampler forced inside vLLM, TOPLOC proofs built in its worker, `--threads` OpenMP threads),
-one engine per dtype and model, started before the rows are timed. The JSON keeps `ratio_vs_hf` (the
-models/ engine over HF) and adds `ratio_vs_vllm` (the models/ engine over vLLM), keyed `dtype/model/batch`.
+one engine per dtype and model, started before the rows are timed, and beside it plain vLLM on the same
+settings, checkpoint, threads and prompts with vLLM's own sampler at the same temperature (the anchor of what
+the protocol costs inside vLLM). The JSON keeps `ratio_vs_hf` (the models/ engine over HF) and adds
+`ratio_vs_vllm` (the models/ engine over the node's vLLM engine) and `ratio_vllm_protocol_over_plain` (the node's
+vLLM engine over plain vLLM; goal >= 0.9), keyed `dtype/model/batch`, with the worker's protocol time per token
+(`vllm_protocol_seconds_per_token`: choosing and forcing tokens, building proofs) on every row.
 
 For each model (tiny, SmolLM2-135M-Instruct) and batch size (1, 16, 64) both generators get the
 same prompts, the same thread count and temperature-1 sampling with no top-k/top-p (HF with its own
@@ -135,6 +139,38 @@ def run_vllm(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -> 
     completions = engine.generate(requests, run)
     dt = CLOCK() - t0
     return dt, sum(len(c.tokens) for c in completions)
+
+
+class PlainVllm:
+    """Plain vLLM on the same settings, checkpoint and threads as the node's vLLM engine, sampling with vLLM's own
+    sampler at the same temperature (no protocol: no seeded sampler forced, no hidden states kept, no proofs)."""
+
+    def __init__(self, settings: Any, spec: Any) -> None:
+        from node.vllm_engine import checkpoint_of, start_llm
+
+        self.checkpoint = checkpoint_of(spec)
+        max_len = settings.max_model_len or min(self.checkpoint.max_context or 4096, 4096)
+        self.llm = start_llm(settings, self.checkpoint.path, max_len, protocol=False)
+
+    def generate(self, prompts: list[list[int]], max_new: int) -> tuple[float, int]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=max_new,
+                                stop_token_ids=list(self.checkpoint.eos), detokenize=False, skip_special_tokens=False)
+        t0 = CLOCK()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        dt = CLOCK() - t0
+        return dt, sum(len(o.outputs[0].token_ids) for o in outs)
+
+    def close(self) -> None:
+        import shutil
+
+        from node.vllm_engine import shutdown_llm
+
+        shutdown_llm(self.llm)
+        if self.checkpoint.tmp is not None:
+            shutil.rmtree(self.checkpoint.tmp, ignore_errors=True)
 
 
 def matmul_rates(dtype: str, seconds: float) -> dict[str, Any]:
@@ -291,8 +327,8 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     kernels: dict[str, Any] = {}
     header = (
-        f"{'dtype':8} {'model':8} {'batch':>5} {'hf tok/s':>9} {'vllm tok/s':>10} {'engine tok/s':>12} "
-        f"{'vs hf':>6} {'vs vllm':>7} {'eng GFLOP/s':>11} {'of peak':>7}  kernels"
+        f"{'dtype':8} {'model':8} {'batch':>5} {'hf tok/s':>9} {'plain vllm':>10} {'vllm tok/s':>10} "
+        f"{'prot/plain':>10} {'engine tok/s':>12} {'vs hf':>6} {'vs vllm':>7} {'eng GFLOP/s':>11} {'of peak':>7}  kernels"
     )
     print(header)
     for dtype, name in [(d, m) for d in dtypes for m in args.models.split(",")]:
@@ -301,14 +337,16 @@ def main() -> int:
         spec = (TinyModelSpec(hidden_size=128) if "vllm" in engines else TinyModelSpec()) if name == "tiny" \
             else SmolLM2Spec()
         loaded = load(spec, dtype=dtype)
-        vllm = None
+        vllm = plain = None
         if "vllm" in engines:
             from node.config import VllmEngineSettings
             from node.vllm_engine import VllmEngine
 
+            settings = VllmEngineSettings(dtype=dtype, threads=args.threads, max_num_seqs=max(batches))
             t0 = time.perf_counter()
-            vllm = VllmEngine(VllmEngineSettings(dtype=dtype, threads=args.threads, max_num_seqs=max(batches)), spec)
+            vllm = VllmEngine(settings, spec)
             info.setdefault("vllm_start_seconds", {})[f"{dtype}/{name}"] = time.perf_counter() - t0
+            plain = PlainVllm(settings, spec)
         t0 = time.perf_counter()
         engine = Engine(loaded, kernel=args.kernel, kernel_cache=kernel_cache)
         build_s = time.perf_counter() - t0
@@ -320,8 +358,9 @@ def main() -> int:
         run_engine(engine, warm, 4, 0)
         if "hf" in engines:
             run_hf(loaded, warm, 4, 0)
-        if vllm is not None:
+        if vllm is not None and plain is not None:
             run_vllm(vllm, warm, 4, 0)
+            plain.generate(warm, 4)
         for b in batches:
             # Small batches run several groups one after another over the same prompt mix, so
             # batch 1 is not a single (possibly one-word) answer.
@@ -330,21 +369,29 @@ def main() -> int:
             prompts = pool
             # Alternate the two and keep each one's fastest run: on a shared machine the best run
             # is the one least disturbed by other processes.
-            hf_runs, en_runs, vl_runs = [], [], []
+            hf_runs, en_runs, vl_runs, pl_runs = [], [], [], []
+            protocol_before = vllm.runtime.protocol_seconds() if vllm is not None else {}
             row_t0, r = time.perf_counter(), 0
             while r < args.repeats or (r < 3 and time.perf_counter() - row_t0 < args.extra_repeats_within):
                 if "hf" in engines:
                     hf = [run_hf(loaded, g, max_new, seed=b * 100 + r) for g in groups]
                     hf_runs.append((sum(x[0] for x in hf), sum(x[1] for x in hf)))
-                if vllm is not None:
+                if vllm is not None and plain is not None:
                     vl = [run_vllm(vllm, g, max_new, seed=b * 100 + r) for g in groups]
                     vl_runs.append((sum(x[0] for x in vl), sum(x[1] for x in vl)))
+                    pl = [plain.generate(g, max_new) for g in groups]
+                    pl_runs.append((sum(x[0] for x in pl), sum(x[1] for x in pl)))
                 en = [run_engine(engine, g, max_new, seed=b * 100 + r) for g in groups]
                 en_runs.append((sum(x[0] for x in en), sum(x[1] for x in en), sum(x[2] for x in en)))
                 r += 1
             hf_dt, hf_n = max(hf_runs, key=lambda x: x[1] / x[0]) if hf_runs else (float("nan"), 0)
             vl_dt, vl_n = max(vl_runs, key=lambda x: x[1] / x[0]) if vl_runs else (float("nan"), 0)
+            pl_dt, pl_n = max(pl_runs, key=lambda x: x[1] / x[0]) if pl_runs else (float("nan"), 0)
             en_dt, en_n, ctx = max(en_runs, key=lambda x: x[1] / x[0])
+            protocol: dict[str, float] = {}
+            if vllm is not None:  # the worker's protocol time per generated token, over all of the row's runs
+                after, tokens = vllm.runtime.protocol_seconds(), sum(n for _, n in vl_runs)
+                protocol = {k: (after[k] - protocol_before[k]) / max(1, tokens) for k in after}
             flops = engine_flops(loaded, prompts, en_n, ctx) / en_dt
             row = {
                 "dtype": dtype,
@@ -366,6 +413,10 @@ def main() -> int:
                 "vllm_seconds": vl_dt,
                 "vllm_tok_s": vl_n / vl_dt if vl_runs else None,
                 "ratio_vs_vllm": (en_n / en_dt) / (vl_n / vl_dt) if vl_runs else None,
+                "vllm_plain_runs_tok_s": [n / dt for dt, n in pl_runs],
+                "vllm_plain_tok_s": pl_n / pl_dt if pl_runs else None,
+                "ratio_vllm_protocol_over_plain": (vl_n / vl_dt) / (pl_n / pl_dt) if pl_runs else None,
+                "vllm_protocol_seconds_per_token": protocol or None,
                 "engine_flops": flops,
                 "fraction_of_matmul_peak": flops / peak,
             }
@@ -375,18 +426,22 @@ def main() -> int:
 
             print(
                 f"{dtype:8} {name:8} {b:>5} {cell(row['hf_tok_s'] if hf_runs else None, 9, '.1f')} "
-                f"{cell(row['vllm_tok_s'], 10, '.1f')} {row['engine_tok_s']:>12.1f} "
+                f"{cell(row['vllm_plain_tok_s'], 10, '.1f')} {cell(row['vllm_tok_s'], 10, '.1f')} "
+                f"{cell(row['ratio_vllm_protocol_over_plain'], 9, '.2f')}x {row['engine_tok_s']:>12.1f} "
                 f"{cell(row['ratio_vs_hf'], 5, '.2f')}x {cell(row['ratio_vs_vllm'], 6, '.2f')}x "
                 f"{flops / 1e9:>11.2f} {flops / peak:>6.1%}  {paths}",
                 flush=True,
             )
-        if vllm is not None:
+        if vllm is not None and plain is not None:
             vllm.close()
+            plain.close()
         del engine, loaded
     ratio_vs_hf = {f"{r['dtype']}/{r['model']}/{r['batch']}": r["ratio_vs_hf"] for r in results
                    if r["ratio_vs_hf"] is not None}
     ratio_vs_vllm = {f"{r['dtype']}/{r['model']}/{r['batch']}": r["ratio_vs_vllm"] for r in results
                      if r["ratio_vs_vllm"] is not None}
+    protocol_over_plain = {f"{r['dtype']}/{r['model']}/{r['batch']}": r["ratio_vllm_protocol_over_plain"]
+                           for r in results if r["ratio_vllm_protocol_over_plain"] is not None}
     below = {k: v for k, v in ratio_vs_hf.items() if v < 1.0}
     if ratio_vs_hf:
         print("all rows at least 1x HF generate" if not below else f"rows below 1x HF: {below}")
@@ -394,9 +449,14 @@ def main() -> int:
         faster = sorted(k for k, v in ratio_vs_vllm.items() if v >= 1.0)
         print(f"models/ engine at least as fast as vLLM on {len(faster)} of {len(ratio_vs_vllm)} rows: "
               f"{', '.join(faster) or 'none'}")
+    if protocol_over_plain:
+        below = {k: round(v, 3) for k, v in protocol_over_plain.items() if v < 0.9}
+        print("the protocol costs at most 10% inside vLLM on every row" if not below
+              else f"rows where the protocol costs more than 10% inside vLLM: {below}")
     out = {"info": info, "kernels": kernels, "results": results, "ratio_vs_hf": ratio_vs_hf}
     if ratio_vs_vllm:
         out["ratio_vs_vllm"] = ratio_vs_vllm
+        out["ratio_vllm_protocol_over_plain"] = protocol_over_plain
     harness.write_json(args.json, out)
     return 0
 

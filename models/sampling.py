@@ -25,9 +25,12 @@ float64, which after rounding to float32 almost never changes a value. The logit
 differ slightly between devices and batch shapes, which is why a verifier compares *margins*
 (``scores``) against a tolerance instead of demanding equality.
 
-``sample`` computes the noise only for tokens that can still win (logit within ``GUMBEL_BOUND``
-of a known score; the Gumbel values are bounded above because u <= 1 - 2**-24), which gives the
-same token as ``scores(...).argmax(-1)`` at a fraction of the cost for peaked distributions.
+``sample`` takes the Gumbel value's logarithms only for tokens that can still win, which gives the
+same token as ``scores(...).argmax(-1)`` at a fraction of the cost: with top-k/top-p, tokens within
+``GUMBEL_BOUND`` of a known score (the Gumbel values are bounded above because u <= 1 - 2**-24);
+without, every token's integer hash and one bound from it (``_pruned_argmax``: ``g <= -log(1 - u)``)
+rule out all but a few dozen tokens of an LM's row. Tests hold both to the full scores' argmax, ties
+and one-ulp margins included.
 
 ``sample`` returns the chosen tokens and their *sampling* logprobs:
 ``log_softmax(processed)[token]``, the log-probability under the distribution actually sampled
@@ -38,6 +41,7 @@ from (after temperature and top-k/top-p). With ``temperature == 0`` sampling is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -160,20 +164,20 @@ def uniforms(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch
 _CHUNK_ELEMENTS = 1 << 17
 
 
-def _dense_gumbel_chunks(
+def _hash_chunks(
     seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int
-) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Yield (r0, r1, float32 Gumbel noise of rows r0:r1), the same values as ``gumbel_noise``."""
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """Yield (r0, r1, hash, k) of rows r0:r1: the 32-bit hash as int32 (``uniform_bits``) and its top 23 bits
+    ``k = hash >> 9`` (logical), in buffers reused from one chunk to the next."""
     k1, k2 = _keys(seeds, steps)
     mix = _token_mix(vocab_size, seeds.device)
     b = seeds.shape[0]
     rows = max(1, min(b, _CHUNK_ELEMENTS // max(1, vocab_size)))
     x = torch.empty((rows, vocab_size), dtype=torch.int32, device=seeds.device)
     t = torch.empty_like(x)
-    f = torch.empty((rows, vocab_size), dtype=torch.float64, device=seeds.device)
     for r0 in range(0, b, rows):
         r1 = min(b, r0 + rows)
-        xs, ts, fs = x[: r1 - r0], t[: r1 - r0], f[: r1 - r0]
+        xs, ts = x[: r1 - r0], t[: r1 - r0]
         torch.add(mix, k1[r0:r1, None], out=xs)  # the same steps as _avalanche, in place
         torch.bitwise_right_shift(xs, 16, out=ts).bitwise_and_(0xFFFF)
         xs ^= ts
@@ -185,7 +189,18 @@ def _dense_gumbel_chunks(
         torch.bitwise_right_shift(xs, 16, out=ts).bitwise_and_(0xFFFF)
         xs ^= ts
         torch.bitwise_right_shift(xs, 9, out=ts).bitwise_and_(0x7FFFFF)
-        fs.copy_(ts).mul_(1.0 / (1 << 23)).add_(1.0 / (1 << 24))
+        yield r0, r1, xs, ts
+
+
+def _dense_gumbel_chunks(
+    seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """Yield (r0, r1, float32 Gumbel noise of rows r0:r1), the same values as ``gumbel_noise``."""
+    rows = max(1, min(seeds.shape[0], _CHUNK_ELEMENTS // max(1, vocab_size)))
+    f = torch.empty((rows, vocab_size), dtype=torch.float64, device=seeds.device)
+    for r0, r1, _, ks in _hash_chunks(seeds, steps, vocab_size):
+        fs = f[: r1 - r0]
+        fs.copy_(ks).mul_(1.0 / (1 << 23)).add_(1.0 / (1 << 24))
         yield r0, r1, fs.log_().neg_().log_().neg_().to(torch.float32)
 
 
@@ -218,6 +233,55 @@ def _dense_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Ten
     return tokens
 
 
+_REACH_SLACK = 0.01
+"""Nats by which the pruned sampler's test errs on the side of keeping a token: far above any float rounding of
+the test or of g itself (about 1e-6), so a libm's last bits never decide what is pruned."""
+_LOG_2_23 = 23 * math.log(2)
+
+def _first_best(rows: torch.Tensor, toks: torch.Tensor, sc: torch.Tensor, b: int, v: int) -> torch.Tensor:
+    """Per row, the lowest token id among the highest scores ``sc`` of its entries (``torch.argmax``'s rule)."""
+    best = torch.full((b,), float("-inf"), device=sc.device).scatter_reduce(0, rows, sc, "amax")
+    winners = sc == best[rows]
+    first = torch.full((b,), v, dtype=torch.long, device=sc.device)
+    return first.scatter_reduce(0, rows[winners], toks[winners], "amin")
+
+
+def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """The same tokens as ``_dense_argmax``, with the logarithms taken only where a token can still win.
+
+    Every token's 32-bit hash is computed (integer passes, cheap), but not its Gumbel value. The top logit's
+    exact score ``S`` is a lower bound on the row's best. With ``u = (k + 0.5) / 2**23`` (``k`` the hash's
+    top 23 bits) and ``w = 1 - u``, ``-log(u) >= w``, so ``g = -log(-log(u)) <= -log(w)``: a token with
+    ``w > exp(logit - S)`` (less a margin for float rounding and a 0.01 nat slack) has ``logit + g < S`` and
+    cannot win. The test is one exp and a compare per token, no table and no log. The tokens left (a few
+    dozen a row for an LM at temperature 1) get their exact scores (``gumbel_at``'s float64 logs) and the
+    best wins, ties to the lowest id as in ``torch.argmax``. A row whose top logit or its score is not finite
+    goes the dense way (NaN and infinity keep ``torch.argmax``'s own rules there).
+    """
+    b, v = processed.shape
+    device = processed.device
+    seeds, steps = seeds.to(device), steps.to(device)
+    arange = torch.arange(b, device=device)
+    top = processed.argmax(-1)
+    floor = processed[arange, top] + gumbel_at(seeds, steps, arange, top, v)
+    if not bool(torch.isfinite(floor).all()):
+        return _dense_argmax(processed, seeds, steps)
+    # live iff m + 0.5 <= exp(logit - A) for m = 2**23 - 1 - k (w = (m + 0.5) / 2**23), A = S - margin - slack -
+    # 23 log 2; tested as m < exp(logit - A), which keeps a few more
+    margin = 1e-3 + 16 * torch.finfo(torch.float32).eps * (floor.abs() + GUMBEL_BOUND + _LOG_2_23 + 1)
+    shift = (floor - margin - _REACH_SLACK - _LOG_2_23).unsqueeze(1)
+    chunk_rows = max(1, min(b, _CHUNK_ELEMENTS // max(1, v)))
+    bound = torch.empty((chunk_rows, v), dtype=torch.float32, device=device)
+    live = torch.empty((b, v), dtype=torch.bool, device=device)
+    for r0, r1, _, ks in _hash_chunks(seeds, steps, v):
+        bs = bound[: r1 - r0]
+        torch.sub(processed[r0:r1], shift[r0:r1], out=bs).exp_()  # a -inf logit: 0, never live
+        ks ^= 0x7FFFFF  # m = 2**23 - 1 - k
+        torch.lt(ks, bs, out=live[r0:r1])
+    rows, toks = live.nonzero(as_tuple=True)
+    return _first_best(rows, toks, processed[rows, toks] + gumbel_at(seeds, steps, rows, toks, v), b, v)
+
+
 def _gumbel_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """``argmax(processed + gumbel_noise)`` per row, computing noise only where a token can win.
 
@@ -238,10 +302,7 @@ def _gumbel_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
         return _dense_argmax(processed, seeds, steps)
     rows, toks = candidates.nonzero(as_tuple=True)
     sc = processed[rows, toks] + gumbel_at(seeds, steps, rows, toks, v)
-    best = torch.full((b,), float("-inf"), device=device).scatter_reduce(0, rows, sc, "amax")
-    winners = sc == best[rows]
-    first = torch.full((b,), v, dtype=torch.long, device=device)
-    return first.scatter_reduce(0, rows[winners], toks[winners], "amin")
+    return _first_best(rows, toks, sc, b, v)
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -293,8 +354,8 @@ def sample(
         seeds, steps = seeds.to(processed.device), steps.to(processed.device)
         if params.top_k or params.top_p < 1.0:  # few finite logits: noise only where one can win
             tokens = _gumbel_argmax(processed, seeds, steps)
-        else:  # at T ~ 1 an LM keeps ~20% of its vocabulary within reach: dense is cheaper
-            tokens = _dense_argmax(processed, seeds, steps)
+        else:  # at T ~ 1 an LM keeps ~20% of its vocabulary within GUMBEL_BOUND: hash all, log a few
+            tokens = _pruned_argmax(processed, seeds, steps)
     chosen = processed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     logprobs = chosen - torch.logsumexp(processed, dim=-1)
     return tokens, logprobs

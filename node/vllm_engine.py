@@ -11,8 +11,10 @@ How the protocol's rules hold inside vLLM's V1 engine (summary: node/README.md, 
   (added/removed/moved persistent-batch indices: never assumed in order), and the request's
   `SamplingParams.extra_args["prime"]` carries its key, the protocol's seed and the run's
   temperature/top-k/top-p. For each row it runs `models.sampling.sample` on vLLM's own float32
-  logits with `step = len(output so far)`, keeps the token and its sampling logprob, and masks every
-  other token to -inf, so vLLM's (greedy) sampler emits exactly that token.
+  logits with `step = len(output so far)` (all rows of a run at once, on a view of the logits), keeps
+  the token and its sampling logprob, and raises that token's logit to the largest finite float, so
+  vLLM's greedy sampler (protocol requests run at temperature 0) emits exactly that token. The worker
+  times this and the proofs (`prime_stats`; `bench.generate` reports it per token).
 - **Proofs.** `PrimeWorkerExtension` (vLLM's `worker_extension_cls`) puts a forward pre-hook on the
   model's `logits_processor`: its input is the final post-norm hidden state of exactly the rows the
   LM head turns into those logits, in the same order. The sampler stores each row's hidden state
@@ -98,12 +100,21 @@ class _WorkerState:
         self.hooked = False
         self.resumed = 0
         """Protocol requests re-added with outputs already generated (resumed after a preemption)."""
+        self.seconds = {"sample": 0.0, "prove": 0.0}
+        """Time the protocol took in the worker: choosing and forcing tokens, and building proofs."""
 
     def capture(self, _module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         self.rows_in = args[1]  # LogitsProcessor.forward(lm_head, hidden_states, ...)
 
     def choose(self, logits: torch.Tensor, rows: dict[int, _Row]) -> None:
         """Sample every protocol row of `logits` [num_reqs, V] and force vLLM to take that token."""
+        started = time.perf_counter()
+        try:
+            self._choose(logits, rows)
+        finally:
+            self.seconds["sample"] += time.perf_counter() - started
+
+    def _choose(self, logits: torch.Tensor, rows: dict[int, _Row]) -> None:
         hidden, self.rows_in = self.rows_in, None
         if hidden is None or hidden.shape[0] != logits.shape[0]:
             raise RuntimeError(f"prime: the hidden rows ({None if hidden is None else tuple(hidden.shape)}) do not "
@@ -114,23 +125,33 @@ class _WorkerState:
             if index < logits.shape[0]:
                 groups.setdefault(row.params, []).append(index)
         for params, indices in groups.items():
+            indices.sort()
             idx = torch.tensor(indices, dtype=torch.long, device=logits.device)
             steps = [len(rows[i].output) for i in indices]
-            tokens, logprobs = sample(logits.index_select(0, idx), params,
-                                      seed_tensor([rows[i].seed for i in indices]), torch.tensor(steps))
-            chosen_hidden = hidden.index_select(0, idx.to(hidden.device)).detach().clone()
-            for j, (i, step) in enumerate(zip(indices, steps, strict=True)):
+            # the usual case, every row one run's: a view of the logits, not a copy of them
+            group = logits[: len(indices)] if indices[-1] == len(indices) - 1 else logits.index_select(0, idx)
+            tokens, logprobs = sample(group, params, seed_tensor([rows[i].seed for i in indices]), torch.tensor(steps))
+            chosen_hidden = hidden.index_select(0, idx.to(hidden.device)).detach()  # a copy of those rows
+            for j, (i, step, token, logprob) in enumerate(zip(indices, steps, tokens.tolist(), logprobs.tolist(),
+                                                              strict=True)):
                 trace = self.traces.setdefault(rows[i].key, _Trace())
                 # a non-final prefill chunk's row has the same step as the final one, which comes later
-                trace.tokens[step] = int(tokens[j])
-                trace.logprobs[step] = float(logprobs[j])
+                trace.tokens[step] = token
+                trace.logprobs[step] = logprob
                 trace.hidden[step] = chosen_hidden[j]
-            forced = torch.full((len(indices), logits.shape[1]), float("-inf"), dtype=logits.dtype,
-                                device=logits.device)
-            forced.scatter_(1, tokens.unsqueeze(1).to(logits.device), 0.0)
-            logits.index_copy_(0, idx, forced)
+            # vLLM samples protocol requests greedily (temperature 0; validate_params): its argmax takes the
+            # protocol's token once that logit is the largest finite float (one write a row, not a row of -inf)
+            logits.index_put_((idx, tokens.to(logits.device)), torch.tensor(torch.finfo(logits.dtype).max,
+                                                                             dtype=logits.dtype, device=logits.device))
 
     def collect(self, keys: list[str], with_hidden: bool) -> dict[str, dict[str, Any]]:
+        started = time.perf_counter()
+        try:
+            return self._collect(keys, with_hidden)
+        finally:
+            self.seconds["prove"] += time.perf_counter() - started
+
+    def _collect(self, keys: list[str], with_hidden: bool) -> dict[str, dict[str, Any]]:
         from toploc.validation import prove
 
         traces = self.discard(keys)  # all popped first: a gap in one request leaves no other behind
@@ -225,8 +246,9 @@ class PrimeWorkerExtension:
     def prime_discard(self, keys: list[str]) -> int:
         return len(_STATE.discard(keys))
 
-    def prime_stats(self) -> dict[str, int]:
-        return {"resumed": _STATE.resumed, "pending": len(_STATE.traces)}
+    def prime_stats(self) -> dict[str, float]:
+        return {"resumed": _STATE.resumed, "pending": len(_STATE.traces), "sample_s": _STATE.seconds["sample"],
+                "prove_s": _STATE.seconds["prove"]}
 
     def prime_reload(self, path: str) -> None:
         self.model_runner.reload_weights(weights_path=path)
@@ -250,7 +272,7 @@ def _eos_ids(path: Path, tokenizer: Any) -> tuple[int, ...]:
 
 
 @dataclass
-class _Checkpoint:
+class Checkpoint:
     path: Path
     tokenizer: Any
     eos: tuple[int, ...]
@@ -259,7 +281,7 @@ class _Checkpoint:
     """A directory this module wrote (the tiny model) and removes at close."""
 
 
-def _checkpoint(model: ModelSpec) -> _Checkpoint:
+def checkpoint_of(model: ModelSpec) -> Checkpoint:
     """A directory vLLM can load for `model` (the tiny model is written out once), and its tokenizer."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -272,7 +294,7 @@ def _checkpoint(model: ModelSpec) -> _Checkpoint:
         built = build_tiny_model(model)
         tokenizer: Any = build_tiny_tokenizer(model.vocab_size)
         built.save_pretrained(tmp, safe_serialization=True)
-        return _Checkpoint(tmp, tokenizer, from_model(built, tokenizer), model.max_position_embeddings, tmp)
+        return Checkpoint(tmp, tokenizer, from_model(built, tokenizer), model.max_position_embeddings, tmp)
     if isinstance(model, SmolLM2Spec):
         from models.smollm2 import smollm2_dir
 
@@ -285,7 +307,44 @@ def _checkpoint(model: ModelSpec) -> _Checkpoint:
         raise ModelError(f"unknown model spec {model!r}")
     tokenizer = AutoTokenizer.from_pretrained(path)
     max_context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 0)
-    return _Checkpoint(path, tokenizer, _eos_ids(path, tokenizer), max_context)
+    return Checkpoint(path, tokenizer, _eos_ids(path, tokenizer), max_context)
+
+
+def start_llm(settings: VllmEngineSettings, path: Path, max_len: int, *, protocol: bool = True) -> Any:
+    """A vLLM `LLM` on `path` with these settings: the node's (`protocol`: the protocol's sampler and the proof
+    hook installed) or plain vLLM on the same settings (`bench.generate`'s anchor: what the protocol costs)."""
+    from vllm import LLM
+
+    s = settings
+    env = {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # ProtocolSampler implements the V1 runner's interface
+    if s.device == "cpu":
+        env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(s.threads))
+    elif s.device.startswith("cuda:"):
+        env["CUDA_VISIBLE_DEVICES"] = s.device.split(":", 1)[1]
+    else:
+        raise ModelError(f"the vLLM engine runs on `cpu` or `cuda:N`, not {s.device!r}")
+    kwargs: dict[str, Any] = dict(
+        model=str(path), dtype=s.dtype, seed=0, skip_tokenizer_init=True, generation_config="vllm",
+        enable_prefix_caching=True, max_model_len=max_len, max_num_seqs=s.max_num_seqs,
+        enforce_eager=s.enforce_eager, async_scheduling=False)
+    if protocol:
+        kwargs.update(logits_processors=[ProtocolSampler], worker_extension_cls=f"{__name__}.PrimeWorkerExtension")
+    if s.max_num_batched_tokens is not None:
+        kwargs.update(max_num_batched_tokens=s.max_num_batched_tokens, enable_chunked_prefill=True)
+    if s.device == "cpu":
+        kwargs["kv_cache_memory_bytes"] = int(s.kv_cache_gib * 2**30)
+    else:
+        kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # read by the engine core process vLLM starts now
+    try:
+        return LLM(**kwargs)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class _Runtime:
@@ -295,7 +354,7 @@ class _Runtime:
         self.settings = settings
         self.model = model
         self.lock = threading.Lock()
-        self.base = _checkpoint(model)
+        self.base = checkpoint_of(model)
         self.weights = self.base.path
         self.epoch = 0
         self._keys = itertools.count()
@@ -306,42 +365,11 @@ class _Runtime:
         """Seconds each weight swap took (reload in the worker, or a restart)."""
 
     def _start(self, path: Path) -> Any:
-        from vllm import LLM
-
-        s = self.settings
-        env = {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # ProtocolSampler implements the V1 runner's interface
-        if s.device == "cpu":
-            env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(s.threads))
-        elif s.device.startswith("cuda:"):
-            env["CUDA_VISIBLE_DEVICES"] = s.device.split(":", 1)[1]
-        else:
-            raise ModelError(f"the vLLM engine runs on `cpu` or `cuda:N`, not {s.device!r}")
-        max_len = self.max_len
-        kwargs: dict[str, Any] = dict(
-            model=str(path), dtype=s.dtype, seed=0, skip_tokenizer_init=True, generation_config="vllm",
-            enable_prefix_caching=True, max_model_len=max_len, max_num_seqs=s.max_num_seqs,
-            enforce_eager=s.enforce_eager, async_scheduling=False,
-            logits_processors=[ProtocolSampler], worker_extension_cls=f"{__name__}.PrimeWorkerExtension")
-        if s.max_num_batched_tokens is not None:
-            kwargs.update(max_num_batched_tokens=s.max_num_batched_tokens, enable_chunked_prefill=True)
-        if s.device == "cpu":
-            kwargs["kv_cache_memory_bytes"] = int(s.kv_cache_gib * 2**30)
-        else:
-            kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # read by the engine core process vLLM starts now
         started = time.monotonic()
-        try:
-            llm = LLM(**kwargs)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        llm = start_llm(self.settings, path, self.max_len)
         info = llm.collective_rpc("prime_install")
         logger.info("vLLM %s up in %.1f s (%s, %s, %s)", _vllm_version(), time.monotonic() - started, path,
-                    s.dtype, info[0]["runner"])
+                    self.settings.dtype, info[0]["runner"])
         return llm
 
     def use(self, path: Path) -> None:
@@ -414,16 +442,27 @@ class _Runtime:
         """Requests that vLLM preempted and resumed so far (seen by the sampler)."""
         return int(self.llm.collective_rpc("prime_stats")[0]["resumed"])
 
+    def protocol_seconds(self) -> dict[str, float]:
+        """Seconds the worker spent on the protocol so far: `sample` (choosing and forcing every token) and
+        `prove` (building the proofs of collected requests)."""
+        stats = self.llm.collective_rpc("prime_stats")[0]
+        return {"sample": float(stats["sample_s"]), "prove": float(stats["prove_s"])}
+
     def _shutdown(self) -> None:
-        engine = getattr(self.llm, "llm_engine", None)
-        core = getattr(engine, "engine_core", None)
-        if core is not None:
-            core.shutdown()
+        shutdown_llm(self.llm)
 
     def close(self) -> None:
         self._shutdown()
         if self.base.tmp is not None:
             shutil.rmtree(self.base.tmp, ignore_errors=True)
+
+
+def shutdown_llm(llm: Any) -> None:
+    """Stop the engine core process of a vLLM `LLM`."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
 
 
 def _vllm_version() -> str:

@@ -211,3 +211,85 @@ def test_gumbel_at_equals_dense_noise() -> None:
     toks = torch.tensor([999, 0, 17, 500, 3])
     assert torch.equal(gumbel_at(seeds, steps, rows, toks, 1000), dense[rows, toks])
     assert float(dense.max()) < GUMBEL_BOUND
+
+
+def _near_tie_rows(vocab: int, winner: int, rival: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows whose `rival` scores within a few ulps of `winner` (below, equal, above), on a spread of logits."""
+    gen = torch.Generator().manual_seed(vocab + winner + rival)
+    base = torch.randn(vocab, generator=gen) * 0.5 - 10.0  # nobody else comes near
+    base[winner] = 9.0
+    seed, step = 424242, 3
+    g = gumbel_at(torch.tensor([seed]), torch.tensor([step]), torch.tensor([0, 0]), torch.tensor([winner, rival]), vocab)
+    target = base[winner] + g[0]  # the winner's exact float32 score
+    rows = []
+    x = target - g[1]
+    for _ in range(4):  # walk down a few ulps, then up through the tie and past it
+        x = torch.nextafter(x, torch.tensor(float("-inf")))
+    for _ in range(9):
+        row = base.clone()
+        row[rival] = x
+        rows.append(row)
+        x = torch.nextafter(x, torch.tensor(float("inf")))
+    n = len(rows)
+    return torch.stack(rows), torch.full((n,), seed), torch.full((n,), step)
+
+
+@pytest.mark.parametrize(("winner", "rival"), [(10, 4000), (4000, 10)])
+def test_pruned_sampling_agrees_with_full_scores_on_ties_and_one_ulp_margins(winner: int, rival: int) -> None:
+    """At temperature 1 with no top-k/top-p the sampler takes logs only where a token can win; where two scores
+    tie or differ by an ulp it still picks the full scores' argmax (a tie: the lower id, as torch.argmax)."""
+    logits, seeds, steps = _near_tie_rows(5000, winner, rival)
+    full = scores(logits, SamplingParams(), seeds, steps)
+    tokens, _ = sample(logits, SamplingParams(), seeds, steps)
+    assert torch.equal(tokens, full.argmax(-1))
+    assert {int(t) for t in tokens} == {winner, rival}  # the rows do cross from one winner to the other
+    assert bool((full[:, winner] == full[:, rival]).any())  # and one of them is an exact tie
+
+
+@pytest.mark.parametrize("offset", [0.0, -3000.0, 5000.0])
+def test_pruned_sampling_agrees_on_lm_like_rows_at_any_logit_offset(offset: float) -> None:
+    """Rows shaped like an LM's (a few likely tokens, a long tail), shifted by a large offset (float rounding grows
+    with the logits' magnitude: the margin must grow with it)."""
+    gen = torch.Generator().manual_seed(int(offset) + 7)
+    vocab = 49152
+    ranks = torch.arange(1, vocab + 1, dtype=torch.float32)
+    rows = []
+    for r in range(12):
+        perm = torch.randperm(vocab, generator=gen)
+        rows.append((-1.1 * ranks.log() * (0.5 + r / 8))[perm] + offset)
+    logits = torch.stack(rows)
+    seeds, steps = torch.arange(12) * 104729 + 1, torch.arange(12) * 3
+    tokens, _ = sample(logits, SamplingParams(), seeds, steps)
+    assert torch.equal(tokens, scores(logits, SamplingParams(), seeds, steps).argmax(-1))
+
+
+def test_pruned_sampling_takes_logs_for_few_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point of the pruning: on a peaked 49152-token row, well under 1% of the tokens get a Gumbel value."""
+    import models.sampling as sampling
+
+    seen: list[int] = []
+    exact = sampling._bits_to_gumbel
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.numel())
+        return exact(x)
+
+    monkeypatch.setattr(sampling, "_bits_to_gumbel", counted)
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 49152, generator=gen) * 3.0
+    seeds, steps = torch.arange(8) + 11, torch.zeros(8, dtype=torch.long)
+    tokens, _ = sample(logits, SamplingParams(), seeds, steps)
+    assert torch.equal(tokens, scores(logits, SamplingParams(), seeds, steps).argmax(-1))
+    assert 0 < sum(seen) < 0.01 * logits.numel()
+
+
+def test_non_finite_rows_keep_the_full_scores_rules() -> None:
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(5))
+    logits[0, 17] = float("nan")
+    logits[1, 40] = float("inf")
+    logits[2, :] = float("-inf")
+    logits[3, :150] = float("-inf")
+    seeds, steps = torch.arange(5), torch.arange(5)
+    tokens, _ = sample(logits, SamplingParams(), seeds, steps)
+    assert tokens.tolist()[:3] == [17, 40, 0]
+    assert torch.equal(tokens[3:], scores(logits, SamplingParams(), seeds, steps)[3:].argmax(-1))
