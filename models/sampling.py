@@ -164,6 +164,14 @@ def uniforms(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch
 _CHUNK_ELEMENTS = 1 << 17
 
 
+def _chunk_rows(b: int, vocab_size: int, device: torch.device) -> int:
+    """Rows per pass of the noise loops: cache-sized on a CPU; all of them on an accelerator, where each pass is
+    a kernel launch and there is no CPU cache to stay in."""
+    if device.type != "cpu":
+        return max(1, b)
+    return max(1, min(b, _CHUNK_ELEMENTS // max(1, vocab_size)))
+
+
 def _hash_chunks(
     seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int
 ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
@@ -172,7 +180,7 @@ def _hash_chunks(
     k1, k2 = _keys(seeds, steps)
     mix = _token_mix(vocab_size, seeds.device)
     b = seeds.shape[0]
-    rows = max(1, min(b, _CHUNK_ELEMENTS // max(1, vocab_size)))
+    rows = _chunk_rows(b, vocab_size, seeds.device)
     x = torch.empty((rows, vocab_size), dtype=torch.int32, device=seeds.device)
     t = torch.empty_like(x)
     for r0 in range(0, b, rows):
@@ -196,7 +204,7 @@ def _dense_gumbel_chunks(
     seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """Yield (r0, r1, float32 Gumbel noise of rows r0:r1), the same values as ``gumbel_noise``."""
-    rows = max(1, min(seeds.shape[0], _CHUNK_ELEMENTS // max(1, vocab_size)))
+    rows = _chunk_rows(seeds.shape[0], vocab_size, seeds.device)
     f = torch.empty((rows, vocab_size), dtype=torch.float64, device=seeds.device)
     for r0, r1, _, ks in _hash_chunks(seeds, steps, vocab_size):
         fs = f[: r1 - r0]
@@ -270,7 +278,7 @@ def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
     # 23 log 2; tested as m < exp(logit - A), which keeps a few more
     margin = 1e-3 + 16 * torch.finfo(torch.float32).eps * (floor.abs() + GUMBEL_BOUND + _LOG_2_23 + 1)
     shift = (floor - margin - _REACH_SLACK - _LOG_2_23).unsqueeze(1)
-    chunk_rows = max(1, min(b, _CHUNK_ELEMENTS // max(1, v)))
+    chunk_rows = _chunk_rows(b, v, device)
     bound = torch.empty((chunk_rows, v), dtype=torch.float32, device=device)
     live = torch.empty((b, v), dtype=torch.bool, device=device)
     for r0, r1, _, ks in _hash_chunks(seeds, steps, v):
