@@ -8,7 +8,9 @@ settings, checkpoint, threads and prompts with vLLM's own sampler at the same te
 the protocol costs inside vLLM). The JSON keeps `ratio_vs_hf` (the models/ engine over HF) and adds
 `ratio_vs_vllm` (the models/ engine over the node's vLLM engine) and `ratio_vllm_protocol_over_plain` (the node's
 vLLM engine over plain vLLM; goal >= 0.9), keyed `dtype/model/batch`, with the worker's protocol time per token
-(`vllm_protocol_seconds_per_token`: choosing and forcing tokens, building proofs) on every row.
+(`vllm_protocol_seconds_per_token`: choosing and forcing tokens, building proofs) and its share of the engine's wall
+time (`vllm_protocol_share`, a direct reading, steadier on a shared box than the ratio of two engines' runs) on
+every row.
 
 For each model (tiny, SmolLM2-135M-Instruct) and batch size (1, 16, 64) both generators get the
 same prompts, the same thread count and temperature-1 sampling with no top-k/top-p (HF with its own
@@ -328,7 +330,7 @@ def main() -> int:
     kernels: dict[str, Any] = {}
     header = (
         f"{'dtype':8} {'model':8} {'batch':>5} {'hf tok/s':>9} {'plain vllm':>10} {'vllm tok/s':>10} "
-        f"{'prot/plain':>10} {'engine tok/s':>12} {'vs hf':>6} {'vs vllm':>7} {'eng GFLOP/s':>11} {'of peak':>7}  kernels"
+        f"{'prot/plain':>10} {'prot share':>10} {'engine tok/s':>12} {'vs hf':>6} {'vs vllm':>7} {'eng GFLOP/s':>11} {'of peak':>7}  kernels"
     )
     print(header)
     for dtype, name in [(d, m) for d in dtypes for m in args.models.split(",")]:
@@ -417,6 +419,9 @@ def main() -> int:
                 "vllm_plain_tok_s": pl_n / pl_dt if pl_runs else None,
                 "ratio_vllm_protocol_over_plain": (vl_n / vl_dt) / (pl_n / pl_dt) if pl_runs else None,
                 "vllm_protocol_seconds_per_token": protocol or None,
+                # the share of the node's vLLM engine's wall time its worker spent on the protocol (a direct reading,
+                # steadier than the tok/s ratio of two engines on a shared box)
+                "vllm_protocol_share": sum(protocol.values()) * vl_n / vl_dt if protocol and vl_runs else None,
                 "engine_flops": flops,
                 "fraction_of_matmul_peak": flops / peak,
             }
@@ -427,7 +432,8 @@ def main() -> int:
             print(
                 f"{dtype:8} {name:8} {b:>5} {cell(row['hf_tok_s'] if hf_runs else None, 9, '.1f')} "
                 f"{cell(row['vllm_plain_tok_s'], 10, '.1f')} {cell(row['vllm_tok_s'], 10, '.1f')} "
-                f"{cell(row['ratio_vllm_protocol_over_plain'], 9, '.2f')}x {row['engine_tok_s']:>12.1f} "
+                f"{cell(row['ratio_vllm_protocol_over_plain'], 9, '.2f')}x {cell(row['vllm_protocol_share'], 10, '.1%')} "
+                f"{row['engine_tok_s']:>12.1f} "
                 f"{cell(row['ratio_vs_hf'], 5, '.2f')}x {cell(row['ratio_vs_vllm'], 6, '.2f')}x "
                 f"{flops / 1e9:>11.2f} {flops / peak:>6.1%}  {paths}",
                 flush=True,
