@@ -173,11 +173,12 @@ def _chunk_rows(b: int, vocab_size: int, device: torch.device) -> int:
 
 
 def _hash_chunks(
-    seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int
+    seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int, keys: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
     """Yield (r0, r1, hash, k) of rows r0:r1: the 32-bit hash as int32 (``uniform_bits``) and its top 23 bits
-    ``k = hash >> 9`` (logical), in buffers reused from one chunk to the next."""
-    k1, k2 = _keys(seeds, steps)
+    ``k = hash >> 9`` (logical), in buffers reused from one chunk to the next (``keys``: the rows' ``_keys``,
+    when the caller has them already)."""
+    k1, k2 = keys if keys is not None else _keys(seeds, steps)
     mix = _token_mix(vocab_size, seeds.device)
     b = seeds.shape[0]
     rows = _chunk_rows(b, vocab_size, seeds.device)
@@ -224,9 +225,23 @@ def gumbel_at(
     seeds: torch.Tensor, steps: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, vocab_size: int
 ) -> torch.Tensor:
     """The same noise as ``gumbel_noise(...)[rows, tokens]``, computed only at those entries."""
-    k1, k2 = _keys(seeds, steps)
-    mixed = _token_mix(vocab_size, seeds.device)[tokens]
+    return _gumbel_keyed(_keys(seeds, steps), rows, tokens, vocab_size)
+
+
+def _gumbel_keyed(
+    keys: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor, tokens: torch.Tensor, vocab_size: int
+) -> torch.Tensor:
+    """``gumbel_at`` from the rows' ``_keys`` (computed once per sampling call, not once per use)."""
+    k1, k2 = keys
+    mixed = _token_mix(vocab_size, k1.device)[tokens]
     return _bits_to_gumbel(_avalanche(mixed, k1[rows], k2[rows]))
+
+
+def _top_scores(processed: torch.Tensor, keys: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Each row's exact score (logit + Gumbel value) at its top logit: a lower bound on the row's best score."""
+    arange = torch.arange(processed.shape[0], device=processed.device)
+    top = processed.argmax(-1)
+    return processed[arange, top] + _gumbel_keyed(keys, arange, top, processed.shape[1])
 
 
 # Largest Gumbel value the sampler can produce: u <= 1 - 2**-24 gives g <= 16.64; the margin
@@ -245,6 +260,7 @@ _REACH_SLACK = 0.01
 """Nats by which the pruned sampler's test errs on the side of keeping a token: far above any float rounding of
 the test or of g itself (about 1e-6), so a libm's last bits never decide what is pruned."""
 _LOG_2_23 = 23 * math.log(2)
+
 
 def _first_best(rows: torch.Tensor, toks: torch.Tensor, sc: torch.Tensor, b: int, v: int) -> torch.Tensor:
     """Per row, the lowest token id among the highest scores ``sc`` of its entries (``torch.argmax``'s rule)."""
@@ -269,9 +285,8 @@ def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
     b, v = processed.shape
     device = processed.device
     seeds, steps = seeds.to(device), steps.to(device)
-    arange = torch.arange(b, device=device)
-    top = processed.argmax(-1)
-    floor = processed[arange, top] + gumbel_at(seeds, steps, arange, top, v)
+    keys = _keys(seeds, steps)
+    floor = _top_scores(processed, keys)
     if not bool(torch.isfinite(floor).all()):
         return _dense_argmax(processed, seeds, steps)
     # live iff m + 0.5 <= exp(logit - A) for m = 2**23 - 1 - k (w = (m + 0.5) / 2**23), A = S - margin - slack -
@@ -281,13 +296,13 @@ def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
     chunk_rows = _chunk_rows(b, v, device)
     bound = torch.empty((chunk_rows, v), dtype=torch.float32, device=device)
     live = torch.empty((b, v), dtype=torch.bool, device=device)
-    for r0, r1, _, ks in _hash_chunks(seeds, steps, v):
+    for r0, r1, _, ks in _hash_chunks(seeds, steps, v, keys):
         bs = bound[: r1 - r0]
         torch.sub(processed[r0:r1], shift[r0:r1], out=bs).exp_()  # a -inf logit: 0, never live
         ks ^= 0x7FFFFF  # m = 2**23 - 1 - k
         torch.lt(ks, bs, out=live[r0:r1])
     rows, toks = live.nonzero(as_tuple=True)
-    return _first_best(rows, toks, processed[rows, toks] + gumbel_at(seeds, steps, rows, toks, v), b, v)
+    return _first_best(rows, toks, processed[rows, toks] + _gumbel_keyed(keys, rows, toks, v), b, v)
 
 
 def _gumbel_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
@@ -302,14 +317,13 @@ def _gumbel_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
     b, v = processed.shape
     device = processed.device
     seeds, steps = seeds.to(device), steps.to(device)
-    arange = torch.arange(b, device=device)
-    top = processed.argmax(-1)
-    floor = processed[arange, top] + gumbel_at(seeds, steps, arange, top, v) - GUMBEL_BOUND
+    keys = _keys(seeds, steps)
+    floor = _top_scores(processed, keys) - GUMBEL_BOUND
     candidates = processed >= floor.unsqueeze(1)
     if int(candidates.sum()) * 16 > b * v:
         return _dense_argmax(processed, seeds, steps)
     rows, toks = candidates.nonzero(as_tuple=True)
-    sc = processed[rows, toks] + gumbel_at(seeds, steps, rows, toks, v)
+    sc = processed[rows, toks] + _gumbel_keyed(keys, rows, toks, v)
     return _first_best(rows, toks, sc, b, v)
 
 

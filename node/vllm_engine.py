@@ -141,8 +141,7 @@ class _WorkerState:
                 trace.hidden[step] = chosen_hidden[j]
             # vLLM samples protocol requests greedily (temperature 0; validate_params): its argmax takes the
             # protocol's token once that logit is the largest finite float (one write a row, not a row of -inf)
-            logits.index_put_((idx, tokens.to(logits.device)), torch.tensor(torch.finfo(logits.dtype).max,
-                                                                             dtype=logits.dtype, device=logits.device))
+            logits[idx, tokens.to(logits.device)] = torch.finfo(logits.dtype).max
 
     def collect(self, keys: list[str], with_hidden: bool) -> dict[str, dict[str, Any]]:
         started = time.perf_counter()
