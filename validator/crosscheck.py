@@ -120,6 +120,11 @@ class CrossCheck:
         """Keys a peer recorded that wait for its answer."""
         return len(self._pending)
 
+    def judged(self, work_key: str) -> bool:
+        """Whether this process has compared `work_key`'s payload with the peer that recorded it (a verdict counted:
+        `same` or `equivocation`)."""
+        return work_key in self._judged
+
     def _again(self, p: _Pending, t: float, why: str) -> None:
         window = self._window()
         if window is not None and t - p.seen_at > window:

@@ -134,6 +134,8 @@ def test_a_node_that_splits_one_assignment_between_its_validator_and_the_one_cov
         # A compares: the split is an equivocation, proved by both envelopes; the retry is nothing
         _wait(lambda: _outcome(assigned, keys[0]) == "rejected_hard", "A never judged the split")
         _wait(lambda: assigned.service.core.stats.get("crosscheck_same"), "A never compared the retried payload")
+        assert assigned.service.crosscheck is not None
+        assert all(assigned.service.crosscheck.judged(k) for k in keys) and not assigned.service.crosscheck.judged("0x")
         row = assigned.service.ledger.get(keys[0])
         assert row is not None and row.reason == "equivocation", row
         evidence = json.loads(assigned.service.ledger.evidence(str(row.evidence_hash)) or b"{}")
