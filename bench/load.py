@@ -940,9 +940,10 @@ def main(argv: list[str] | None = None) -> int:
                           max_backlog=2000, threads=args.threads)
     hspec = HostileLoad(threads=args.threads, duration_s=args.hostile_s or (60.0 if args.quick else 600.0))
     if args.quick:
-        hspec.baseline, hspec.attack = 10, 60
+        hspec.attack = 60  # and as many in the baseline
     if args.smoke:
-        hspec = HostileLoad(honest_nodes=2, baseline=2, attack=2, duration_s=args.hostile_s or 3.0, slow_uploads=8,
+        hspec = HostileLoad(honest_nodes=2, warmup=0, baseline=2, attack=2, duration_s=args.hostile_s or 3.0,
+                            slow_uploads=8,
                             audits=10, appeals=4, staked=2, threads=args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     res: dict[str, Any] = {"info": harness.machine(args.threads), "quick": args.quick, "smoke": args.smoke,

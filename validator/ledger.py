@@ -29,6 +29,7 @@ process frees the leases its killed predecessor held (`recover`), others' run ou
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -41,6 +42,8 @@ from typing import Any, Protocol
 
 from protocol.errors import PrimeError
 from validator.judge import Measurements
+
+log = logging.getLogger(__name__)
 
 
 class LedgerError(PrimeError):
@@ -399,6 +402,9 @@ class Ledger:
         self._db = db
         self.owner = owner or f"anonymous-{uuid.uuid4().hex}"
         """Whose leases this ledger takes: stable across restarts of one process (see `recover`)."""
+        self._refusals: dict[tuple[str, str], tuple[int, float]] = {}
+        """(node, reason) -> (count, last time) refused since the last `flush_refusals`."""
+        self._refusals_lock = threading.Lock()
         blob, serial = getattr(db, "blob"), getattr(db, "serial")  # noqa: B009 - per-dialect class attributes
         with db.transaction():
             db.lock(_LOCK_SCHEMA)
@@ -427,6 +433,10 @@ class Ledger:
         return cls(_Sqlite(Path(path)), owner)
 
     def close(self) -> None:
+        try:
+            self.flush_refusals()
+        except LedgerError as exc:  # the database is going away: say what is lost, then close it anyway
+            log.error("closing the ledger without its last refusal counts: %s", exc)
         self._db.close()
 
     # -- submissions ----------------------------------------------------------------------------
@@ -751,8 +761,7 @@ class Ledger:
                 "GROUP BY outcome, reason", (node,)):
             verdicts.setdefault(outcome, {})[reason] = int(n)
         pending = self._db.execute("SELECT COUNT(*) FROM submissions WHERE node = ? AND state = 'received'", (node,))
-        refused = {r: int(n) for r, n in self._db.execute(
-            "SELECT reason, count FROM refusals WHERE node = ?", (node,))}
+        refused = self.refusals(node)
         holes = self._db.execute("SELECT COALESCE(SUM(holes), 0) FROM counter_holes WHERE node = ?", (node,))
         return {"node": node, "verdicts": verdicts, "pending": int(pending[0][0]), "refused": refused,
                 "counter_holes": int(holes[0][0]), "stored_bytes": self.node_stored_bytes(node)}
@@ -918,10 +927,46 @@ class Ledger:
     # -- refusals (requests that never became a row, counted per signed sender) ------------------
 
     def count_refusal(self, node: str, reason: str, *, now: float | None = None) -> None:
+        """One more refused request of `node` for `reason`, counted in memory until `flush_refusals` (the service's
+        loop, every `validator.service.REFUSALS_FLUSH_S`, and `close`). A write per refusal was a synchronous commit per refused
+        request, and a flood of them (a staked key's stale work, ~40 a second) held the ledger's one connection
+        between the honest rows' reads and writes; a crash loses at most the last interval's counts."""
         t = time.time() if now is None else now
-        self._db.execute(
-            "INSERT INTO refusals (node, reason, count, last_at) VALUES (?, ?, 1, ?) ON CONFLICT (node, reason) "
-            "DO UPDATE SET count = refusals.count + 1, last_at = excluded.last_at", (node, reason, t))
+        with self._refusals_lock:
+            count, last = self._refusals.get((node, reason), (0, t))
+            self._refusals[(node, reason)] = (count + 1, max(last, t))
+
+    def flush_refusals(self) -> int:
+        """Write the refusals counted since the last flush, in one transaction; returns how many (node, reason)
+        totals changed. On a `LedgerError` the counts stay in memory for the next flush."""
+        with self._refusals_lock:
+            pending, self._refusals = self._refusals, {}
+        if not pending:
+            return 0
+        try:
+            with self._db.transaction() as db:
+                for (node, reason), (count, last) in sorted(pending.items()):
+                    db.execute(
+                        "INSERT INTO refusals (node, reason, count, last_at) VALUES (?, ?, ?, ?) ON CONFLICT (node, "
+                        "reason) DO UPDATE SET count = refusals.count + excluded.count, last_at = excluded.last_at",
+                        (node, reason, count, last))
+        except LedgerError:
+            with self._refusals_lock:  # counted again on the next flush, with what came meanwhile
+                for k, (count, last) in pending.items():
+                    now_count, now_last = self._refusals.get(k, (0, last))
+                    self._refusals[k] = (now_count + count, max(now_last, last))
+            raise
+        return len(pending)
+
+    def refusals(self, node: str) -> dict[str, int]:
+        """`node`'s refused requests by reason: the written totals and those not flushed yet."""
+        refused = {str(r): int(n) for r, n in self._db.execute(
+            "SELECT reason, count FROM refusals WHERE node = ?", (node,))}
+        with self._refusals_lock:
+            for (who, reason), (count, _) in self._refusals.items():
+                if who == node:
+                    refused[reason] = refused.get(reason, 0) + count
+        return refused
 
     # -- evidence and feed ----------------------------------------------------------------------
 

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 PRUNE_MARGIN_S = 3600.0
 """Envelopes are kept this long past the chain's invalidation window (the pool clock and ours may differ)."""
+REFUSALS_FLUSH_S = 1.0
+"""Refused requests are counted in memory and written this often (`Ledger.count_refusal`): one commit a second, not
+one per refusal."""
 
 
 class Service:
@@ -206,6 +209,7 @@ class Service:
         self._loop("reporter", self.cfg.reporter.interval_s, self.reporter.drain)  # without a pool: ledger only
         self._loop("feed", 0.5, self.write_feed)
         self._loop("prune", 60.0, self.prune_envelopes)
+        self._loop("refusals", REFUSALS_FLUSH_S, self.ledger.flush_refusals)
         if self.cfg.appeals.enabled and self.cfg.reporter.enabled:
             self._loop("appeals", self.cfg.reporter.interval_s * 5, self.appeals.resolve_pending)
         if self.cfg.peers:

@@ -308,6 +308,38 @@ def test_refusals_are_counted_per_node_and_reason(ledger: Ledger) -> None:
     assert ledger.counts() == {}  # refused requests never become rows
 
 
+def test_refusals_are_written_once_per_flush_and_survive_a_restart(open_ledger: OpenLedger) -> None:
+    first, second = open_ledger(), open_ledger()  # two processes sharing one database
+    for _ in range(40):  # a flood of refusals: counted in memory, not a commit each
+        first.count_refusal("0xa", "stale_version", now=T0)
+    second.count_refusal("0xa", "stale_version", now=T0 + 1)
+    assert first.refusals("0xa") == {"stale_version": 40}  # not written yet: its own count only
+    assert second.refusals("0xa") == {"stale_version": 1}
+    assert first.flush_refusals() == 1 and first.flush_refusals() == 0
+    first.count_refusal("0xa", "replay", now=T0 + 2)
+    assert second.refusals("0xa") == {"stale_version": 41}  # written (40) + its own unwritten (1)
+    assert second.flush_refusals() == 1
+    first.close()  # a clean stop writes what is left
+    assert open_ledger().node_summary("0xa")["refused"] == {"stale_version": 41, "replay": 1}
+
+
+def test_a_failed_refusal_flush_keeps_the_counts_for_the_next(ledger: Ledger) -> None:
+    ledger.count_refusal("0xa", "replay", now=T0)
+    real = ledger._db.transaction
+
+    def broken() -> Any:
+        raise LedgerError("ledger: disk I/O error")
+
+    ledger._db.transaction = broken  # type: ignore[method-assign]
+    with pytest.raises(LedgerError):
+        ledger.flush_refusals()
+    ledger.count_refusal("0xa", "replay", now=T0 + 1)
+    ledger._db.transaction = real  # type: ignore[method-assign]
+    assert ledger.flush_refusals() == 1
+    assert ledger.refusals("0xa") == {"replay": 2}
+    assert ledger._db.execute("SELECT count, last_at FROM refusals WHERE node = '0xa'") == [(2, T0 + 1)]
+
+
 def test_node_summary_and_counts(ledger: Ledger) -> None:
     add(ledger, "k1", decision=accepted("k1"))
     add(ledger, "k2", decision=accepted("k2"))
