@@ -10,7 +10,13 @@ A delta version carries two files (shardcast/README.md, "Deltas"):
   from the one before) in LEB128 (7 bits a byte, low first, the high bit set on every byte but a value's
   last), followed by the `count` new element values, stored at `at` in the values file. At the 1-5 % of
   bf16 elements an RL step changes, a gap takes one or two bytes where an absolute position took four.
-  `shardcast-delta/1` (absolute positions of `pos_width` bytes) is still read.
+  A region where most elements changed (fp32 weights under Adam: every element moves a little) is coded instead
+  as `xor` (`coding: "xor"`): the bitwise XOR of the old and new elements, `plane` elements at a time split
+  into byte planes (those elements' first bytes, then their second bytes, ...), deflated as one zlib stream of
+  `xor_bytes` bytes at `at`. Small updates leave the sign, the exponent and the high mantissa bits
+  alone, so those planes are nearly all zeros; it is used only where it is smaller than the positions and values
+  would at least be. `shardcast-delta/1` (absolute positions of `pos_width` bytes) and `/2` (no `xor`) are still
+  read.
 - `delta-values.bin`: the bytes the index points into.
 
 Elements are compared as raw bit patterns of their width, so a delta is exact in any dtype (bf16 and
@@ -25,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,14 +45,21 @@ from shardcast.manifest import FileEntry, Manifest, ShardEntry, valid_file_name
 
 INDEX_FILE = "delta-index.json"
 VALUES_FILE = "delta-values.bin"
-FORMAT = "shardcast-delta/2"
-READ_FORMATS = ("shardcast-delta/1", FORMAT)
+FORMAT = "shardcast-delta/3"
+READ_FORMATS = ("shardcast-delta/1", "shardcast-delta/2", FORMAT)
 _MAX_INDEX_BYTES = 64 * 1024 * 1024
 _ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
                   "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 BLOCK = 1 << 22
-"""Elements compared, and positions coded or decoded, at a time (the work memory of a delta is per block)."""
+"""Elements compared, and positions or XOR planes coded or decoded, at a time (the work memory of a delta is per
+block)."""
+XOR_PLANE = 1 << 16
+"""Elements split into byte planes together (a region's `plane`: part of the format, unlike `BLOCK`)."""
+_MAX_PLANE = 1 << 22
+XOR_LEVEL = 1
+"""zlib's level for XOR planes: the zero planes deflate at any level; the random low mantissa bits at none."""
+_INFLATE_READ = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -124,7 +138,45 @@ def make_delta(base_dir: Path, new_dir: Path, out_dir: Path, names: list[str]) -
                       changed_elements=changed, total_elements=total)
 
 
+def _elements(data: bytes, kind: Any, start: int, width: int, lo: int, n: int) -> np.ndarray:
+    return np.frombuffer(data, dtype=kind, count=n, offset=start + lo * width)
+
+
 def _write_region(base: bytes, new: bytes, start: int, stop: int, width: int, values: Any) -> dict[str, Any] | None:
+    """Append one tensor's change to `values`, coded as XOR planes (`_write_xor`) when more than half of its bytes
+    would go to positions and values and the planes come out smaller, else as its changed positions and their new
+    values (`_write_sparse`); its index entry, or None when nothing changed."""
+    kind, elements = _UINT[width], (stop - start) // width
+    count = sum(int(np.count_nonzero(_elements(base, kind, start, width, lo, min(BLOCK, elements - lo))
+                                     != _elements(new, kind, start, width, lo, min(BLOCK, elements - lo))))
+                for lo in range(0, elements, BLOCK))
+    if not count:
+        return None
+    sparse_least = count * (width + 1)  # a value and at least one byte of gap each
+    if 2 * sparse_least > stop - start:
+        at = values.tell()
+        xor_bytes = _write_xor(base, new, start, stop, width, values)
+        if xor_bytes < sparse_least:
+            return {"start": start, "stop": stop, "width": width, "count": count, "coding": "xor",
+                    "plane": XOR_PLANE, "xor_bytes": xor_bytes, "at": at}
+        values.seek(at)
+        values.truncate()
+    return _write_sparse(base, new, start, stop, width, values)
+
+
+def _write_xor(base: bytes, new: bytes, start: int, stop: int, width: int, values: Any) -> int:
+    """Append the region's XOR planes, deflated (see the module docstring); returns the bytes written."""
+    kind, elements = _UINT[width], (stop - start) // width
+    deflate, written = zlib.compressobj(XOR_LEVEL), 0
+    for lo in range(0, elements, XOR_PLANE):
+        n = min(XOR_PLANE, elements - lo)
+        xor = _elements(base, kind, start, width, lo, n) ^ _elements(new, kind, start, width, lo, n)
+        planes = np.ascontiguousarray(xor.view(np.uint8).reshape(n, width).T)
+        written += values.write(deflate.compress(planes.tobytes()))
+    return written + int(values.write(deflate.flush()))
+
+
+def _write_sparse(base: bytes, new: bytes, start: int, stop: int, width: int, values: Any) -> dict[str, Any] | None:
     """Append one tensor's changed positions (coded) and then their new values to `values`; its index entry, or
     None when nothing changed. Compared `BLOCK` elements at a time: the extra memory is the region's new values
     and one block's work, whatever the tensor's size (a 62 GB version's tensors are gigabytes each)."""
@@ -134,8 +186,7 @@ def _write_region(base: bytes, new: bytes, start: int, stop: int, width: int, va
     changed_values: list[bytes] = []
     for lo in range(0, elements, BLOCK):
         n = min(BLOCK, elements - lo)
-        old_el = np.frombuffer(base, dtype=kind, count=n, offset=start + lo * width)
-        new_el = np.frombuffer(new, dtype=kind, count=n, offset=start + lo * width)
+        old_el, new_el = _elements(base, kind, start, width, lo, n), _elements(new, kind, start, width, lo, n)
         positions = np.flatnonzero(old_el != new_el)
         if not len(positions):
             continue
@@ -305,6 +356,11 @@ def _patch(data: bytearray, region: Any, values: np.ndarray, name: str) -> None:
     count, at = _int(region, "count"), _int(region, "at")
     if width not in _UINT or not start <= stop <= len(data) or (stop - start) % width:
         raise DeltaError(f"delta index: {name} has a bad region {start}..{stop} of width {width}")
+    if region.get("coding", "sparse") not in ("sparse", "xor"):
+        raise DeltaError(f"delta index: {name} has a region coded {region.get('coding')!r}")
+    if region.get("coding") == "xor":
+        _unxor(data, region, values, name, start, stop, width, count, at)
+        return
     if "pos_bytes" in region:  # shardcast-delta/2: LEB128 gaps
         pos_bytes = _int(region, "pos_bytes")
         end = at + pos_bytes + count * width
@@ -332,6 +388,59 @@ def _patch(data: bytearray, region: Any, values: np.ndarray, name: str) -> None:
             raise DeltaError(f"delta index: {name} region at {start} has positions out of range")
         view[positions] = new_values[done:done + len(positions)]
         done += len(positions)
+
+
+def _unxor(data: bytearray, region: dict[str, Any], values: np.ndarray, name: str, start: int, stop: int,
+           width: int, count: int, at: int) -> None:
+    """Apply an `xor` region: inflated `plane` elements at a time, never past their bytes (a stream that would
+    inflate to more than the region is refused where it passes it, whatever its ratio)."""
+    xor_bytes, plane = _int(region, "xor_bytes"), _int(region, "plane")
+    if not 1 <= plane <= _MAX_PLANE:
+        raise DeltaError(f"delta index: {name} region at {start} has XOR planes of {plane} elements")
+    if at + xor_bytes > len(values):
+        raise DeltaError(f"delta index: {name} region at {start} reaches past the values file")
+    kind, elements = _UINT[width], (stop - start) // width
+    view = np.frombuffer(data, dtype=kind, count=elements, offset=start)
+    source = values[at:at + xor_bytes]
+    inflate, read, changed = zlib.decompressobj(), 0, 0
+
+    def more(limit: int) -> bytes:
+        """Up to `limit` more bytes (b"": the input is spent and nothing is pending)."""
+        nonlocal read
+        chunk = inflate.unconsumed_tail
+        if not chunk and read < xor_bytes:
+            chunk, read = source[read:read + _INFLATE_READ].tobytes(), min(read + _INFLATE_READ, xor_bytes)
+        try:
+            return inflate.decompress(chunk, limit)  # b"" in: what a long match left pending comes out
+        except zlib.error as exc:
+            raise DeltaError(f"delta index: {name} region at {start}: XOR planes do not inflate ({exc})") from exc
+
+    def spent() -> bool:
+        return read >= xor_bytes and not inflate.unconsumed_tail
+
+    for lo in range(0, elements, plane):
+        n = min(plane, elements - lo)
+        parts, have = [], 0
+        while have < n * width:
+            part = b"" if inflate.eof else more(n * width - have)
+            if not part and (inflate.eof or spent()):
+                raise DeltaError(f"delta index: {name} region at {start}: XOR planes end before the region does")
+            parts.append(part)
+            have += len(part)
+        planes = np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(width, n)
+        xor = np.ascontiguousarray(planes.T).view(kind).reshape(n)
+        changed += int(np.count_nonzero(xor))
+        view[lo:lo + n] ^= xor
+    while not inflate.eof:
+        if more(1):
+            raise DeltaError(f"delta index: {name} region at {start}: XOR planes hold more than the region")
+        if spent():
+            break
+    if not inflate.eof or inflate.unused_data or inflate.unconsumed_tail or read < xor_bytes:
+        raise DeltaError(f"delta index: {name} region at {start}: XOR planes are not one stream of {xor_bytes} "
+                         "bytes that ends with the region")
+    if changed != count:
+        raise DeltaError(f"delta index: {name} region at {start} changes {changed} elements, not {count}")
 
 
 def _check_result(out_dir: Path, manifest: Manifest) -> None:

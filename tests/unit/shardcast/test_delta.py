@@ -253,9 +253,113 @@ def test_a_delta_in_the_first_format_still_applies(tmp_path: Path, tiny_state: d
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (v2 / "model.safetensors").read_bytes()
 
 
+@pytest.fixture(scope="module")
+def tiny_fp32() -> dict[str, torch.Tensor]:
+    from models.loading import load
+    from protocol.model_spec import TinyModelSpec
+
+    return {k: v.detach().float().contiguous() for k, v in load(TinyModelSpec()).model.state_dict().items()}
+
+
+def _adam_like(state: dict[str, torch.Tensor], seed: int, scale: float = 1e-3) -> dict[str, torch.Tensor]:
+    """Every element moves a little, relative to its size (an fp32 Adam step: nothing rounds to no change)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (v * (1 + scale * torch.randn(v.shape, generator=gen))).contiguous() for k, v in state.items()}
+
+
+def _fp32_step(tmp: Path, state: dict[str, torch.Tensor]) -> tuple[Path, Path, Manifest, Manifest, Path]:
+    v1, v2 = _version(tmp / "v1", state), _version(tmp / "v2", _adam_like(state, seed=1))
+    kw: dict[str, object] = {"identity": IDENTITY, "run_id": "r", "shard_size": SHARD, "dtype": "float32"}
+    m1 = build_version(v1, tmp / "store" / "versions", version=1, **kw).manifest  # type: ignore[arg-type]
+    m2 = build_version(v2, tmp / "store" / "versions", version=2, base=DeltaBase(v1, m1),
+                       **kw).manifest  # type: ignore[arg-type]
+    return v1, v2, m1, m2, _delta_files(tmp, 2)
+
+
+def test_an_fp32_step_that_moves_every_weight_travels_as_xor_planes(tmp_path: Path,
+                                                                   tiny_fp32: dict[str, torch.Tensor]) -> None:
+    """Sparse positions and values would cost more than the full weights when every element changes; the XOR
+    planes do not: sign, exponent and high mantissa bits of a small update are zeros, which deflate."""
+    v1, v2, m1, m2, files = _fp32_step(tmp_path, tiny_fp32)
+    assert m2.delta is not None and m2.dtype == "float32"
+    index = json.loads((files / INDEX_FILE).read_text())
+    assert index["format"] == "shardcast-delta/3"
+    regions = [r for e in index["files"] for r in e.get("regions", [])]
+    assert regions and all(r["coding"] == "xor" for r in regions)
+    changed = sum(r["count"] for r in regions) / sum((r["stop"] - r["start"]) // 4 for r in regions)
+    assert changed > 0.99  # nearly every element moved: positions and values would be 125 %+ of the full bytes
+    assert m2.total_bytes < 0.8 * m2.full_bytes, (m2.total_bytes, m2.full_bytes)
+    out = tmp_path / "rebuilt"
+    apply_delta(v1, m1, files, m2, out)
+    assert (out / "model.safetensors").read_bytes() == (v2 / "model.safetensors").read_bytes()
+
+
+def test_xor_planes_are_independent_of_the_block_and_mixed_with_sparse_regions(
+        tmp_path: Path, tiny_fp32: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch) -> None:
+    state = dict(tiny_fp32)
+    moved = _adam_like(state, seed=3)
+    names = sorted(state)
+    new = {k: (moved[k] if i % 2 else state[k].clone()) for i, k in enumerate(names)}  # half the tensors unchanged
+    first = names[0]
+    new[first] = state[first].clone()
+    new[first].view(-1)[:3] += 1.0  # and one with 3 changed elements: sparse
+    v1, v2 = _version(tmp_path / "v1", state), _version(tmp_path / "v2", new)
+    made = tmp_path / "made"
+    delta.make_delta(v1, v2, made, ["model.safetensors", "config.json"])
+    regions = json.loads((made / INDEX_FILE).read_text())["files"][0]["regions"]
+    assert {r.get("coding", "sparse") for r in regions} == {"sparse", "xor"}
+    monkeypatch.setattr(delta, "BLOCK", 7)
+    again = tmp_path / "again"
+    delta.make_delta(v1, v2, again, ["model.safetensors", "config.json"])
+    for f in (INDEX_FILE, VALUES_FILE):
+        assert (again / f).read_bytes() == (made / f).read_bytes()
+
+
+@pytest.mark.parametrize("change", ["truncated", "trailing", "garbage", "bomb", "count", "coding", "plane"])
+def test_hostile_xor_planes_are_typed_errors(tmp_path: Path, tiny_fp32: dict[str, torch.Tensor],
+                                             change: str) -> None:
+    import zlib
+
+    v1, v2, m1, m2, files = _fp32_step(tmp_path, tiny_fp32)
+    index = json.loads((files / INDEX_FILE).read_text())
+    values = bytearray((files / VALUES_FILE).read_bytes())
+    regions = [r for e in index["files"] for r in e.get("regions", [])]
+    region = max(regions, key=lambda r: r["stop"] - r["start"])
+    at, size = region["at"], region["xor_bytes"]
+    if change == "truncated":
+        region["xor_bytes"] -= 7  # the stream's end (and its checksum) cut off
+    elif change == "trailing":
+        values[at + size:at + size] = b"\x00" * 5  # bytes after the stream, inside the region's length
+        region["xor_bytes"] += 5
+        for r in regions:
+            r["at"] += 5 if r["at"] > at else 0
+    elif change == "garbage":
+        values[at + size // 2] ^= 0xFF
+    elif change == "bomb":  # a stream of zeros ten times the region's bytes: refused where it passes the region
+        bomb = zlib.compress(b"\x00" * 10 * (region["stop"] - region["start"]))
+        values[at:at + size] = bomb
+        for r in regions:
+            r["at"] += len(bomb) - size if r["at"] > at else 0
+        region["xor_bytes"] = len(bomb)
+    elif change == "count":
+        region["count"] -= 1
+    elif change == "coding":
+        region["coding"] = "rot13"
+    else:
+        region["plane"] = 0
+    (files / INDEX_FILE).write_text(json.dumps(index))
+    (files / VALUES_FILE).write_bytes(bytes(values))
+    with pytest.raises(DeltaError) as raised:
+        apply_delta(v1, m1, files, m2, tmp_path / "out")
+    if change != "garbage":  # garbage may inflate (its checksum fails at the end) or not: both are refused
+        assert not isinstance(raised.value, DeltaMismatchError), raised.value
+
+
 def test_a_delta_that_would_not_be_smaller_goes_out_as_an_anchor(tmp_path: Path, tiny_state: dict[str, torch.Tensor]) -> None:
     v1 = _version(tmp_path / "v1", tiny_state)
-    v2 = _version(tmp_path / "v2", _step(tiny_state, seed=1, fraction=1.0))  # every weight moved
+    gen = torch.Generator().manual_seed(1)  # every weight's bits replaced by noise: neither positions nor XOR planes
+    v2 = _version(tmp_path / "v2", {k: torch.randint(-2**15, 2**15, v.shape, generator=gen, dtype=torch.int16)
+                                    .view(v.dtype) for k, v in tiny_state.items()})  # (even normal noise deflates)
     m1 = _publish(tmp_path, v1, 1).manifest
     m2 = _publish(tmp_path, v2, 2, base=(v1, m1)).manifest
     assert m2.delta is None and m2.total_bytes == m2.full_bytes
