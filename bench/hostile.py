@@ -78,6 +78,18 @@ def _p99(xs: list[float]) -> float | None:
     return sorted(xs)[math.ceil(0.99 * len(xs)) - 1]
 
 
+def _by_minute(rows: list[dict[str, Any]]) -> list[float | None]:
+    """The p99 latency of the submissions started in each minute of a phase, in order (where the tail comes from:
+    all along, or as the ledger grows)."""
+    if not rows:
+        return []
+    t0 = min(r["at"] for r in rows)
+    minutes: dict[int, list[float]] = {}
+    for r in rows:
+        minutes.setdefault(int((r["at"] - t0) // 60), []).append(r["latency_s"])
+    return [_p99(minutes.get(m, [])) for m in range(max(minutes) + 1)]
+
+
 def _honest(url: str, node: Any, items: list[tuple[bytes, str]], deadline: float, out: list[dict[str, Any]],
             lock: threading.Lock, every_s: float = 0.0) -> None:
     import httpx
@@ -108,7 +120,7 @@ def _honest(url: str, node: Any, items: list[tuple[bytes, str]], deadline: float
                     break
                 time.sleep(0.1)
             with lock:
-                out.append({"status": status, "outcome": outcome, "latency_s": time.monotonic() - t0})
+                out.append({"status": status, "outcome": outcome, "latency_s": time.monotonic() - t0, "at": t0})
 
 
 ATTACKER_ADDRESSES = 32
@@ -311,6 +323,8 @@ def hostile_load(spec: HostileLoad, tmp: Path) -> dict[str, Any]:
         "p99_baseline_s": base_p99, "p99_attack_s": hit_p99,
         "p99_over_baseline": hit_p99 / base_p99 if hit_p99 and base_p99 else None,
         "median_attack_s": statistics.median([r["latency_s"] for r in accepted]) if accepted else None,
+        "p99_attack_by_minute_s": _by_minute(accepted),
+        "p99_baseline_by_minute_s": _by_minute([r for r in base if r["outcome"] == "accepted"]),
         "honest_statuses": dict(Counter(str(r["status"]) for r in hit)),
         "rss_mib_before": rss0 / 1024, "rss_mib_peak": max([s[0] for s in samples], default=rss1 / 1024),
         "rss_mib_after": rss1 / 1024,
@@ -326,6 +340,9 @@ def report(h: dict[str, Any]) -> None:
           f"(honest_acceptance {h['honest_acceptance']}), baseline {h['honest_accepted_baseline']}/"
           f"{h['honest_submitted_baseline']}; p99 {h['p99_attack_s']} s vs {h['p99_baseline_s']} s "
           f"(p99_over_baseline {h['p99_over_baseline']})")
+    print("p99 by minute under attack: " + " ".join(f"{x:.2f}" if x is not None else "-"
+                                                   for x in h["p99_attack_by_minute_s"]) + " s; baseline: "
+          + " ".join(f"{x:.2f}" if x is not None else "-" for x in h["p99_baseline_by_minute_s"]) + " s")
     print(f"validator RSS {h['rss_mib_before']:.0f} MiB before, peak {h['rss_mib_peak']:.0f}, after "
           f"{h['rss_mib_after']:.0f}; ledger {h['ledger_mib_before']:.2f} -> {h['ledger_mib_after']:.2f} MiB")
     print(f"attackers: {h['attackers']}")

@@ -489,6 +489,19 @@ def network_time(layout: Any, rows: list[dict[str, Any]], prop: Propagation) -> 
     return out
 
 
+def published_after(origin: Path, versions: int, up: subprocess.Popen[bytes], wait_s: float = 180.0) -> list[dict[str, Any]]:
+    """The origin's versions (`devnet.published`: kind, bytes, full bytes, dtype) once it holds `versions` (the
+    trainer publishes after a step, in the background), or what it holds after `wait_s`."""
+    from devnet.published import published_versions
+
+    deadline = time.monotonic() + wait_s
+    rows = published_versions(origin)
+    while len(rows) < versions and up.poll() is None and time.monotonic() < deadline:
+        time.sleep(1.0)
+        rows = published_versions(origin)
+    return rows
+
+
 def devnet_run(work: Path, r: Recipe, nodes: int, validators: int = 2,
                relays: int = 2) -> tuple[list[dict[str, Any]], float, dict[str, Any], str, dict[str, Any]]:
     """`prime-devnet up` with the recipe until its trainer has logged `r.steps` steps; then the audit and the time
@@ -543,6 +556,7 @@ def devnet_run(work: Path, r: Recipe, nodes: int, validators: int = 2,
             audit = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {"error": out.stderr[-500:]}
             table = subprocess.run([PY, "-m", "devnet.cli", "audit", "--state-dir", str(state)],
                                    cwd=REPO, capture_output=True, text=True, timeout=300, env=_env()).stdout
+            extra["published"] = published_after(state / "origin", 2, up)
         finally:
             up.send_signal(signal.SIGTERM)
             try:
@@ -767,6 +781,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if "v0" in extra:
         print(f"\nversion 0 = the init checkpoint: {'yes' if extra['v0'].get('ok') else 'NO'} "
               f"(chain hash {extra['v0'].get('chain_hash')}, weights {extra['v0'].get('weights_are_init')})")
+    if extra.get("published"):
+        from devnet.published import published_lines
+
+        print("\npublished through the origin:\n" + "\n".join(published_lines(extra["published"])))
     print(audit_table)
     return {
         "bench": "learning", "model": r.model, "quick": args.quick, "smoke": args.smoke, "steps": n,
@@ -777,6 +795,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "tail_ratio": tail_ratio, "init_eval": init_eval, "evals": evals, "groups_per_version": supply, "network_short_steps": short,
         "local_wall_s": local_s, "network_wall_s": net_s, "local_clock": local_clock,
         "network_clock": extra.get("clock"), "network_time": extra.get("time"), "v0": extra.get("v0"),
+        "published": extra.get("published"),
         "network_command": " ".join(extra.get("command", [])), "audit": audit,
         "local_metrics": local, "network_metrics": net,
     }

@@ -48,6 +48,12 @@ def test_smollm2_from_an_sft_checkpoint_trains_through_the_devnet_with_held_out_
     assert r["network_time"]["nodes"][0]["batches"] >= 1
     assert r["network_time"]["validation"]["submissions"].get("accepted", 0) >= 1
     assert r["network_time"]["trainer"]["published_versions"] >= 1  # v0 at least (later ones publish in the background)
+    # every version after v0 travelled as a delta (issue 37), in the dtype the cpu engine serves: fp32, where every
+    # weight Adam moves changes and the tensors go as XOR planes
+    published = r["published"]
+    assert len(published) >= 2 and [p["version"] for p in published] == list(range(len(published))), published
+    assert all(p["dtype"] == "float32" for p in published), published
+    assert all(p["kind"] == "delta" and p["bytes"] < p["full_bytes"] for p in published[1:]), published
 
     # held-out evaluation: the checkpoint before (step 0) and the network run after its last step, greedy and sampled
     rows = {(e["run"], e["after_steps"]): e for e in r["evals"]["rows"]}

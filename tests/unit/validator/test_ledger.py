@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -278,6 +279,17 @@ def test_feed_in_decision_order_after_a_cursor(ledger: Ledger) -> None:
     assert ledger.feed(seqs[1], 2) == items[2:4]
     assert ledger.feed(seqs[-1], 10) == []
     assert ledger.feed_size() == 5
+
+
+def test_the_feed_loop_reads_the_unwritten_items_by_index_not_by_a_scan_of_the_feed(tmp_path: Path) -> None:
+    """Every 0.5 s: a scan read every item's blob (stored before `file_written`), growing with the feed."""
+    ledger = Ledger.open(path=tmp_path / "ledger.sqlite")
+    try:
+        plan = ledger._db.execute("EXPLAIN QUERY PLAN SELECT seq, created_at, work_key, item FROM feed "
+                                  "WHERE file_written = 0 ORDER BY seq LIMIT 256")
+        assert any("USING INDEX feed_unwritten" in str(row[-1]) for row in plan), plan
+    finally:
+        ledger.close()
 
 
 def test_unwritten_feed_and_mark_written(ledger: Ledger) -> None:
