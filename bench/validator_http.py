@@ -50,7 +50,7 @@ def serve_main(config: Path, port_file: Path, loops: bool) -> int:
 
     from validator.app import build_app
     from validator.config import ValidatorConfig
-    from validator.server import uvicorn_config
+    from validator.server import settle_heap, uvicorn_config
     from validator.service import Service
 
     logging.basicConfig(level=logging.WARNING)
@@ -63,6 +63,7 @@ def serve_main(config: Path, port_file: Path, loops: bool) -> int:
         service.start()
     server = uvicorn.Server(uvicorn_config(build_app(service), cfg.gate, host="127.0.0.1", port=0,
                                            stats=service.core.stats))
+    settle_heap()  # as prime-validator does
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     thread = threading.Thread(target=server.run, daemon=True)

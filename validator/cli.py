@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from validator.app import build_app
-        from validator.server import uvicorn_config
+        from validator.server import settle_heap, uvicorn_config
         from validator.service import Service
 
         service = Service(cfg)
@@ -39,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info("validator %s for run %s on http://%s:%d (ledger %s)", service.identity.address, cfg.run.run_id,
                  cfg.host, cfg.port, "postgresql" if cfg.ledger_dsn else cfg.state_dir / "ledger.sqlite")
         try:
-            uvicorn.Server(uvicorn_config(build_app(service), cfg.gate, host=cfg.host, port=cfg.port,
-                                          stats=service.core.stats)).run()
+            server = uvicorn.Server(uvicorn_config(build_app(service), cfg.gate, host=cfg.host, port=cfg.port,
+                                                   stats=service.core.stats))
+            log.info("start-up's %d objects kept out of garbage collection", settle_heap())
+            server.run()
         finally:
             service.stop()
     except PrimeError as exc:
