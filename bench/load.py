@@ -60,7 +60,7 @@ Bounded: a fixed number of requests and pulls, each phase with a deadline.
     python -m bench.load --quick --json bench/measured/load_quick.json
     python -m bench.load --quick --only flood                        # the flood alone (~2 min)
     python -m bench.load --smoke --json out.json   # every part at the smallest size (checks the bench, seconds)
-    python -m bench.load --only hostile --json bench/measured/load_hostile.json   # (d) below, 10 minutes
+    python -m bench.load --only hostile --json bench/measured/load_hostile.json   # (d) below: 10 minutes alone, 10 under attack
 
 (d) Hostile (issue 35, `bench/hostile.py`): honest nodes' work at a validator process alone (the baseline), then
     beside 64 slow uploads from no key, 200 concurrent audit requests, 100 slow 16 MiB appeal uploads and 10

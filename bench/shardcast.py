@@ -33,6 +33,14 @@ plain_http_s, raw_copy_s, ratios, rounds, cpu_s).
 
     python -m bench.shardcast --delta --smoke --json out.json
 
+On loopback bytes cost almost nothing, so each client's work (applying the delta, hashing the full weights)
+decides the time. `--link-mbit N` runs the bench again inside a network namespace of its own (`unshare -n`, as
+root) whose loopback is shaped to N Mbit/s (`tc ... tbf`): every transfer of the tree (origin to relays, relays
+to clients) then shares one link of N Mbit/s, a stricter bottleneck than a real tree of links, where each edge has
+its own. The host's own network is not touched.
+
+    sudo python -m bench.shardcast --delta --link-mbit 1000 --json out.json
+
 `--delta --train-lrs 2e-5,...` measures real RL checkpoints instead of synthetic ones (`run_trained_delta`): for
 each learning rate the trainer runs local-mode GRPO (SmolLM2-135M on reverse-text, `configs/trainer/
 reverse-text-smollm2.toml` with warm-up off, `--train-steps` steps, a checkpoint every step); every step's weights go
@@ -577,6 +585,31 @@ def run_raw(work: Path, source: Path, timeout: float) -> float:
 # ---------------------------------------------------------------------------------------------------
 
 
+_ON_LINK = "PRIME_BENCH_LINK_MBIT"
+"""Set in the namespace `on_a_shaped_link` runs the bench in (its link's rate)."""
+
+
+def on_a_shaped_link(mbit: float) -> int:
+    """This bench's command again, in a network namespace of its own whose loopback carries at most `mbit` Mbit/s
+    (a token bucket of 10 ms worth of bytes, at least 64 KiB); its exit status."""
+    if not mbit > 0:
+        raise SystemExit(f"--link-mbit must be positive, not {mbit}")
+    burst = max(64 * 1024, int(mbit * 1e6 / 8 / 100))
+    shape = (f"ip link set lo up && tc qdisc add dev lo root tbf rate {mbit}mbit burst {burst} latency 200ms "
+             '&& exec "$0" "$@"')
+    cmd = ["unshare", "--net", "sh", "-c", shape, sys.executable, "-m", "bench.shardcast", *sys.argv[1:]]
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env={**os.environ, _ON_LINK: repr(mbit)}).returncode
+    except FileNotFoundError as exc:
+        raise SystemExit(f"--link-mbit needs unshare, ip and tc (util-linux, iproute2): {exc}") from exc
+
+
+def _link() -> float | None:
+    """The shaped link's Mbit/s when this process runs on one (`--link-mbit`), else None (loopback, unshaped)."""
+    value = os.environ.get(_ON_LINK)
+    return float(value) if value else None
+
+
 def main() -> int:
     global CLIENTS, WARM
     if len(sys.argv) > 2 and sys.argv[1] == "_role":
@@ -606,7 +639,11 @@ def main() -> int:
                              "run_trained_delta) instead of synthetic weights")
     parser.add_argument("--train-steps", type=int, default=None,
                         help="--train-lrs: trainer steps per learning rate (default 4; --smoke: 3 on the tiny model)")
+    parser.add_argument("--link-mbit", type=float, default=None,
+                        help="run inside a network namespace whose loopback is shaped to this many Mbit/s (as root)")
     args = parser.parse_args()
+    if args.link_mbit is not None and os.environ.get(_ON_LINK) != repr(args.link_mbit):
+        return on_a_shaped_link(args.link_mbit)
     if args.smoke:
         args.clients, args.cold, args.rounds = 2, True, 1
     if args.delta and args.train_lrs:
@@ -793,7 +830,7 @@ def run_delta(args: argparse.Namespace) -> int:
         "full_time_over_delta_time": round(results["full"] / results["delta"], 2),
         "full_s": round(results["full"], 3), "delta_s": round(results["delta"], 3),
         "changed_fraction": args.delta_fraction, "size_mib": size_mib, "shard_bytes": shard, "relays": RELAYS,
-        "clients": clients, "weights": "synthetic bf16 (not SmolLM2 RL checkpoints)",
+        "clients": clients, "weights": "synthetic bf16 (not SmolLM2 RL checkpoints)", "link_mbit": _link(),
         "machine": harness.machine(), "smoke": args.smoke,
     }
     print("delta:", json.dumps({k: report[k] for k in ("delta_bytes_over_full", "full_time_over_delta_time")}))
@@ -903,6 +940,7 @@ def run_trained_delta(args: argparse.Namespace) -> int:
         "weights": ("tiny model (smoke)" if args.smoke else "SmolLM2-135M") + ": local-mode GRPO on reverse-text, "
                    "warm-up off, published in bf16 by the trainer's ShardcastPublisher",
         "command": harness.command("shardcast"), "machine": harness.machine(), "smoke": args.smoke,
+        "link_mbit": _link(),
     }
     print("delta:", json.dumps({k: report[k] for k in ("delta_bytes_over_full", "full_time_over_delta_time")}))
     for entry in per_lr:

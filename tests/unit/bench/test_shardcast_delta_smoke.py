@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,32 @@ def test_trained_delta_smoke_publishes_real_checkpoints_through_the_trainers_pub
     assert all(0.0 <= row["changed_fraction"] < 1.0 and row["bytes"] <= row["full_bytes"] for row in later), later
     assert any(row["changed_fraction"] > 0.0 for row in later), later
     assert report["full_time_over_delta_time"] > 0 and 0 < report["delta_bytes_over_full"] <= 1.0
+
+
+def _namespaces() -> str | None:
+    """Why a shaped link cannot be made here (None: it can): it needs root, unshare, ip and tc with tbf."""
+    probe = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up && tc qdisc add dev lo root tbf rate "
+                            "100mbit burst 65536 latency 200ms"], capture_output=True, text=True, timeout=30) \
+        if all(shutil.which(t) for t in ("unshare", "ip", "tc")) else None
+    if probe is None:
+        return "unshare, ip or tc is not installed"
+    return None if probe.returncode == 0 else f"no shaped namespace here: {probe.stderr.strip()[:200]}"
+
+
+@pytest.mark.timeout(300)
+def test_delta_smoke_on_a_shaped_link_runs_in_its_own_namespace(tmp_path: Path) -> None:
+    """`--link-mbit`: the same run inside a network namespace whose loopback is shaped (the host's is not)."""
+    why = _namespaces()
+    if why is not None:
+        pytest.skip(why)
+    out = tmp_path / "delta.json"
+    done = subprocess.run([sys.executable, "-m", "bench.shardcast", "--delta", "--smoke", "--link-mbit", "400",
+                           "--json", str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                                "OMP_NUM_THREADS": "1"},
+                          timeout=280, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["link_mbit"] == 400.0 and report["full_time_over_delta_time"] > 0
+    assert 0.02 < report["delta_bytes_over_full"] < 0.045
+    # the host's loopback was never shaped
+    assert "tbf" not in subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
