@@ -340,9 +340,11 @@ def report(h: dict[str, Any]) -> None:
           f"(honest_acceptance {h['honest_acceptance']}), baseline {h['honest_accepted_baseline']}/"
           f"{h['honest_submitted_baseline']}; p99 {h['p99_attack_s']} s vs {h['p99_baseline_s']} s "
           f"(p99_over_baseline {h['p99_over_baseline']})")
-    print("p99 by minute under attack: " + " ".join(f"{x:.2f}" if x is not None else "-"
-                                                   for x in h["p99_attack_by_minute_s"]) + " s; baseline: "
-          + " ".join(f"{x:.2f}" if x is not None else "-" for x in h["p99_baseline_by_minute_s"]) + " s")
+    def minutes(xs: list[float | None]) -> str:
+        return " ".join(f"{x:.2f}" if x is not None else "-" for x in xs) + " s"
+
+    print(f"p99 by minute under attack: {minutes(h['p99_attack_by_minute_s'])}; "
+          f"baseline: {minutes(h['p99_baseline_by_minute_s'])}")
     print(f"validator RSS {h['rss_mib_before']:.0f} MiB before, peak {h['rss_mib_peak']:.0f}, after "
           f"{h['rss_mib_after']:.0f}; ledger {h['ledger_mib_before']:.2f} -> {h['ledger_mib_after']:.2f} MiB")
     print(f"attackers: {h['attackers']}")

@@ -9,19 +9,27 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def _delta_smoke(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """`python -m bench.shardcast --delta --smoke *args`'s JSON report (its output shown when it fails)."""
+    out = tmp_path / "delta.json"
+    done = subprocess.run([sys.executable, "-m", "bench.shardcast", "--delta", "--smoke", *args, "--json", str(out)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                          timeout=280, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
 @pytest.mark.timeout(300)
 def test_delta_smoke_writes_both_ratios(tmp_path: Path) -> None:
-    out = tmp_path / "delta.json"
-    subprocess.run([sys.executable, "-m", "bench.shardcast", "--delta", "--smoke", "--json", str(out)], cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, check=True, timeout=280,
-                   capture_output=True)
-    report = json.loads(out.read_text())
+    report = _delta_smoke(tmp_path)
     assert report["full_time_over_delta_time"] > 0 and report["smoke"] is True
     # 2% of bf16 elements changed: a 1-2 byte gap + the 2-byte value per change, ~3% of the full bytes (measured
     # 0.031; absolute 4-byte positions gave 0.060)
@@ -32,13 +40,7 @@ def test_delta_smoke_writes_both_ratios(tmp_path: Path) -> None:
 def test_trained_delta_smoke_publishes_real_checkpoints_through_the_trainers_publisher(tmp_path: Path) -> None:
     """`--delta --train-lrs` on the tiny model: three trainer steps, each version through the trainer's publisher,
     the changed fraction of each step and the last pair through the relay tree (counts, not timing)."""
-    out = tmp_path / "trained.json"
-    done = subprocess.run([sys.executable, "-m", "bench.shardcast", "--delta", "--smoke", "--train-lrs", "1e-5",
-                           "--json", str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                                                "OMP_NUM_THREADS": "1"},
-                          timeout=280, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    report = json.loads(out.read_text())
+    report = _delta_smoke(tmp_path, "--train-lrs", "1e-5")
     (entry,) = report["per_lr"]
     assert entry["lr"] == 1e-5 and [r["version"] for r in entry["versions"]] == [1, 2, 3]
     first, *later = entry["versions"]
@@ -66,13 +68,7 @@ def test_delta_smoke_on_a_shaped_link_runs_in_its_own_namespace(tmp_path: Path) 
     why = _namespaces()
     if why is not None:
         pytest.skip(why)
-    out = tmp_path / "delta.json"
-    done = subprocess.run([sys.executable, "-m", "bench.shardcast", "--delta", "--smoke", "--link-mbit", "400",
-                           "--json", str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                                                "OMP_NUM_THREADS": "1"},
-                          timeout=280, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    report = json.loads(out.read_text())
+    report = _delta_smoke(tmp_path, "--link-mbit", "400")
     assert report["link_mbit"] == 400.0 and report["full_time_over_delta_time"] > 0
     assert 0.02 < report["delta_bytes_over_full"] < 0.045
     # the host's loopback was never shaped
