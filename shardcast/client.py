@@ -454,7 +454,7 @@ class Client(DeltaRoute):
                 try:
                     fetched = await self._fetch(session, signed, manifest, holders, version)
                     if manifest.delta is not None:
-                        fetched.staging = self._reconstruct(manifest, fetched.staging)
+                        fetched.staging = await asyncio.to_thread(self._reconstruct, manifest, fetched.staging)
                 except RelayError as exc:
                     if manifest.delta is None or for_delta or isinstance(exc, StorageError):
                         raise

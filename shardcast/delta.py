@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import zlib
 from collections.abc import Iterator
@@ -60,6 +61,8 @@ _MAX_PLANE = 1 << 22
 XOR_LEVEL = 1
 """zlib's level for XOR planes: the zero planes deflate at any level; the random low mantissa bits at none."""
 _INFLATE_READ = 1 << 20
+_COMPARE = 1 << 24
+"""Bytes compared at a time when deciding whether a file changed."""
 
 
 @dataclass(frozen=True)
@@ -76,15 +79,27 @@ class DeltaStats:
         return self.changed_elements / self.total_elements if self.total_elements else 0.0
 
 
-def _regions(data: bytes) -> tuple[bytes, list[tuple[int, int, int]]] | None:
+def _mapped(path: Path) -> np.ndarray:
+    """A file's bytes, mapped read-only (read on demand from the page cache, never copied whole)."""
+    return np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two mapped files hold the same bytes, compared `_COMPARE` bytes at a time up to the first
+    difference (no temporary the size of a file)."""
+    return len(a) == len(b) and all(np.array_equal(a[lo:lo + _COMPARE], b[lo:lo + _COMPARE])
+                                    for lo in range(0, len(a), _COMPARE))
+
+
+def _regions(data: np.ndarray) -> tuple[bytes, list[tuple[int, int, int]]] | None:
     """(header bytes, [(start, stop, element width)]) of a safetensors file, or None when it is not one."""
     if len(data) < 8:
         return None
-    (n,) = struct.unpack("<Q", data[:8])
+    (n,) = struct.unpack("<Q", data[:8].tobytes())
     if 8 + n > len(data):
         return None
     try:
-        header = json.loads(data[8:8 + n])
+        header = json.loads(data[8:8 + n].tobytes())
     except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(header, dict):
@@ -101,7 +116,7 @@ def _regions(data: bytes) -> tuple[bytes, list[tuple[int, int, int]]] | None:
         if not 0 <= start <= stop or 8 + n + stop > len(data) or (stop - start) % width:
             return None
         regions.append((8 + n + start, 8 + n + stop, width))
-    return data[:8 + n], sorted(regions)
+    return data[:8 + n].tobytes(), sorted(regions)
 
 
 def make_delta(base_dir: Path, new_dir: Path, out_dir: Path, names: list[str]) -> DeltaStats:
@@ -112,17 +127,17 @@ def make_delta(base_dir: Path, new_dir: Path, out_dir: Path, names: list[str]) -
     changed = total = full = 0
     with open(out_dir / VALUES_FILE, "wb") as values:
         for name in names:
-            new = (new_dir / name).read_bytes()
+            new = _mapped(new_dir / name)
             full += len(new)
             base_path = base_dir / name
-            base = base_path.read_bytes() if base_path.is_file() else None
-            if base == new:
+            base = _mapped(base_path) if base_path.is_file() else None
+            if base is not None and _same(base, new):
                 entries.append({"path": name, "op": "same", "size": len(new)})
                 continue
             parsed = _regions(new) if base is not None and len(base) == len(new) else None
-            if parsed is None or base is None or base[:len(parsed[0])] != parsed[0]:
+            if parsed is None or base is None or base[:len(parsed[0])].tobytes() != parsed[0]:
                 entries.append({"path": name, "op": "whole", "size": len(new), "at": values.tell()})
-                values.write(new)
+                values.write(new.data)
                 continue
             regions = []
             for start, stop, width in parsed[1]:
@@ -138,11 +153,11 @@ def make_delta(base_dir: Path, new_dir: Path, out_dir: Path, names: list[str]) -
                       changed_elements=changed, total_elements=total)
 
 
-def _elements(data: bytes, kind: Any, start: int, width: int, lo: int, n: int) -> np.ndarray:
+def _elements(data: np.ndarray, kind: Any, start: int, width: int, lo: int, n: int) -> np.ndarray:
     return np.frombuffer(data, dtype=kind, count=n, offset=start + lo * width)
 
 
-def _write_region(base: bytes, new: bytes, start: int, stop: int, width: int, values: Any) -> dict[str, Any] | None:
+def _write_region(base: np.ndarray, new: np.ndarray, start: int, stop: int, width: int, values: Any) -> dict[str, Any] | None:
     """Append one tensor's change to `values`, coded as XOR planes (`_write_xor`) when more than half of its bytes
     would go to positions and values and the planes come out smaller, else as its changed positions and their new
     values (`_write_sparse`); its index entry, or None when nothing changed."""
@@ -164,7 +179,7 @@ def _write_region(base: bytes, new: bytes, start: int, stop: int, width: int, va
     return _write_sparse(base, new, start, stop, width, values)
 
 
-def _write_xor(base: bytes, new: bytes, start: int, stop: int, width: int, values: Any) -> int:
+def _write_xor(base: np.ndarray, new: np.ndarray, start: int, stop: int, width: int, values: Any) -> int:
     """Append the region's XOR planes, deflated (see the module docstring); returns the bytes written."""
     kind, elements = _UINT[width], (stop - start) // width
     deflate, written = zlib.compressobj(XOR_LEVEL), 0
@@ -176,7 +191,7 @@ def _write_xor(base: bytes, new: bytes, start: int, stop: int, width: int, value
     return written + int(values.write(deflate.flush()))
 
 
-def _write_sparse(base: bytes, new: bytes, start: int, stop: int, width: int, values: Any) -> dict[str, Any] | None:
+def _write_sparse(base: np.ndarray, new: np.ndarray, start: int, stop: int, width: int, values: Any) -> dict[str, Any] | None:
     """Append one tensor's changed positions (coded) and then their new values to `values`; its index entry, or
     None when nothing changed. Compared `BLOCK` elements at a time: the extra memory is the region's new values
     and one block's work, whatever the tensor's size (a 62 GB version's tensors are gigabytes each)."""
@@ -327,7 +342,8 @@ def apply_delta(base_dir: Path, base: Manifest, delta_dir: Path, manifest: Manif
             at = _int(entry, "at")
             if at + size > len(values):
                 raise DeltaError(f"delta index: {name} reaches past the values file")
-            target.write_bytes(values[at:at + size].tobytes())
+            with open(target, "wb") as fh:
+                fh.write(values[at:at + size].data)
             continue
         if op not in ("same", "patch"):
             raise DeltaError(f"delta index: {name} has unknown op {op!r}")
@@ -337,19 +353,28 @@ def apply_delta(base_dir: Path, base: Manifest, delta_dir: Path, manifest: Manif
             try:
                 os.link(base_dir / name, target)  # installed files are never written in place
             except OSError:
-                target.write_bytes((base_dir / name).read_bytes())
+                shutil.copyfile(base_dir / name, target)
             continue
-        data = bytearray((base_dir / name).read_bytes())
         regions = entry.get("regions")
         if not isinstance(regions, list):
             raise DeltaError(f"delta index: {name} has no region list")
-        for region in regions:
-            _patch(data, region, values, name)
-        target.write_bytes(bytes(data))
+        _patched_copy(base_dir / name, target, size, regions, values)
     _check_result(out_dir, manifest)
 
 
-def _patch(data: bytearray, region: Any, values: np.ndarray, name: str) -> None:
+def _patched_copy(source: Path, target: Path, size: int, regions: list[Any], values: np.ndarray) -> None:
+    """`target` as `source` with `regions` applied: the kernel copies the file (no pass through Python), the
+    regions are written into the copy through a shared mapping, so only the pages they touch are handled here."""
+    shutil.copyfile(source, target)
+    if target.stat().st_size != size:
+        raise DeltaMismatchError(f"the base's {source} is {target.stat().st_size} bytes on disk, its manifest "
+                                 f"says {size}")
+    data: np.ndarray = np.memmap(target, dtype=np.uint8, mode="r+") if size else np.zeros(0, np.uint8)
+    for region in regions:
+        _patch(data, region, values, target.name)
+
+
+def _patch(data: np.ndarray, region: Any, values: np.ndarray, name: str) -> None:
     if not isinstance(region, dict):
         raise DeltaError(f"delta index: {name} has a region that is not an object")
     start, stop, width = _int(region, "start"), _int(region, "stop"), _int(region, "width")
@@ -390,7 +415,7 @@ def _patch(data: bytearray, region: Any, values: np.ndarray, name: str) -> None:
         done += len(positions)
 
 
-def _unxor(data: bytearray, region: dict[str, Any], values: np.ndarray, name: str, start: int, stop: int,
+def _unxor(data: np.ndarray, region: dict[str, Any], values: np.ndarray, name: str, start: int, stop: int,
            width: int, count: int, at: int) -> None:
     """Apply an `xor` region: inflated `plane` elements at a time, never past their bytes (a stream that would
     inflate to more than the region is refused where it passes it, whatever its ratio)."""
@@ -444,18 +469,18 @@ def _unxor(data: bytearray, region: dict[str, Any], values: np.ndarray, name: st
 
 
 def _check_result(out_dir: Path, manifest: Manifest) -> None:
-    """Every shard of the reconstructed files against the signed full-weight table, bit for bit."""
+    """Every shard of the reconstructed files against the signed full-weight table, bit for bit (hashed from
+    a mapping of each file: the bytes just written are still in the page cache, and are not copied again)."""
     files: tuple[FileEntry, ...] = manifest.weight_files
     shards: tuple[ShardEntry, ...] = manifest.weight_shards
-    for shard in shards:
-        path = out_dir / files[shard.file].path
-        with open(path, "rb") as fh:
-            fh.seek(shard.offset)
-            digest = blake3.blake3(fh.read(shard.size)).hexdigest()
-        if digest != shard.hash:
-            raise DeltaMismatchError(f"v{manifest.version}: the delta reproduces {files[shard.file].path} bytes "
-                                     f"{shard.offset}..{shard.offset + shard.size} with hash {digest[:12]}, "
-                                     f"the signed weights say {shard.hash[:12]}")
-    for f in files:
-        if (out_dir / f.path).stat().st_size != f.size:
+    for index, f in enumerate(files):
+        path = out_dir / f.path
+        if path.stat().st_size != f.size:
             raise DeltaMismatchError(f"v{manifest.version}: {f.path} came out at the wrong size")
+        data = np.memmap(path, dtype=np.uint8, mode="r") if f.size else np.zeros(0, np.uint8)
+        for shard in (s for s in shards if s.file == index):
+            digest = blake3.blake3(data[shard.offset:shard.offset + shard.size].data).hexdigest()
+            if digest != shard.hash:
+                raise DeltaMismatchError(f"v{manifest.version}: the delta reproduces {f.path} bytes "
+                                         f"{shard.offset}..{shard.offset + shard.size} with hash {digest[:12]}, "
+                                         f"the signed weights say {shard.hash[:12]}")

@@ -108,6 +108,45 @@ def test_a_client_holding_nothing_takes_the_cheaper_way_and_one_holding_v_minus_
     assert same_tree(follower.verified(3, chain[2][1].content_hash()), chain[2][0])
 
 
+def test_a_delta_is_rebuilt_off_the_event_loop_which_keeps_serving(tmp_path: Path, trainer: Identity,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rebuilding a version from its delta reads and hashes the full weights (seconds for a large model): it runs
+    beside the client's event loop, never on it, so the origin and relay in that loop (a node's other work, in a
+    node) keep answering meanwhile. The rebuild waits until the loop has answered a request; on the loop it would
+    wait alone and fail."""
+    import threading
+
+    from shardcast import delta_route
+
+    chain = _publish_chain(tmp_path, trainer, 2, tmp_path / "origin")
+    rebuilding, answered = threading.Event(), threading.Event()
+    real = delta_route.apply_delta
+
+    def apply_while_the_loop_answers(*args: object) -> None:
+        rebuilding.set()
+        assert answered.wait(30), "the event loop answered nothing while the delta was being rebuilt"
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(delta_route, "apply_delta", apply_while_the_loop_answers)
+
+    async def body() -> None:
+        async with Origin(tmp_path / "origin", run_id="r", shard_size=16 * KiB) as origin, \
+                Relay([origin.url], trainer=trainer.address, store_root=tmp_path / "relay", poll_wait_s=5) as relay:
+            client = Client([relay.url], trainer=trainer.address, out_dir=tmp_path / "out", progress=False, wait_s=20)
+            await client.pull(1)
+
+            async def answer_during_the_rebuild() -> None:
+                assert await asyncio.to_thread(rebuilding.wait, 30)
+                async with aiohttp.ClientSession() as session, session.get(f"{relay.url}/health") as response:
+                    assert response.status == 200
+                answered.set()
+
+            result, _ = await asyncio.gather(client.pull(2), answer_during_the_rebuild())
+            assert result.version == 2 and not result.whole
+            assert same_tree(tmp_path / "out" / "current", chain[1][0])
+    run(body())
+
+
 async def _async(value: web.Response) -> web.Response:
     return value
 
