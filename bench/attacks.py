@@ -384,6 +384,8 @@ class SplitPool:
     Their keys are fresh, funded on the dev chain (no other pool's transactions share their nonces)."""
 
     def __init__(self, net: Network) -> None:
+        from urllib.parse import urlparse
+
         from bench import loopback
         from bench.loopback import (
             MANIFEST_V0,
@@ -392,7 +394,6 @@ class SplitPool:
             TRAINER,
             Pools,
             ProxyProcess,
-            free_port,
             serve,
             validator_config,
         )
@@ -419,16 +420,17 @@ class SplitPool:
         path = deployment.save(net.tmp / "split.json")
         self.domain = submission_domain(deployment.chain_id, deployment.pool, net.run.run_id)
         self.addresses = [k.address for k in keys]
-        port_a, port_proxy = free_port(), free_port()
         model = net.validators[0].service.cfg.model
+        # B reaches A only through a proxy, listening from the start (B's peer list names it), forwarding once A
+        # listens: B identifies A through it, then
+        self.proxy = ProxyProcess(None)
         self.b = serve(validator_config(net.tmp / "split-b", path, c.rpc_url, model=model, validators=self.addresses,
-                                        peers=[f"http://127.0.0.1:{port_proxy}"], failover_after_s=0.5,
-                                        systemic=GUARD), keys[1])
+                                        peers=[self.proxy.url], failover_after_s=0.5, systemic=GUARD), keys[1])
         self.a = serve(validator_config(net.tmp / "split-a", path, c.rpc_url, model=model, validators=self.addresses,
                                         peers=[self.b.url], systemic=GUARD, pool_notes={"crosscheck_s": 0.2},
                                         reporter={"interval_s": 3600.0, "max_backoff_s": REPORTER_MAX_BACKOFF_S}),
-                       keys[0], port_a)
-        self.proxy = ProxyProcess(port_a, port=port_proxy)  # once A listens: B identifies A through it, then
+                       keys[0])
+        self.proxy.forward_to(int(urlparse(self.a.url).port or 0))
         self._until(lambda: self.addresses[0] in self.b.service.peers.urls(), "B never identified A")
         self.proxy.close()  # it is gone, and A is down to B alone
         self._until(lambda: self.b.service.peers.down(self.addresses[0]), "B never saw A down")

@@ -287,6 +287,7 @@ async def start_site(app: Any, **runner: Any) -> tuple[Any, int]:
 
 _PROXY = """
 import asyncio, sys
+target = None
 async def pipe(r, w):
     try:
         while data := await r.read(65536):
@@ -295,11 +296,18 @@ async def pipe(r, w):
     finally:
         w.close()
 async def handle(r, w):
-    ur, uw = await asyncio.open_connection("127.0.0.1", int(sys.argv[2]))
+    ur, uw = await asyncio.open_connection("127.0.0.1", await asyncio.shield(target))
     await asyncio.gather(pipe(r, uw), pipe(ur, w), return_exceptions=True)
 async def main():
+    global target
+    target = asyncio.get_running_loop().create_future()
+    if sys.argv[2] != "-":
+        target.set_result(int(sys.argv[2]))
     server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
-    print("ready", flush=True)
+    print("ready", server.sockets[0].getsockname()[1], flush=True)
+    if not target.done():  # the port to forward to comes on stdin, once that server listens
+        line = await asyncio.to_thread(sys.stdin.readline)
+        target.set_result(int(line))
     await server.serve_forever()
 asyncio.run(main())
 """
@@ -310,16 +318,31 @@ class ProxyProcess:
     behind it then accepts connections (the kernel's backlog) and never answers, exactly as a stopped role
     does, while the role itself keeps running in the test's process."""
 
-    def __init__(self, target_port: int, port: int | None = None) -> None:
-        """`port`: listen there (a proxy started again where a killed one listened), else on a free port."""
+    def __init__(self, target_port: int | None, port: int | None = None) -> None:
+        """`port`: listen there (a proxy started again where a killed one listened), else on a port the system
+        picks as the proxy binds it (no window in which another process could take it). `target_port` None: the
+        proxy listens at once and forwards once `forward_to` names the port (a server that must know the proxy's
+        URL before the one behind it starts); connections made before wait for it."""
         import subprocess
         import sys
 
-        self.port = free_port() if port is None else port
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _PROXY, str(port or 0), "-" if target_port is None else str(target_port)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline().split()
+        if ready[:1] != ["ready"]:
+            self.proc.wait(timeout=30)
+            raise RuntimeError(f"the proxy to port {target_port} did not start on port {port or 'any'} (exit "
+                               f"{self.proc.returncode})")
+        self.port = int(ready[1])
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-c", _PROXY, str(self.port), str(target_port)],
-                                     stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    def forward_to(self, target_port: int) -> None:
+        """Name the port a proxy started with `target_port` None forwards to (once)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{target_port}\n")
+        self.proc.stdin.flush()
 
     def signal(self, signum: int) -> None:
         if self.proc.poll() is None:

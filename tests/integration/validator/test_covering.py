@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 from chainfixtures import STRANGER, VALIDATOR, Pools
-from netfixtures import ProxyProcess, free_port
+from netfixtures import ProxyProcess
 
 from bench.adversaries import SimNode, steer_logprobs
 from bench.loopback import REPORTER_MAX_BACKOFF_S, RUN, Served, serve, validator_config
@@ -104,15 +104,15 @@ def test_a_node_that_splits_one_assignment_between_its_validator_and_the_one_cov
     retry that failed over) is no equivocation."""
     a, b, node, first, second, account = _cast(published, make_node)
     address = node.identity.address
-    port = free_port()
-    to_first = ProxyProcess(port)  # B reaches A only through it: closed, A is down for B and for no one else
+    to_first = ProxyProcess(None)  # B reaches A only through it: closed, A is down for B and for no one else
     backup = serve(validator_config(tmp_path / "second", deployment_file, published.chain.rpc_url, validators=[a, b],
                                     peers=[to_first.url], failover_after_s=0.5), published.chain.account(account[second]))
     try:
         # A reports only when the test drains it: its acceptance of P1 stays off chain, as when it went down
-        assigned = make_validator("first", account=account[first], port=port, validators=[a, b], peers=[backup.url],
+        assigned = make_validator("first", account=account[first], validators=[a, b], peers=[backup.url],
                                   reporter={"interval_s": 3600.0, "max_backoff_s": REPORTER_MAX_BACKOFF_S},
                                   pool_notes={"crosscheck_s": 0.2})
+        to_first.forward_to(urlparse(assigned.url).port or 0)  # A listens (on a port it bound itself)
         _wait(lambda: second in assigned.service.peers.urls(), "A never identified B")
         split, retried = node.build(counter=0), node.build(counter=1)
         keys = ["0x" + published.work_key(RUN.run_id, address, 1, c).hex() for c in (0, 1)]
