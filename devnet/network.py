@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,20 +59,58 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+PORT_WINDOW = 12000
+"""How many ports below the kernel's ephemeral range `free_port` draws from."""
+PORT_CLAIM_S = 600.0
+"""How long a port `free_port` handed out stays claimed for every process on the machine."""
+
+
+def _claims_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "prime-port-claims"
+
+
+def _claim(port: int) -> bool:
+    """Claim `port` for this machine's `free_port` callers (a file created exclusively; one older than
+    `PORT_CLAIM_S` is taken over): False when another process holds a fresh claim on it."""
+    path = _claims_dir() / str(port)
+    try:
+        path.parent.mkdir(exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < PORT_CLAIM_S:
+                return False
+            os.utime(path)
+            return True
+        except OSError:
+            return False
+    except OSError:  # no writable temp directory: the bind test alone decides
+        return True
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A loopback port that binds now, for a server started next. It is drawn at random from just below the
     kernel's ephemeral range: a port taken from `bind(0)` and freed again is an ephemeral port, which the next
     outgoing connection of any process on the box may take before our server binds it (on a busy box, a test's
-    server then fails with "address in use"). Below the range only another explicit choice can take it."""
+    server then fails with "address in use"). Below the range only another explicit choice can take it, and
+    those coordinate: each port handed out is claimed for `PORT_CLAIM_S` in a directory every process on the
+    machine shares (a server that starts a minute after its port was drawn, while other suites draw theirs,
+    found its port taken once)."""
     low = _ephemeral_low()
     rng = random.SystemRandom()
     for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        port = rng.randrange(max(1024, low - PORT_WINDOW), low)
+        if _bindable(port) and _claim(port):
             return port
     with socket.socket() as s:  # the range below is crowded: fall back to one the kernel picks
         s.bind(("127.0.0.1", 0))
