@@ -56,6 +56,10 @@ from bench import harness
 
 VERSION = 3  # work is done at v3; v1 is outside the async window (stale), v9 is not on chain
 GUARD = {"window_s": 1.0, "min_nodes": 3, "fraction": 0.5}
+HANG_S = 600.0
+"""How long a trial waits for state the validators reach (a registration seen, a submission decided) before it
+calls it a hang: a bound, not a window (CI run 89: a smoke beside four other suites and two busy loops crashed a
+row while waiting 30 s or 120 s for what came later)."""
 """The validators' correlation guard (`systemic.*`): the defaults but for a short window."""
 KiB = 1024
 
@@ -311,7 +315,7 @@ class Network:
                 self.wait_active(identity.address)
                 return node
 
-    def wait_active(self, address: str, timeout: float = 30.0) -> None:
+    def wait_active(self, address: str, timeout: float = HANG_S) -> None:
         deadline = time.monotonic() + timeout
         while not all(v.service.chain.node_active(address) for v in self.validators):
             if time.monotonic() > deadline:
@@ -339,7 +343,7 @@ class Network:
         return r.status_code, dict(r.json())
 
     def outcome(self, served: Any, status: int, body: dict[str, Any], expect_reasons: set[str] | None = None,
-                timeout: float = 120.0) -> Trial:
+                timeout: float = HANG_S) -> Trial:
         """Post-answer to a Trial: decided rows become hard/soft/accepted, 4xx without a row `refused`."""
         if status in (200, 202):
             row = served.wait_decided(body["work_key"], timeout)
