@@ -78,3 +78,21 @@ def test_a_recipe_the_devnet_cannot_run_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="loss.epsilon_high = 0.5"):
         bench.smollm2_recipe(bench.parser().parse_args(["--model", "smollm2", "--init", "x", "--recipe", str(recipe)]),
                              "x")
+
+
+def test_the_multi_turn_recipe_runs_both_ways_on_calc_arith(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36's learning run: the calc-arith recipe passes the devnet check, and both runs play calc-arith's
+    episodes with the recipe's per-turn limit, group and learning rate."""
+    bench = _bench()
+    from devnet import network
+
+    monkeypatch.setattr(network, "check_init", lambda cfg, state: cfg.init)  # no checkpoint on disk here
+    recipe = bench.REPO / "configs/trainer/calc-arith-smollm2-sft-rl.toml"
+    with recipe.open("rb") as fh:
+        toml = tomllib.load(fh)
+    r, local, net = _configs(bench, ["--model", "smollm2", "--init", "x", "--recipe", str(recipe)], tmp_path)
+    assert local.data.env == net.env == r.env == "calc-arith"
+    assert local.data.max_new_tokens == net.run_spec["max_new_tokens"] == toml["data"]["max_new_tokens"]
+    assert local.data.group_size == net.run_spec["samples_per_task"] == toml["data"]["group_size"]
+    assert local.optim.lr == net.trainer_optim()["lr"] == toml["optim"]["lr"]
+    assert local.max_steps == net.cfg.trainer.max_steps == toml["max_steps"]

@@ -328,3 +328,16 @@ def test_shipped_multi_turn_warm_up_parses_with_disjoint_seeds() -> None:
     assert sft.data.type == "environment" and sft.data.env == "calc-arith" and sft.eval.every > 0
     assert isinstance(environments.get(sft.data.env), environments.MultiTurnEnvironment)
     assert sft.data.seed_start + sft.data.num_examples <= sft.eval.seed_start
+
+
+def test_shipped_multi_turn_rl_starts_from_the_warm_ups_second_step() -> None:
+    """The calc-arith GRPO recipe starts from the checkpoint `prime-trainer sft --config <warm-up> --max-steps 2
+    --checkpoint.interval 2` writes (the configs' comments say why), on the same environment and held-out tasks."""
+    sft = load_sft_config(["--config", str(ROOT / "configs/trainer/calc-arith-smollm2-sft.toml"),
+                           "--max-steps", "2", "--checkpoint.interval", "2"])
+    rl = load_config(["--config", str(ROOT / "configs/trainer/calc-arith-smollm2-sft-rl.toml")])
+    start = Path(rl.model.name_or_path)
+    assert rl.model.type == "hf" and start.parent == sft.checkpoint.dir and start.name == f"step-{sft.max_steps}"
+    assert rl.data.type == "local" and rl.data.env == sft.data.env
+    assert (rl.eval.seed_start, rl.eval.num_tasks, rl.eval.temperatures) == (
+        sft.eval.seed_start, sft.eval.num_tasks, sft.eval.temperatures)
