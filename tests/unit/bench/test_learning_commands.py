@@ -96,3 +96,26 @@ def test_the_multi_turn_recipe_runs_both_ways_on_calc_arith(tmp_path: Path, monk
     assert local.data.group_size == net.run_spec["samples_per_task"] == toml["data"]["group_size"]
     assert local.optim.lr == net.trainer_optim()["lr"] == toml["optim"]["lr"]
     assert local.max_steps == net.cfg.trainer.max_steps == toml["max_steps"]
+
+
+def test_the_shipped_multi_turn_devnet_config_is_the_recipes_network_run(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prime-devnet up --config configs/devnet/smollm2-calc-arith.toml` (README) runs what the bench measured:
+    every learning setting of the file equals the devnet command `bench.learning` builds from the recipe."""
+    bench = _bench()
+    from devnet import network
+    from devnet.config import load_config as load_devnet
+
+    monkeypatch.setattr(network, "check_init", lambda cfg, state: cfg.init)
+    recipe = bench.REPO / "configs/trainer/calc-arith-smollm2-sft-rl.toml"
+    with recipe.open("rb") as fh:
+        start = Path(tomllib.load(fh)["model"]["name_or_path"])  # the local run's start: the SFT's step-2 checkpoint
+    _, _, net = _configs(bench, ["--model", "smollm2", "--init", "x", "--recipe", str(recipe)], tmp_path)
+    shipped = network.Network(load_devnet(["--config", str(bench.REPO / "configs/devnet/smollm2-calc-arith.toml"),
+                                            "--state-dir", str(tmp_path / "shipped")]))
+    assert Path(str(shipped.init)) == start and shipped.cfg.model == net.cfg.model == "smollm2"
+    assert (shipped.env, shipped.run_spec, shipped.groups_per_step) == (net.env, net.run_spec, net.groups_per_step)
+    assert shipped.trainer_optim() == net.trainer_optim() and shipped.trainer_loss() == net.trainer_loss()
+    assert shipped._trainer_eval() == net._trainer_eval()
+    assert (shipped.cfg.trainer.max_steps, shipped.cfg.trainer.async_level) == (net.cfg.trainer.max_steps, 2)
+    assert (shipped.cfg.nodes, shipped.cfg.validators, shipped.cfg.relays) == (3, 2, 2)
