@@ -56,11 +56,11 @@ from bench import harness
 
 VERSION = 3  # work is done at v3; v1 is outside the async window (stale), v9 is not on chain
 GUARD = {"window_s": 1.0, "min_nodes": 3, "fraction": 0.5}
+"""The validators' correlation guard (`systemic.*`): the defaults but for a short window."""
 HANG_S = 600.0
 """How long a trial waits for state the validators reach (a registration seen, a submission decided) before it
 calls it a hang: a bound, not a window (CI run 89: a smoke beside four other suites and two busy loops crashed a
 row while waiting 30 s or 120 s for what came later)."""
-"""The validators' correlation guard (`systemic.*`): the defaults but for a short window."""
 KiB = 1024
 
 
