@@ -4,8 +4,8 @@
 .venv-vllm after `make setup-vllm`): vLLM runs as the node runs it (`node/vllm_engine.py`: the
 protocol's sampler forced inside vLLM, TOPLOC proofs built in its worker, `--threads` OpenMP threads),
 one engine per dtype and model, started before the rows are timed, and beside it plain vLLM on the same
-settings, checkpoint, threads and prompts with vLLM's own sampler at the same temperature (the anchor of what
-the protocol costs inside vLLM). The JSON keeps `ratio_vs_hf` (the models/ engine over HF) and adds
+settings, checkpoint, threads and prompts with vLLM's own sampler at the same temperature, each completion run
+to the length the node's engine gave it (the same work; the anchor of what the protocol costs inside vLLM). The JSON keeps `ratio_vs_hf` (the models/ engine over HF) and adds
 `ratio_vs_vllm` (the models/ engine over the node's vLLM engine) and `ratio_vllm_protocol_over_plain` (the node's
 vLLM engine over plain vLLM; goal >= 0.9), keyed `dtype/model/batch`, with the worker's protocol time per token
 (`vllm_protocol_seconds_per_token`: choosing and forcing tokens, building proofs) and its share of the engine's wall
@@ -131,7 +131,8 @@ def run_engine(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -
     return dt, sum(len(g.tokens) for g in gens), ctx
 
 
-def run_vllm(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -> tuple[float, int]:
+def run_vllm(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -> tuple[float, int, list[int]]:
+    """(seconds, tokens, each completion's length) of the node's vLLM engine on these prompts."""
     from node.engines import Request
     from protocol.run import RunSpec
 
@@ -140,12 +141,18 @@ def run_vllm(engine: Any, prompts: list[list[int]], max_new: int, seed: int) -> 
     t0 = CLOCK()
     completions = engine.generate(requests, run)
     dt = CLOCK() - t0
-    return dt, sum(len(c.tokens) for c in completions)
+    lengths = [len(c.tokens) for c in completions]
+    return dt, sum(lengths), lengths
 
 
 class PlainVllm:
     """Plain vLLM on the same settings, checkpoint and threads as the node's vLLM engine, sampling with vLLM's own
-    sampler at the same temperature (no protocol: no seeded sampler forced, no hidden states kept, no proofs)."""
+    sampler at the same temperature (no protocol: no seeded sampler forced, no hidden states kept, no proofs).
+
+    Given ``lengths`` (the node's engine's completion lengths on the same prompts) each completion runs to exactly
+    that length, EOS or not: the same work. Two samplers' draws end sequences at different steps, and at a small
+    batch the steps where few sequences are left decide the tokens/s (seen here: 0.81-0.89x at batch 16 while the
+    protocol's own timers said 5-6 % of the wall)."""
 
     def __init__(self, settings: Any, spec: Any) -> None:
         from node.vllm_engine import checkpoint_of, start_llm
@@ -154,12 +161,17 @@ class PlainVllm:
         max_len = settings.max_model_len or min(self.checkpoint.max_context or 4096, 4096)
         self.llm = start_llm(settings, self.checkpoint.path, max_len, protocol=False)
 
-    def generate(self, prompts: list[list[int]], max_new: int) -> tuple[float, int]:
+    def generate(self, prompts: list[list[int]], max_new: int, lengths: list[int] | None = None) -> tuple[float, int]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=max_new,
-                                stop_token_ids=list(self.checkpoint.eos), detokenize=False, skip_special_tokens=False)
+        if lengths is None:
+            params: Any = SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=max_new,
+                                         stop_token_ids=list(self.checkpoint.eos), detokenize=False,
+                                         skip_special_tokens=False)
+        else:
+            params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=n, ignore_eos=True,
+                                     detokenize=False, skip_special_tokens=False) for n in lengths]
         t0 = CLOCK()
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         dt = CLOCK() - t0
@@ -287,6 +299,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from models import load
     from models.engine import Engine
+    from models.sampling import search_path
     from protocol.model_spec import SmolLM2Spec, TinyModelSpec
 
     max_new = args.max_new or (16 if args.quick else 128)
@@ -318,8 +331,10 @@ def main() -> int:
         "smoke": args.smoke,
         "matmul_gflops": rates,
         "load_average": os.getloadavg(),
+        "sampler_search": search_path(),  # models/sampling.py: compiled (numba) or torch, the same tokens
     }
     print(f"cpu: {harness.describe(machine)}")
+    print(f"sampler search on CPU logits: {info['sampler_search']}")
     print(f"clock={args.clock} threads={args.threads} max_new_tokens={max_new} cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
     for d in dtypes:
         print(
@@ -348,6 +363,7 @@ def main() -> int:
             t0 = time.perf_counter()
             vllm = VllmEngine(settings, spec)
             info.setdefault("vllm_start_seconds", {})[f"{dtype}/{name}"] = time.perf_counter() - t0
+            info["vllm_worker_sampler_search"] = vllm.runtime.cpu_search
             plain = PlainVllm(settings, spec)
         t0 = time.perf_counter()
         engine = Engine(loaded, kernel=args.kernel, kernel_cache=kernel_cache)
@@ -381,7 +397,7 @@ def main() -> int:
                 if vllm is not None and plain is not None:
                     vl = [run_vllm(vllm, g, max_new, seed=b * 100 + r) for g in groups]
                     vl_runs.append((sum(x[0] for x in vl), sum(x[1] for x in vl)))
-                    pl = [plain.generate(g, max_new) for g in groups]
+                    pl = [plain.generate(g, max_new, x[2]) for g, x in zip(groups, vl, strict=True)]
                     pl_runs.append((sum(x[0] for x in pl), sum(x[1] for x in pl)))
                 en = [run_engine(engine, g, max_new, seed=b * 100 + r) for g in groups]
                 en_runs.append((sum(x[0] for x in en), sum(x[1] for x in en), sum(x[2] for x in en)))

@@ -29,8 +29,9 @@ differ slightly between devices and batch shapes, which is why a verifier compar
 same token as ``scores(...).argmax(-1)`` at a fraction of the cost: with top-k/top-p, tokens within
 ``GUMBEL_BOUND`` of a known score (the Gumbel values are bounded above because u <= 1 - 2**-24);
 without, every token's integer hash and one bound from it (``_pruned_argmax``: ``g <= -log(1 - u)``)
-rule out all but a few dozen tokens of an LM's row. Tests hold both to the full scores' argmax, ties
-and one-ulp margins included.
+rule out all but a few dozen tokens of an LM's row. On a CPU with numba installed that search runs
+compiled (``models/gumbel_cpu.py``, several times faster; ``PRIME_SAMPLER=torch`` turns it off). Tests
+hold every path to the full scores' argmax, ties and one-ulp margins included.
 
 ``sample`` returns the chosen tokens and their *sampling* logprobs:
 ``log_softmax(processed)[token]``, the log-probability under the distribution actually sampled
@@ -41,11 +42,16 @@ from (after temperature and top-k/top-p). With ``temperature == 0`` sampling is 
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from collections.abc import Iterator
+from types import ModuleType
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+logger = logging.getLogger(__name__)
 
 _M64 = (1 << 64) - 1
 _M32 = (1 << 32) - 1
@@ -270,6 +276,43 @@ def _first_best(rows: torch.Tensor, toks: torch.Tensor, sc: torch.Tensor, b: int
     return first.scatter_reduce(0, rows[winners], toks[winners], "amin")
 
 
+_compiled: ModuleType | None = None
+_compiled_missing = False
+
+
+def _compiled_search() -> ModuleType | None:
+    """``models.gumbel_cpu`` where numba is installed and ``PRIME_SAMPLER`` is not ``torch``; else None (the torch
+    path: the same tokens, slower on a CPU)."""
+    global _compiled, _compiled_missing
+    if _compiled_missing or os.environ.get("PRIME_SAMPLER", "") == "torch":
+        return None
+    if _compiled is None:
+        try:
+            from models import gumbel_cpu
+        except ImportError:  # numba is not installed (a GPU host's bundle): the torch path, quietly
+            _compiled_missing = True
+            return None
+        except Exception as e:  # numba installed but unusable here (e.g. no writable cache directory)
+            _compiled_missing = True
+            logger.warning("sampling: the compiled CPU search is unavailable (%s: %s); the torch path samples the "
+                           "same tokens, slower", type(e).__name__, e)
+            return None
+        _compiled = gumbel_cpu
+    return _compiled
+
+
+def search_path() -> str:
+    """Which search ``sample`` runs on CPU logits here: ``compiled (numba X)`` or ``torch``. Loads (or compiles) the
+    compiled one and runs it once, so the first real step does not pay for that."""
+    compiled = _compiled_search()
+    if compiled is None:
+        return "torch"
+    found = compiled.candidates(torch.zeros((1, 8)), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+    if found is None or found[0].numel() == 0:
+        raise RuntimeError("sampling: the compiled search kept no token of a finite row")
+    return f"compiled (numba {compiled.numba_version})"
+
+
 def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """The same tokens as ``_dense_argmax``, with the logarithms taken only where a token can still win.
 
@@ -286,6 +329,11 @@ def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
     device = processed.device
     seeds, steps = seeds.to(device), steps.to(device)
     keys = _keys(seeds, steps)
+    compiled = _compiled_search() if device.type == "cpu" else None
+    found = compiled.candidates(processed, *keys) if compiled is not None else None
+    if found is not None:  # the same search in one compiled pass a row (models/gumbel_cpu.py)
+        rows, toks = found
+        return _first_best(rows, toks, processed[rows, toks] + _gumbel_keyed(keys, rows, toks, v), b, v)
     floor = _top_scores(processed, keys)
     if not bool(torch.isfinite(floor).all()):
         return _dense_argmax(processed, seeds, steps)
@@ -378,6 +426,6 @@ def sample(
             tokens = _gumbel_argmax(processed, seeds, steps)
         else:  # at T ~ 1 an LM keeps ~20% of its vocabulary within GUMBEL_BOUND: hash all, log a few
             tokens = _pruned_argmax(processed, seeds, steps)
-    chosen = processed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    logprobs = chosen - torch.logsumexp(processed, dim=-1)
+    # torch's fused log_softmax kernel: half the time of gather - logsumexp on this CPU (one pass of exps)
+    logprobs = torch.log_softmax(processed, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, logprobs

@@ -51,7 +51,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from models.sampling import SamplingParams as ProtocolParams
-from models.sampling import sample, seed_tensor
+from models.sampling import sample, search_path, seed_tensor
 from node.inference import Completion, InferenceEngine, Request, check_context
 from protocol.errors import ModelError
 from protocol.model_spec import HFModelSpec, ModelSpec, SmolLM2Spec, TinyModelSpec
@@ -237,7 +237,8 @@ class PrimeWorkerExtension:
             model.logits_processor.register_forward_pre_hook(_STATE.capture)
             _STATE.hooked = True
         return {"runner": type(self.model_runner).__module__ + "." + type(self.model_runner).__name__,
-                "hidden_size": int(model.config.hidden_size) if hasattr(model, "config") else None}
+                "hidden_size": int(model.config.hidden_size) if hasattr(model, "config") else None,
+                "cpu_search": search_path()}  # loaded (or compiled) now, not on the first step
 
     def prime_collect(self, keys: list[str], with_hidden: bool = False) -> dict[str, dict[str, Any]]:
         return _STATE.collect(keys, with_hidden)
@@ -367,8 +368,9 @@ class _Runtime:
         started = time.monotonic()
         llm = start_llm(self.settings, path, self.max_len)
         info = llm.collective_rpc("prime_install")
-        logger.info("vLLM %s up in %.1f s (%s, %s, %s)", _vllm_version(), time.monotonic() - started, path,
-                    self.settings.dtype, info[0]["runner"])
+        logger.info("vLLM %s up in %.1f s (%s, %s, %s, search on CPU logits: %s)", _vllm_version(),
+                    time.monotonic() - started, path, self.settings.dtype, info[0]["runner"], info[0]["cpu_search"])
+        self.cpu_search = str(info[0]["cpu_search"])
         return llm
 
     def use(self, path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import models.sampling as sampling
 from models.sampling import (
     GUMBEL_BOUND,
     SamplingParams,
@@ -25,6 +26,17 @@ from models.sampling import (
 )
 
 M32 = (1 << 32) - 1
+
+
+@pytest.fixture(params=["compiled", "torch"])
+def search(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test on each path of the sampler's search (models/gumbel_cpu.py, and torch): the same tokens."""
+    if request.param == "torch":
+        monkeypatch.setenv("PRIME_SAMPLER", "torch")
+    else:
+        monkeypatch.delenv("PRIME_SAMPLER", raising=False)
+        assert sampling._compiled_search() is not None, "numba is a dependency: the compiled search must load"
+    return str(request.param)
 
 
 def reference_bits(seed: int, step: int, token: int) -> int:
@@ -92,7 +104,7 @@ def test_logprob_is_that_of_the_sampling_distribution() -> None:
     torch.testing.assert_close(lps, want)
 
 
-def test_empirical_frequencies_follow_softmax() -> None:
+def test_empirical_frequencies_follow_softmax(search: str) -> None:
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     n = 20_000
     params = SamplingParams(temperature=1.0)
@@ -107,7 +119,7 @@ def test_empirical_frequencies_follow_softmax() -> None:
     assert float(((counts - expected) ** 2 / expected).sum()) < 30.0
 
 
-def test_temperature_sharpens() -> None:
+def test_temperature_sharpens(search: str) -> None:
     logits = torch.tensor([1.0, 0.0])
     n = 10_000
     cold, _ = sample(
@@ -194,7 +206,7 @@ def test_noise_identical_in_another_process() -> None:
 
 
 @pytest.mark.parametrize("scale", [0.0, 0.5, 3.0, 20.0])
-def test_pruned_sampling_equals_full_scores_argmax(scale: float) -> None:
+def test_pruned_sampling_equals_full_scores_argmax(scale: float, search: str) -> None:
     gen = torch.Generator().manual_seed(int(scale * 10))
     logits = torch.randn(32, 5000, generator=gen) * scale
     logits[:, 7] += 2 * scale  # a clear favourite in some rows
@@ -235,7 +247,7 @@ def _near_tie_rows(vocab: int, winner: int, rival: int) -> tuple[torch.Tensor, t
 
 
 @pytest.mark.parametrize(("winner", "rival"), [(10, 4000), (4000, 10)])
-def test_pruned_sampling_agrees_with_full_scores_on_ties_and_one_ulp_margins(winner: int, rival: int) -> None:
+def test_pruned_sampling_agrees_with_full_scores_on_ties_and_one_ulp_margins(winner: int, rival: int, search: str) -> None:
     """At temperature 1 with no top-k/top-p the sampler takes logs only where a token can win; where two scores
     tie or differ by an ulp it still picks the full scores' argmax (a tie: the lower id, as torch.argmax)."""
     logits, seeds, steps = _near_tie_rows(5000, winner, rival)
@@ -247,7 +259,7 @@ def test_pruned_sampling_agrees_with_full_scores_on_ties_and_one_ulp_margins(win
 
 
 @pytest.mark.parametrize("offset", [0.0, -3000.0, 5000.0])
-def test_pruned_sampling_agrees_on_lm_like_rows_at_any_logit_offset(offset: float) -> None:
+def test_pruned_sampling_agrees_on_lm_like_rows_at_any_logit_offset(offset: float, search: str) -> None:
     """Rows shaped like an LM's (a few likely tokens, a long tail), shifted by a large offset (float rounding grows
     with the logits' magnitude: the margin must grow with it)."""
     gen = torch.Generator().manual_seed(int(offset) + 7)
@@ -263,10 +275,8 @@ def test_pruned_sampling_agrees_on_lm_like_rows_at_any_logit_offset(offset: floa
     assert torch.equal(tokens, scores(logits, SamplingParams(), seeds, steps).argmax(-1))
 
 
-def test_pruned_sampling_takes_logs_for_few_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pruned_sampling_takes_logs_for_few_tokens(monkeypatch: pytest.MonkeyPatch, search: str) -> None:
     """The point of the pruning: on a peaked 49152-token row, well under 1% of the tokens get a Gumbel value."""
-    import models.sampling as sampling
-
     seen: list[int] = []
     exact = sampling._bits_to_gumbel
 
@@ -283,7 +293,7 @@ def test_pruned_sampling_takes_logs_for_few_tokens(monkeypatch: pytest.MonkeyPat
     assert 0 < sum(seen) < 0.01 * logits.numel()
 
 
-def test_non_finite_rows_keep_the_full_scores_rules() -> None:
+def test_non_finite_rows_keep_the_full_scores_rules(search: str) -> None:
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(5))
     logits[0, 17] = float("nan")
     logits[1, 40] = float("inf")
@@ -293,3 +303,54 @@ def test_non_finite_rows_keep_the_full_scores_rules() -> None:
     tokens, _ = sample(logits, SamplingParams(), seeds, steps)
     assert tokens.tolist()[:3] == [17, 40, 0]
     assert torch.equal(tokens[3:], scores(logits, SamplingParams(), seeds, steps)[3:].argmax(-1))
+
+
+@pytest.mark.parametrize("vocab", [4999, 49152])
+@pytest.mark.parametrize("offset", [0.0, -3000.0, 5000.0])
+def test_compiled_search_keeps_every_token_that_beats_the_top_logits_score(vocab: int, offset: float) -> None:
+    """The compiled search's claim itself, wider than "the winner is found": every token whose exact score reaches
+    the score of the row's top logit is a candidate. Flat rows make hundreds of them; a vocabulary that is not a
+    multiple of 8 exercises the search's padded last word."""
+    from models import gumbel_cpu
+
+    gen = torch.Generator().manual_seed(vocab + int(offset))
+    for scale in (0.05, 0.5, 2.0, 5.0):
+        logits = torch.randn(16, vocab, generator=gen) * scale + offset
+        seeds, steps = torch.arange(16) * 7907 + int(scale * 100), torch.arange(16) % 3
+        full = scores(logits, SamplingParams(), seeds, steps)
+        top = logits.argmax(-1)
+        reach = full >= full.gather(-1, top[:, None])
+        found = gumbel_cpu.candidates(logits, *sampling._keys(seeds, steps))
+        assert found is not None
+        kept = torch.zeros_like(reach)
+        kept[found] = True
+        assert bool(reach.any(-1).all())
+        missed = reach & ~kept
+        assert not bool(missed.any()), f"scale {scale}: dropped {missed.nonzero().tolist()[:5]}"
+        if scale >= 2.0:  # and it prunes: a peaked row keeps a few dozen tokens, not its vocabulary
+            assert int(kept.sum()) < 0.01 * kept.numel()
+
+
+def test_sampling_on_a_cpu_takes_the_compiled_search_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from models import gumbel_cpu
+
+    calls: list[int] = []
+    real = gumbel_cpu.candidates
+
+    def counted(processed: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> object:
+        calls.append(processed.shape[0])
+        return real(processed, k1, k2)
+
+    monkeypatch.setattr(gumbel_cpu, "candidates", counted)
+    monkeypatch.delenv("PRIME_SAMPLER", raising=False)
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(9))
+    seeds, steps = torch.arange(3), torch.zeros(3, dtype=torch.long)
+    compiled, _ = sample(logits, SamplingParams(), seeds, steps)
+    assert calls == [3]
+    monkeypatch.setenv("PRIME_SAMPLER", "torch")
+    plain, _ = sample(logits, SamplingParams(), seeds, steps)
+    assert calls == [3] and torch.equal(compiled, plain)
+    sample(logits, SamplingParams(top_k=5), seeds, steps)  # top-k/top-p: few finite logits, the torch search
+    monkeypatch.delenv("PRIME_SAMPLER")
+    sample(logits, SamplingParams(top_k=5), seeds, steps)
+    assert calls == [3]
