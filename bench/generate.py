@@ -5,12 +5,14 @@
 protocol's sampler forced inside vLLM, TOPLOC proofs built in its worker, `--threads` OpenMP threads),
 one engine per dtype and model, started before the rows are timed, and beside it plain vLLM on the same
 settings, checkpoint, threads and prompts with vLLM's own sampler at the same temperature, each completion run
-to the length the node's engine gave it (the same work; the anchor of what the protocol costs inside vLLM). The JSON keeps `ratio_vs_hf` (the models/ engine over HF) and adds
-`ratio_vs_vllm` (the models/ engine over the node's vLLM engine) and `ratio_vllm_protocol_over_plain` (the node's
-vLLM engine over plain vLLM; goal >= 0.9), keyed `dtype/model/batch`, with the worker's protocol time per token
-(`vllm_protocol_seconds_per_token`: choosing and forcing tokens, building proofs) and its share of the engine's wall
-time (`vllm_protocol_share`, a direct reading, steadier on a shared box than the ratio of two engines' runs) on
-every row.
+to the length the node's engine gave it (the same work; the anchor of what the protocol costs inside vLLM).
+The JSON keeps `ratio_vs_hf` (the models/ engine over HF) and adds `ratio_vs_vllm` (the models/ engine over
+the node's vLLM engine) and `ratio_vllm_protocol_over_plain` (the node's vLLM engine over plain vLLM; goal
+>= 0.9), keyed `dtype/model/batch`, with the worker's protocol time per token (`vllm_protocol_seconds_per_token`:
+choosing and forcing tokens, building proofs) and its share of the engine's wall time (`vllm_protocol_share`, a
+direct reading, steadier on a shared box than the ratio of two engines' runs, and stricter: the ratio nets the
+protocol against plain vLLM's own sampling, which the node's engine skips) on every row; `info.sampler_search`
+says which search the sampler ran (`models/gumbel_cpu.py` compiled, or torch).
 
 For each model (tiny, SmolLM2-135M-Instruct) and batch size (1, 16, 64) both generators get the
 same prompts, the same thread count and temperature-1 sampling with no top-k/top-p (HF with its own
