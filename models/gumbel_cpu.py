@@ -26,7 +26,8 @@ step; handing rows to other threads lost more than it won inside vLLM, whose Ope
 between its kernels.
 
 numba is optional: where importing this module fails, ``sampling`` runs the torch path, as it does for logits on
-an accelerator or with ``PRIME_SAMPLER=torch``; the tokens are the same. The loops compile once per machine
+an accelerator, for batches under ``sampling.COMPILED_MIN_LOGITS`` logits or with ``PRIME_SAMPLER=torch``; the
+tokens are the same. The loops compile once per machine
 (``cache=True``: a few seconds the first time, then a fraction of a second to load from numba's cache).
 """
 from __future__ import annotations

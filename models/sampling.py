@@ -30,8 +30,9 @@ same token as ``scores(...).argmax(-1)`` at a fraction of the cost: with top-k/t
 ``GUMBEL_BOUND`` of a known score (the Gumbel values are bounded above because u <= 1 - 2**-24);
 without, every token's integer hash and one bound from it (``_pruned_argmax``: ``g <= -log(1 - u)``)
 rule out all but a few dozen tokens of an LM's row. On a CPU with numba installed that search runs
-compiled (``models/gumbel_cpu.py``, several times faster; ``PRIME_SAMPLER=torch`` turns it off). Tests
-hold every path to the full scores' argmax, ties and one-ulp margins included.
+compiled for batches of at least ``COMPILED_MIN_LOGITS`` logits (``models/gumbel_cpu.py``, several times
+faster; ``PRIME_SAMPLER=compiled|torch`` forces one path). Tests hold every path to the full scores' argmax,
+ties and one-ulp margins included.
 
 ``sample`` returns the chosen tokens and their *sampling* logprobs:
 ``log_softmax(processed)[token]``, the log-probability under the distribution actually sampled
@@ -279,12 +280,24 @@ def _first_best(rows: torch.Tensor, toks: torch.Tensor, sc: torch.Tensor, b: int
 _compiled: ModuleType | None = None
 _compiled_missing = False
 
+COMPILED_MIN_LOGITS = 1 << 15
+"""Under ``PRIME_SAMPLER=auto`` (the default) a call with fewer logits than this (less than one row of SmolLM2's
+49152-token vocabulary; a tiny model's 512-logit rows up to a batch of 63) runs the torch search: loading numba
+and its kernels costs a process ~0.5 s once, which such rows never win back (the test suite starts dozens of
+tiny-model nodes)."""
+SEARCHES = ("auto", "compiled", "torch")
 
-def _compiled_search() -> ModuleType | None:
-    """``models.gumbel_cpu`` where numba is installed and ``PRIME_SAMPLER`` is not ``torch``; else None (the torch
-    path: the same tokens, slower on a CPU)."""
+
+def _compiled_search(logits: int) -> ModuleType | None:
+    """``models.gumbel_cpu`` for a call on ``logits`` CPU logits, or None for the torch path (the same tokens).
+
+    ``PRIME_SAMPLER``: ``auto`` (default) the compiled search where numba is installed and the call has at least
+    ``COMPILED_MIN_LOGITS`` logits; ``compiled`` it wherever numba is installed; ``torch`` never."""
     global _compiled, _compiled_missing
-    if _compiled_missing or os.environ.get("PRIME_SAMPLER", "") == "torch":
+    mode = os.environ.get("PRIME_SAMPLER", "") or "auto"
+    if mode not in SEARCHES:
+        raise ValueError(f"PRIME_SAMPLER={mode!r}: expected one of {', '.join(SEARCHES)}")
+    if _compiled_missing or mode == "torch" or (mode == "auto" and logits < COMPILED_MIN_LOGITS):
         return None
     if _compiled is None:
         try:
@@ -302,9 +315,10 @@ def _compiled_search() -> ModuleType | None:
 
 
 def search_path() -> str:
-    """Which search ``sample`` runs on CPU logits here: ``compiled (numba X)`` or ``torch``. Loads (or compiles) the
-    compiled one and runs it once, so the first real step does not pay for that."""
-    compiled = _compiled_search()
+    """Which search ``sample`` runs here on a batch of CPU logits at least ``COMPILED_MIN_LOGITS`` large:
+    ``compiled (numba X)`` or ``torch``. Loads (or compiles) the compiled one and runs it once, so the first real
+    step does not pay for that."""
+    compiled = _compiled_search(COMPILED_MIN_LOGITS)
     if compiled is None:
         return "torch"
     found = compiled.candidates(torch.zeros((1, 8)), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
@@ -329,7 +343,7 @@ def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
     device = processed.device
     seeds, steps = seeds.to(device), steps.to(device)
     keys = _keys(seeds, steps)
-    compiled = _compiled_search() if device.type == "cpu" else None
+    compiled = _compiled_search(b * v) if device.type == "cpu" else None
     found = compiled.candidates(processed, *keys) if compiled is not None else None
     if found is not None:  # the same search in one compiled pass a row (models/gumbel_cpu.py)
         rows, toks = found

@@ -31,11 +31,9 @@ M32 = (1 << 32) - 1
 @pytest.fixture(params=["compiled", "torch"])
 def search(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test on each path of the sampler's search (models/gumbel_cpu.py, and torch): the same tokens."""
-    if request.param == "torch":
-        monkeypatch.setenv("PRIME_SAMPLER", "torch")
-    else:
-        monkeypatch.delenv("PRIME_SAMPLER", raising=False)
-        assert sampling._compiled_search() is not None, "numba is a dependency: the compiled search must load"
+    monkeypatch.setenv("PRIME_SAMPLER", str(request.param))  # whatever the batch's size
+    if request.param == "compiled":
+        assert sampling._compiled_search(1) is not None, "numba is a dependency: the compiled search must load"
     return str(request.param)
 
 
@@ -332,6 +330,9 @@ def test_compiled_search_keeps_every_token_that_beats_the_top_logits_score(vocab
 
 
 def test_sampling_on_a_cpu_takes_the_compiled_search_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto``: the compiled search from one SmolLM2 row's worth of logits up, torch below (a toy model's process
+    never loads numba); ``compiled`` / ``torch`` force one; top-k/top-p rows take the torch search for few logits;
+    an unknown value is an error that names the choices."""
     from models import gumbel_cpu
 
     calls: list[int] = []
@@ -343,14 +344,22 @@ def test_sampling_on_a_cpu_takes_the_compiled_search_unless_told_otherwise(monke
 
     monkeypatch.setattr(gumbel_cpu, "candidates", counted)
     monkeypatch.delenv("PRIME_SAMPLER", raising=False)
-    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(9))
+    gen = torch.Generator().manual_seed(9)
+    big = torch.randn(2, sampling.COMPILED_MIN_LOGITS // 2, generator=gen)
+    small = torch.randn(3, 1000, generator=gen)
     seeds, steps = torch.arange(3), torch.zeros(3, dtype=torch.long)
-    compiled, _ = sample(logits, SamplingParams(), seeds, steps)
-    assert calls == [3]
+    compiled, _ = sample(big, SamplingParams(), seeds[:2], steps[:2])
+    assert calls == [2]
+    sample(small, SamplingParams(), seeds, steps)
+    assert calls == [2]
+    monkeypatch.setenv("PRIME_SAMPLER", "compiled")
+    forced, _ = sample(small, SamplingParams(), seeds, steps)
+    sample(small, SamplingParams(top_k=5), seeds, steps)  # top-k/top-p: few finite logits, the torch search
+    assert calls == [2, 3]
     monkeypatch.setenv("PRIME_SAMPLER", "torch")
-    plain, _ = sample(logits, SamplingParams(), seeds, steps)
-    assert calls == [3] and torch.equal(compiled, plain)
-    sample(logits, SamplingParams(top_k=5), seeds, steps)  # top-k/top-p: few finite logits, the torch search
-    monkeypatch.delenv("PRIME_SAMPLER")
-    sample(logits, SamplingParams(top_k=5), seeds, steps)
-    assert calls == [3]
+    assert torch.equal(sample(big, SamplingParams(), seeds[:2], steps[:2])[0], compiled)
+    assert torch.equal(sample(small, SamplingParams(), seeds, steps)[0], forced)
+    assert calls == [2, 3]
+    monkeypatch.setenv("PRIME_SAMPLER", "numba")
+    with pytest.raises(ValueError, match="auto, compiled, torch"):
+        sample(big, SamplingParams(), seeds[:2], steps[:2])
