@@ -50,4 +50,8 @@ def test_the_generate_bench_smoke_measures_the_protocol_against_plain_vllm(tmp_p
     assert row["vllm_tokens"] > 0 and row["vllm_plain_tok_s"] > 0
     assert result["ratio_vllm_protocol_over_plain"] == {"bfloat16/tiny/2": row["ratio_vllm_protocol_over_plain"]}
     assert row["vllm_protocol_seconds_per_token"]["sample"] > 0 and 0 < row["vllm_protocol_share"] < 1
+    assert result["vllm_protocol_share"] == {"bfloat16/tiny/2": row["vllm_protocol_share"]}
+    assert result["info"]["sampler_search"].startswith("compiled (numba ")  # numba: a dependency, and vLLM's
+    assert result["info"]["vllm_worker_sampler_search"].startswith("compiled (numba ")
+    assert "of the vLLM worker's time" in proc.stdout
     assert "plain vllm" in proc.stdout
