@@ -337,7 +337,9 @@ def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
     cannot win. The test is one exp and a compare per token, no table and no log. The tokens left (a few
     dozen a row for an LM at temperature 1) get their exact scores (``gumbel_at``'s float64 logs) and the
     best wins, ties to the lowest id as in ``torch.argmax``. A row whose top logit or its score is not finite
-    goes the dense way (NaN and infinity keep ``torch.argmax``'s own rules there).
+    goes the dense way (NaN and infinity keep ``torch.argmax``'s own rules there). On a CPU the search for the
+    live tokens runs compiled where ``_compiled_search`` allows (``models/gumbel_cpu.py``: a looser test, the
+    same exact scoring).
     """
     b, v = processed.shape
     device = processed.device
@@ -345,7 +347,7 @@ def _pruned_argmax(processed: torch.Tensor, seeds: torch.Tensor, steps: torch.Te
     keys = _keys(seeds, steps)
     compiled = _compiled_search(b * v) if device.type == "cpu" else None
     found = compiled.candidates(processed, *keys) if compiled is not None else None
-    if found is not None:  # the same search in one compiled pass a row (models/gumbel_cpu.py)
+    if found is not None:  # the same search compiled (models/gumbel_cpu.py): a few vectorised loops a row
         rows, toks = found
         return _first_best(rows, toks, processed[rows, toks] + _gumbel_keyed(keys, rows, toks, v), b, v)
     floor = _top_scores(processed, keys)
