@@ -153,7 +153,7 @@ class PlainVllm:
 
     Given ``lengths`` (the node's engine's completion lengths on the same prompts) each completion runs to exactly
     that length, EOS or not: the same work. Two samplers' draws end sequences at different steps, and at a small
-    batch the steps where few sequences are left decide the tokens/s (seen here: 0.81-0.89x at batch 16 while the
+    batch the steps where few sequences are left decide the tokens/s (seen here: 0.81-0.88x at batch 16 while the
     protocol's own timers said 5-6 % of the wall)."""
 
     def __init__(self, settings: Any, spec: Any) -> None:
