@@ -40,11 +40,13 @@ import numpy as np
 import torch
 from numba import njit
 
-from models.sampling import _C_GOLD, _C_MUL1, _C_MUL2, _LOG_2_23, _REACH_SLACK, GUMBEL_BOUND
-
-# sampling's constants (the hash's multipliers as unsigned 32-bit values; the margin's and the slack's terms)
-_GOLD, _MUL1, _MUL2 = (c & 0xFFFFFFFF for c in (_C_GOLD, _C_MUL1, _C_MUL2))
+# sampling's constants, copied: sampling imports this module, and a package has no import cycles
+# (test_sampling.py holds the copies equal to sampling's)
+_GOLD, _MUL1, _MUL2 = 0x9E3779B9, 0x7FEB352D, 0x846CA68B
 _EPS32 = float(np.finfo(np.float32).eps)
+_GUMBEL_BOUND = 17.0
+_LOG_2_23 = 23 * math.log(2)
+_REACH_SLACK = 0.01
 
 numba_version = str(numba.__version__)
 
@@ -88,7 +90,7 @@ def _search(logits: Any, tops: Any, k1s: Any, k2s: Any, out: Any, counts: Any) -
         k1, k2 = np.uint64(k1s[b]), np.uint64(k2s[b])
         u = (np.float64(_hash32(top, k1, k2) >> _S9) + 0.5) / 8388608.0
         score = np.float32(best + np.float32(-math.log(-math.log(u))))  # as sampling._top_scores
-        margin = np.float32(1e-3 + 16 * _EPS32 * (abs(score) + GUMBEL_BOUND + _LOG_2_23 + 1))
+        margin = np.float32(1e-3 + 16 * _EPS32 * (abs(score) + _GUMBEL_BOUND + _LOG_2_23 + 1))
         floor = np.float32(score - margin - np.float32(_REACH_SLACK))
         if not (abs(floor) < np.inf):
             counts[b] = -1

@@ -363,3 +363,12 @@ def test_sampling_on_a_cpu_takes_the_compiled_search_unless_told_otherwise(monke
     monkeypatch.setenv("PRIME_SAMPLER", "numba")
     with pytest.raises(ValueError, match="auto, compiled, torch"):
         sample(big, SamplingParams(), seeds[:2], steps[:2])
+
+
+def test_the_compiled_searchs_constants_are_samplings() -> None:
+    from models import gumbel_cpu
+
+    assert (gumbel_cpu._GOLD, gumbel_cpu._MUL1, gumbel_cpu._MUL2) == tuple(
+        c & M32 for c in (sampling._C_GOLD, sampling._C_MUL1, sampling._C_MUL2))
+    assert (gumbel_cpu._GUMBEL_BOUND, gumbel_cpu._REACH_SLACK, gumbel_cpu._LOG_2_23) == (
+        GUMBEL_BOUND, sampling._REACH_SLACK, sampling._LOG_2_23)
